@@ -1,0 +1,36 @@
+"""linred: segmented reductions as linear algebra, on the GPU and the CPU.
+
+A segmented sum splits an array into contiguous segments and sums each.  linred
+computes it as a matrix product: the data viewed as a matrix with one row per
+segment, times a vector of ones, run through NVIDIA's math libraries (cuBLASLt
+through nvmath-python, cuBLAS) on the GPU and BLAS on the CPU, with CUB for the
+reductions that are not linear.
+
+>>> import numpy as np
+>>> import linred
+>>> linred.segmented_sum(np.arange(1, 13, dtype=np.float32), 4)
+array([10., 26., 42.], dtype=float32)
+
+``import linred`` imports NumPy only; CuPy, PyTorch, nvmath-python and
+cuda.compute are imported when a call first needs them.
+"""
+
+from linred._version import __version__
+from linred.backends.registry import available_backends
+from linred.errors import BackendError
+from linred.plan import SegmentedReduction, clear_plan_cache, plan_cache_info, set_plan_cache_size
+from linred.reductions import segmented_max, segmented_mean, segmented_min, segmented_sum
+
+__all__ = [
+    "BackendError",
+    "SegmentedReduction",
+    "__version__",
+    "available_backends",
+    "clear_plan_cache",
+    "plan_cache_info",
+    "segmented_max",
+    "segmented_mean",
+    "segmented_min",
+    "segmented_sum",
+    "set_plan_cache_size",
+]

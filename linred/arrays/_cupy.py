@@ -1,0 +1,94 @@
+"""The CuPy adapter (CUDA device arrays).  Imported only when a CuPy array is seen."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cupy
+import numpy as np
+
+from linred._dtypes import dtype_name
+from linred.arrays._base import ArrayAdapter, ArrayInfo
+from linred.arrays._numpy import _int_array, _lengths_summary, _lengths_to_offsets, _offsets_summary
+
+
+def stream_handle(stream: Any) -> int:
+    """The raw ``cudaStream_t`` of a CuPy or PyTorch stream, a ``__cuda_stream__`` object or an int."""
+    if isinstance(stream, bool):
+        raise TypeError(
+            "stream must be a CuPy or PyTorch stream, an object with __cuda_stream__, or an int handle; got bool"
+        )
+    if isinstance(stream, int):
+        return stream
+    if hasattr(stream, "__cuda_stream__"):
+        return int(stream.__cuda_stream__()[1])
+    if isinstance(stream, cupy.cuda.Stream | cupy.cuda.ExternalStream):
+        return int(stream.ptr)
+    if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream
+        return int(stream.cuda_stream)
+    raise TypeError(
+        "stream must be a CuPy or PyTorch stream, an object with __cuda_stream__, or an int handle; "
+        f"got {type(stream).__name__}"
+    )
+
+
+class CupyAdapter(ArrayAdapter):
+    kind = "cupy"
+    type_name = "cupy.ndarray"
+
+    def info(self, x: cupy.ndarray) -> ArrayInfo:
+        itemsize = x.dtype.itemsize
+        return ArrayInfo(x.shape, tuple(s // itemsize for s in x.strides), dtype_name(x.dtype), x.device.id)
+
+    def device_of(self, x: cupy.ndarray) -> int:
+        return x.device.id
+
+    def reshape(self, x: cupy.ndarray, shape: tuple[int, ...]) -> cupy.ndarray:
+        return x.reshape(shape)
+
+    def is_c_contiguous(self, x: cupy.ndarray) -> bool:
+        return x.flags.c_contiguous
+
+    def empty(self, shape: tuple[int, ...], dtype: str, device: int | None) -> cupy.ndarray:
+        with cupy.cuda.Device(device):
+            return cupy.empty(shape, dtype=dtype)
+
+    def fill(self, x: cupy.ndarray, value: Any, stream: Any = None) -> None:
+        with x.device, cupy.cuda.ExternalStream(stream or 0, x.device.id):
+            x.fill(value)
+
+    def index_array(self, obj: Any, device: int | None, name: str) -> cupy.ndarray:
+        if isinstance(obj, cupy.ndarray):
+            if obj.device.id != device:
+                raise ValueError(f"{name} is on CUDA device {obj.device.id} but x is on CUDA device {device}")
+        elif type(obj).__module__.split(".")[0] == "torch":
+            if obj.device.type == "cuda" and obj.device.index != device:
+                raise ValueError(f"{name} is on CUDA device {obj.device.index} but x is on CUDA device {device}")
+            if obj.device.type != "cuda":
+                obj = obj.numpy()
+        with cupy.cuda.Device(device):
+            return _int_array(cupy, obj, name)
+
+    def to_numpy(self, x: cupy.ndarray) -> np.ndarray:
+        return cupy.asnumpy(x)
+
+    def resolve_stream(self, stream: Any, device: int | None) -> int:
+        if stream is None:
+            with cupy.cuda.Device(device):
+                return int(cupy.cuda.get_current_stream().ptr)
+        return stream_handle(stream)
+
+    def offsets_summary(self, offsets: cupy.ndarray) -> tuple[int, int, int, int, int]:
+        with offsets.device:
+            return _offsets_summary(cupy, offsets)
+
+    def lengths_summary(self, lengths: cupy.ndarray) -> tuple[int, int, int, int]:
+        with lengths.device:
+            return _lengths_summary(cupy, lengths)
+
+    def lengths_to_offsets(self, lengths: cupy.ndarray) -> cupy.ndarray:
+        with lengths.device:
+            return _lengths_to_offsets(cupy, lengths)
+
+
+CUPY = CupyAdapter()

@@ -1,0 +1,122 @@
+"""The NumPy adapter (host arrays)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from linred._dtypes import dtype_name, numpy_dtype
+from linred.arrays._base import ArrayAdapter, ArrayInfo
+
+
+def _int_array(xp: Any, obj: Any, name: str, **asarray_kwargs: Any) -> Any:
+    """Shared by the NumPy and CuPy adapters: ``obj`` as an int32/int64 array."""
+    try:
+        a = xp.asarray(obj, **asarray_kwargs)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be an array of integers; got {type(obj).__name__} ({e})") from None
+    kind = a.dtype.kind
+    if kind == "b" or kind not in "iu":
+        raise TypeError(f"{name} must be an array of integers; got dtype {a.dtype}")
+    if a.dtype.name not in ("int32", "int64"):
+        a = a.astype(xp.int64)
+    return a
+
+
+def _offsets_summary(xp: Any, off: Any) -> tuple[int, int, int, int, int]:
+    if off.shape[0] < 2:
+        return int(off[0]), int(off[-1]), 0, 0, 0
+    steps = xp.diff(off)
+    summary = xp.stack(
+        [
+            off[0].astype(xp.int64),
+            off[-1].astype(xp.int64),
+            steps.min().astype(xp.int64),
+            xp.argmin(steps).astype(xp.int64),
+            steps.max().astype(xp.int64),
+        ]
+    )
+    first, last, lo, at, hi = (int(v) for v in summary.tolist())  # the one synchronization
+    return first, last, lo, at, hi
+
+
+def _lengths_summary(xp: Any, lengths: Any) -> tuple[int, int, int, int]:
+    if lengths.shape[0] == 0:
+        return 0, 0, 0, 0
+    summary = xp.stack(
+        [
+            lengths.min().astype(xp.int64),
+            xp.argmin(lengths).astype(xp.int64),
+            lengths.sum(dtype=xp.int64),
+            lengths.max().astype(xp.int64),
+        ]
+    )
+    lo, at, total, hi = (int(v) for v in summary.tolist())
+    return lo, at, total, hi
+
+
+def _lengths_to_offsets(xp: Any, lengths: Any) -> Any:
+    off = xp.empty(lengths.shape[0] + 1, dtype=xp.int64)
+    off[0] = 0
+    xp.cumsum(lengths, dtype=xp.int64, out=off[1:])
+    return off
+
+
+class NumpyAdapter(ArrayAdapter):
+    kind = "numpy"
+    type_name = "numpy.ndarray"
+
+    def info(self, x: np.ndarray) -> ArrayInfo:
+        itemsize = x.dtype.itemsize
+        return ArrayInfo(x.shape, tuple(s // itemsize for s in x.strides), dtype_name(x.dtype), None)
+
+    def device_of(self, x: np.ndarray) -> None:
+        return None
+
+    def reshape(self, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        return x.reshape(shape)
+
+    def is_c_contiguous(self, x: np.ndarray) -> bool:
+        return x.flags.c_contiguous
+
+    def is_writeable(self, x: np.ndarray) -> bool:
+        return x.flags.writeable
+
+    def empty(self, shape: tuple[int, ...], dtype: str, device: int | None) -> np.ndarray:
+        return np.empty(shape, dtype=numpy_dtype(dtype))
+
+    def fill(self, x: np.ndarray, value: Any, stream: Any = None) -> None:
+        x.fill(value)
+
+    def index_array(self, obj: Any, device: int | None, name: str) -> np.ndarray:
+        if device is not None:
+            raise ValueError(f"{name} for a NumPy array cannot live on CUDA device {device}")
+        if not isinstance(obj, np.ndarray) and hasattr(obj, "__cuda_array_interface__"):
+            raise TypeError(f"{name} is a device array but x is a host (NumPy) array; pass {name} as a host array")
+        module = type(obj).__module__.split(".")[0]
+        if module == "torch":  # a CPU tensor: zero-copy; a CUDA tensor: refuse a hidden transfer
+            if obj.device.type != "cpu":
+                raise TypeError(f"{name} is a CUDA tensor but x is a host (NumPy) array; pass {name} as a host array")
+            obj = obj.numpy()
+        return _int_array(np, obj, name)
+
+    def to_numpy(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def resolve_stream(self, stream: Any, device: int | None) -> None:
+        if stream is not None:
+            raise ValueError(f"stream must be None for host (NumPy) arrays; got {type(stream).__name__}")
+        return None
+
+    def offsets_summary(self, offsets: np.ndarray) -> tuple[int, int, int, int, int]:
+        return _offsets_summary(np, offsets)
+
+    def lengths_summary(self, lengths: np.ndarray) -> tuple[int, int, int, int]:
+        return _lengths_summary(np, lengths)
+
+    def lengths_to_offsets(self, lengths: np.ndarray) -> np.ndarray:
+        return _lengths_to_offsets(np, lengths)
+
+
+NUMPY = NumpyAdapter()

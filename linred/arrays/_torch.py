@@ -1,0 +1,134 @@
+"""The PyTorch adapter (CPU and CUDA tensors).  Imported only when a tensor is seen."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from linred._dtypes import dtype_name
+from linred.arrays._base import ArrayAdapter, ArrayInfo
+
+_TORCH_DTYPES = {
+    "bool": torch.bool,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+    "uint16": torch.uint16,
+    "uint32": torch.uint32,
+    "uint64": torch.uint64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "complex64": torch.complex64,
+    "complex128": torch.complex128,
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return _TORCH_DTYPES[name]
+
+
+def _device(device: int | None) -> torch.device:
+    return torch.device("cpu") if device is None else torch.device("cuda", device)
+
+
+class TorchAdapter(ArrayAdapter):
+    kind = "torch"
+    type_name = "torch.Tensor"
+
+    def info(self, x: torch.Tensor) -> ArrayInfo:
+        return ArrayInfo(tuple(x.shape), tuple(x.stride()), dtype_name(x.dtype), self.device_of(x))
+
+    def device_of(self, x: torch.Tensor) -> int | None:
+        dev = x.device
+        if dev.type == "cpu":
+            return None
+        if dev.type != "cuda":
+            raise TypeError(f"torch tensors on device type {dev.type!r} are not supported (only cpu and cuda)")
+        return dev.index if dev.index is not None else torch.cuda.current_device()
+
+    def reshape(self, x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        return x.reshape(shape)
+
+    def is_c_contiguous(self, x: torch.Tensor) -> bool:
+        return x.is_contiguous()
+
+    def empty(self, shape: tuple[int, ...], dtype: str, device: int | None) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch_dtype(dtype), device=_device(device))
+
+    def fill(self, x: torch.Tensor, value: Any, stream: Any = None) -> None:
+        if stream is None or x.device.type != "cuda":
+            x.fill_(value)
+            return
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=x.device)):
+            x.fill_(value)
+
+    def index_array(self, obj: Any, device: int | None, name: str) -> torch.Tensor:
+        if isinstance(obj, torch.Tensor):
+            t = obj
+            here = self.device_of(t)
+            if here != device:
+                if device is None:
+                    raise TypeError(f"{name} is a CUDA tensor but x is a CPU tensor; pass {name} on the CPU")
+                if here is not None:
+                    raise ValueError(f"{name} is on CUDA device {here} but x is on CUDA device {device}")
+                t = t.to(_device(device))
+        else:
+            if hasattr(obj, "__cuda_array_interface__") and device is None:
+                raise TypeError(f"{name} is a device array but x is a CPU tensor; pass {name} on the CPU")
+            try:
+                a = obj if hasattr(obj, "__cuda_array_interface__") else np.asarray(obj)
+                t = torch.as_tensor(a, device=_device(device))
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise TypeError(f"{name} must be an array of integers; got {type(obj).__name__} ({e})") from None
+        if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+            raise TypeError(f"{name} must be an array of integers; got dtype {dtype_name(t.dtype)}")
+        if t.dtype not in (torch.int32, torch.int64):
+            t = t.to(torch.int64)
+        return t
+
+    def to_numpy(self, x: torch.Tensor) -> np.ndarray:
+        return x.detach().cpu().numpy()
+
+    def resolve_stream(self, stream: Any, device: int | None) -> int | None:
+        if device is None:
+            if stream is not None:
+                raise ValueError(f"stream must be None for CPU tensors; got {type(stream).__name__}")
+            return None
+        if stream is None:
+            return int(torch.cuda.current_stream(device).cuda_stream)
+        from linred.arrays._cupy import stream_handle
+
+        return stream_handle(stream)
+
+    def offsets_summary(self, offsets: torch.Tensor) -> tuple[int, int, int, int, int]:
+        if offsets.shape[0] < 2:
+            return int(offsets[0]), int(offsets[-1]), 0, 0, 0
+        steps = torch.diff(offsets)
+        summary = torch.stack(
+            [offsets[0].long(), offsets[-1].long(), steps.min().long(), steps.argmin(), steps.max().long()]
+        )
+        first, last, lo, at, hi = summary.tolist()
+        return first, last, lo, at, hi
+
+    def lengths_summary(self, lengths: torch.Tensor) -> tuple[int, int, int, int]:
+        if lengths.shape[0] == 0:
+            return 0, 0, 0, 0
+        summary = torch.stack(
+            [lengths.min().long(), lengths.argmin(), lengths.sum(dtype=torch.int64), lengths.max().long()]
+        )
+        lo, at, total, hi = summary.tolist()
+        return lo, at, total, hi
+
+    def lengths_to_offsets(self, lengths: torch.Tensor) -> torch.Tensor:
+        off = torch.zeros(lengths.shape[0] + 1, dtype=torch.int64, device=lengths.device)
+        torch.cumsum(lengths, 0, dtype=torch.int64, out=off[1:])
+        return off
+
+
+TORCH = TorchAdapter()

@@ -1,0 +1,1 @@
+"""Backends: one module each, imported on first use through :mod:`linred.backends.registry`."""

@@ -1,0 +1,74 @@
+"""The backend interface.
+
+A backend is a module in :mod:`linred.backends` with one instance of a
+:class:`Backend` subclass named ``BACKEND``.  The registry imports it on first use,
+so a backend's heavy imports (CuPy, nvmath-python, cuda.compute, PyTorch) happen
+inside its methods or its own module, never at ``import linred``.
+
+The contract:
+
+- :meth:`Backend.unavailable` says why the backend cannot run at all on this
+  machine (not installed, no GPU), or None.
+- :meth:`Backend.unsupported` says why it cannot serve one :class:`Problem`, or
+  None.  It must be cheap and must not touch data.
+- :meth:`Backend.plan` returns an :class:`Executor` for a problem it supports.
+  Planning may allocate and compile; the executor then runs many times.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol
+
+from linred.problem import Problem
+from linred.segments import Segments
+
+
+class Executor(Protocol):
+    """A planned reduction.
+
+    ``x`` is the input viewed as ``(batch, n, features)``, ``out`` the result
+    viewed as ``(batch, m, features)`` (C-contiguous, of the problem's result
+    dtype, on the input's device), ``segments`` the call's segments and
+    ``stream`` the resolved stream (None on the host).  The executor writes every
+    element of ``out``, including empty segments, and enqueues its work on
+    ``stream`` without synchronizing.
+    """
+
+    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None: ...
+
+    def free(self) -> None: ...
+
+
+class Backend:
+    """Base class of the backends; see the module docstring for the contract."""
+
+    name: ClassVar[str] = ""
+    #: one line for ``linred info``, the README and error messages
+    summary: ClassVar[str] = ""
+
+    def unavailable(self) -> str | None:
+        """Why this backend cannot run on this machine, or None if it can."""
+        return None
+
+    def unsupported(self, problem: Problem) -> str | None:
+        """Why this backend cannot serve ``problem``, or None if it can."""
+        raise NotImplementedError
+
+    def plan(self, problem: Problem) -> Executor:
+        """An executor for ``problem`` (only called when :meth:`unsupported` returned None)."""
+        raise NotImplementedError
+
+
+class FunctionExecutor:
+    """An executor made of a plain function, for backends with nothing to free."""
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: Any) -> None:
+        self._run = run
+
+    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
+        self._run(x, out, segments, stream)
+
+    def free(self) -> None:
+        self._run = None

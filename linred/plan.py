@@ -1,0 +1,378 @@
+"""Plans: a segmented reduction prepared once and run on many arrays.
+
+:class:`SegmentedReduction` is the stateful, user-facing plan, in the manner of
+nvmath-python's ``Matmul``.  The functions (``linred.segmented_sum`` and
+friends) prepare the same way and keep their plans in a bounded, thread-safe
+cache, so repeated calls on same-shaped data do not plan again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from linred._dtypes import REDUCTIONS, dtype_name, identity, resolve
+from linred.arrays import ArrayAdapter, as_array
+from linred.backends.base import Executor
+from linred.backends.registry import check_backend_name
+from linred.dispatch import select
+from linred.problem import Problem
+from linred.segments import FixedSegments, Segments, parse_segments
+
+__all__ = ["SegmentedReduction", "clear_plan_cache", "plan_cache_info", "set_plan_cache_size"]
+
+logger = logging.getLogger("linred")
+
+
+def _normalize_axis(axis: Any, ndim: int) -> int:
+    if isinstance(axis, bool) or not hasattr(axis, "__index__"):
+        raise TypeError(f"axis must be an integer; got {type(axis).__name__} {axis!r}")
+    axis = int(axis)
+    if not -ndim <= axis < ndim:
+        raise np.exceptions.AxisError(axis, ndim)
+    return axis % ndim
+
+
+@dataclass(slots=True)
+class _Call:
+    """A call's inputs, validated and reduced to a :class:`Problem`."""
+
+    problem: Problem
+    backend: str
+    adapter: ArrayAdapter
+    x3: Any
+    segments: Segments
+    out_shape: tuple[int, ...]
+
+
+def _prepare(
+    reduction: str,
+    x: Any,
+    segment_length: Any,
+    offsets: Any,
+    lengths: Any,
+    axis: Any,
+    dtype: Any,
+    backend: Any,
+    check: bool,
+) -> _Call:
+    x, adapter = as_array(x)
+    info = adapter.info(x)
+    ndim = len(info.shape)
+    if ndim == 0:
+        raise ValueError("x must have at least one dimension; got a 0-d array")
+    axis = _normalize_axis(axis, ndim)
+    backend = check_backend_name(backend)
+    if not isinstance(check, bool):
+        raise TypeError(f"check must be True or False; got {type(check).__name__} {check!r}")
+    n = info.shape[axis]
+    segments = parse_segments(
+        segment_length, offsets, lengths, n=n, axis=axis, adapter=adapter, device=info.device, check=check
+    )
+    acc, out_dtype = resolve(reduction, info.dtype, None if dtype is None else dtype_name(dtype))
+    batch = math.prod(info.shape[:axis])
+    features = math.prod(info.shape[axis + 1 :])
+    x3 = adapter.reshape(x, (batch, n, features))
+    m = segments.count
+    problem = Problem(
+        reduction=reduction,
+        kind=adapter.kind,
+        device=info.device,
+        dtype=info.dtype,
+        acc_dtype=acc,
+        out_dtype=out_dtype,
+        batch=batch,
+        n=n,
+        features=features,
+        strides=adapter.info(x3).strides,
+        num_segments=m,
+        segment_length=segments.length if isinstance(segments, FixedSegments) else None,
+        offsets_dtype=None if isinstance(segments, FixedSegments) else segments.key[2],
+    )
+    out_shape = (*info.shape[:axis], m, *info.shape[axis + 1 :])
+    return _Call(problem, backend, adapter, x3, segments, out_shape)
+
+
+def _check_out(out: Any, call: _Call) -> None:
+    adapter = call.adapter
+    problem = call.problem
+    if type(out).__module__.split(".")[0] != adapter.kind or not hasattr(out, "shape"):
+        raise TypeError(f"out must be a {adapter.type_name} like x; got {type(out).__module__}.{type(out).__name__}")
+    info = adapter.info(out)
+    if info.shape != call.out_shape:
+        raise ValueError(f"out must have shape {call.out_shape}; got {info.shape}")
+    if info.dtype != problem.out_dtype:
+        raise ValueError(f"out must have dtype {problem.out_dtype}; got {info.dtype}")
+    if info.device != problem.device:
+        where = lambda d: "the host" if d is None else f"CUDA device {d}"
+        raise ValueError(f"out must be on {where(problem.device)} like x; got {where(info.device)}")
+    if not adapter.is_c_contiguous(out):
+        raise ValueError("out must be C-contiguous")
+    if not adapter.is_writeable(out):
+        raise ValueError("out must be writeable")
+
+
+class _FillExecutor:
+    """For problems with no data to read (n == 0 or an empty result): fill the identity."""
+
+    def __init__(self, problem: Problem, adapter: ArrayAdapter) -> None:
+        self._value = identity(problem.reduction, problem.out_dtype)
+        self._adapter = adapter
+
+    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
+        if math.prod(out.shape):
+            self._adapter.fill(out, self._value, stream)
+
+    def free(self) -> None:
+        pass
+
+
+def _plan(call: _Call) -> tuple[str, Executor]:
+    problem = call.problem
+    backend = select(problem, call.backend)
+    if problem.n == 0 or problem.batch * problem.num_segments * problem.features == 0:
+        return backend.name, _FillExecutor(problem, call.adapter)
+    logger.debug("planning %s with backend %r", problem.describe(), backend.name)
+    return backend.name, backend.plan(problem)
+
+
+def _execute(call: _Call, executor: Executor, out: Any, stream: Any) -> Any:
+    adapter = call.adapter
+    problem = call.problem
+    if out is None:
+        out = adapter.empty(call.out_shape, problem.out_dtype, problem.device)
+    else:
+        _check_out(out, call)
+    stream = adapter.resolve_stream(stream, problem.device)
+    executor(call.x3, adapter.reshape(out, problem.out_shape), call.segments, stream)
+    return out
+
+
+class _PlanCache:
+    """A bounded LRU of executors keyed by (problem, backend, thread).
+
+    Executors hold per-plan state (library handles, operand bindings) that is not
+    safe to share between threads, so each thread gets its own; the lock guards
+    only the dictionary.
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._plans: OrderedDict[tuple, tuple[str, Executor]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def lookup(self, call: _Call) -> tuple[str, Executor]:
+        key = (call.problem, call.backend, threading.get_ident())
+        with self._lock:
+            entry = self._plans.get(key)
+            if entry is not None:
+                self._plans.move_to_end(key)
+                self.hits += 1
+                return entry
+            self.misses += 1
+        entry = _plan(call)  # outside the lock: planning may be slow
+        evicted = []
+        with self._lock:
+            self._plans[key] = entry
+            while len(self._plans) > self.maxsize:
+                evicted.append(self._plans.popitem(last=False)[1][1])
+        for executor in evicted:
+            executor.free()
+        return entry
+
+    def resize(self, maxsize: int) -> None:
+        with self._lock:
+            self.maxsize = maxsize
+            evicted = []
+            while len(self._plans) > maxsize:
+                evicted.append(self._plans.popitem(last=False)[1][1])
+        for executor in evicted:
+            executor.free()
+
+
+_cache = _PlanCache(64)
+
+
+def set_plan_cache_size(maxsize: int) -> None:
+    """Set how many plans the functions keep (default 64); 0 disables caching of new plans.
+
+    Examples
+    --------
+    >>> import linred
+    >>> linred.set_plan_cache_size(16)
+    >>> linred.plan_cache_info()["maxsize"]
+    16
+    >>> linred.set_plan_cache_size(64)
+    """
+    if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 0:
+        raise ValueError(f"maxsize must be a non-negative integer; got {maxsize!r}")
+    _cache.resize(maxsize)
+
+
+def clear_plan_cache() -> None:
+    """Free every cached plan."""
+    _cache.resize(0)
+    _cache.resize(_cache.maxsize or 64)
+
+
+def plan_cache_info() -> dict[str, int]:
+    """``{"size", "maxsize", "hits", "misses"}`` of the functions' plan cache."""
+    return {"size": len(_cache._plans), "maxsize": _cache.maxsize, "hits": _cache.hits, "misses": _cache.misses}
+
+
+def run(
+    reduction: str,
+    x: Any,
+    segment_length: Any,
+    offsets: Any,
+    lengths: Any,
+    axis: Any,
+    dtype: Any,
+    out: Any,
+    backend: Any,
+    stream: Any,
+    check: Any,
+) -> Any:
+    """The body of the public functions: prepare, look up or make a plan, execute."""
+    call = _prepare(reduction, x, segment_length, offsets, lengths, axis, dtype, backend, check)
+    _, executor = _cache.lookup(call)
+    return _execute(call, executor, out, stream)
+
+
+class SegmentedReduction:
+    """A segmented reduction planned once for repeated calls on same-shaped data.
+
+    The plan is built from an example array (its array type, device, shape,
+    strides and dtype), the segments, the reduction and the backend; planning
+    chooses the backend, validates the segments once and builds the backend's
+    own plan (a cuBLASLt matmul, a CUB reduction).  Calling it runs the reduction
+    on a new array of the same layout.  Use it as a context manager, or call
+    :meth:`free`, to release its resources.
+
+    Parameters
+    ----------
+    x : array
+        An example of the arrays the plan will run on (NumPy, CuPy or PyTorch).
+        Only its properties are used; the plan keeps no reference to it.
+    segment_length, offsets, lengths, axis, dtype, backend, check
+        As in :func:`linred.segmented_sum`.  Offsets or lengths are bound to the
+        plan and checked once, when it is built.
+    reduction : {"sum", "mean", "max", "min"}
+        The reduction to plan.
+
+    Attributes
+    ----------
+    backend : str
+        The backend that serves the plan (``"auto"`` resolved).
+    reduction : str
+    out_shape : tuple of int
+    out_dtype : str
+
+    Notes
+    -----
+    A plan is not thread-safe: use one plan per thread (the functions' cache
+    already does).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linred
+    >>> x = np.arange(1, 13, dtype=np.float32)
+    >>> with linred.SegmentedReduction(x, 4) as plan:
+    ...     plan(x)
+    ...     plan(2 * x)
+    array([10., 26., 42.], dtype=float32)
+    array([20., 52., 84.], dtype=float32)
+    """
+
+    def __init__(
+        self,
+        x: Any,
+        segment_length: int | None = None,
+        *,
+        offsets: Any = None,
+        lengths: Any = None,
+        axis: int = 0,
+        reduction: str = "sum",
+        dtype: Any = None,
+        backend: str = "auto",
+        check: bool = True,
+    ) -> None:
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}; got {reduction!r}")
+        call = _prepare(reduction, x, segment_length, offsets, lengths, axis, dtype, backend, check)
+        self.backend, self._executor = _plan(call)
+        self._call = call
+        self._info = call.adapter.info(as_array(x)[0])
+        call.x3 = None  # keep no reference to the example array
+        self.reduction = reduction
+        self.out_shape = call.out_shape
+        self.out_dtype = call.problem.out_dtype
+
+    def _check_x(self, x: Any) -> Any:
+        adapter = self._call.adapter
+        x, x_adapter = as_array(x)
+        if x_adapter is not adapter:
+            raise TypeError(
+                f"x must be a {adapter.type_name} like the array the plan was built for; got {x_adapter.type_name}"
+            )
+        info = adapter.info(x)
+        expected = self._info
+        for field in ("shape", "dtype", "device", "strides"):
+            if getattr(info, field) != getattr(expected, field):
+                raise ValueError(
+                    f"x must have the {field} of the array the plan was built for, {getattr(expected, field)}; "
+                    f"got {getattr(info, field)}"
+                )
+        return adapter.reshape(x, self._call.problem.in_shape)
+
+    def execute(self, x: Any, *, out: Any = None, stream: Any = None) -> Any:
+        """Reduce ``x`` (same type, shape, strides and dtype as the plan's example).
+
+        Parameters
+        ----------
+        x : array
+        out : array, optional
+            Where to write the result; returned when given.
+        stream : optional
+            As in :func:`linred.segmented_sum`.
+
+        Returns
+        -------
+        array
+            The result, of ``x``'s array type and device.
+        """
+        if self._executor is None:
+            raise RuntimeError("this SegmentedReduction has been freed")
+        call = self._call
+        call.x3 = self._check_x(x)
+        try:
+            return _execute(call, self._executor, out, stream)
+        finally:
+            call.x3 = None
+
+    __call__ = execute
+
+    def free(self) -> None:
+        """Release the plan's resources; the plan cannot run afterwards."""
+        if self._executor is not None:
+            self._executor.free()
+            self._executor = None
+
+    def __enter__(self) -> SegmentedReduction:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        state = "freed" if self._executor is None else self.backend
+        return f"<SegmentedReduction {self._call.problem.describe()} [{state}]>"

@@ -1,0 +1,196 @@
+"""The public functions: ``segmented_sum``, ``segmented_mean``, ``segmented_max``, ``segmented_min``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from linred.backends.registry import BackendName
+from linred.plan import run
+
+__all__ = ["segmented_max", "segmented_mean", "segmented_min", "segmented_sum"]
+
+_PARAMETERS = """\
+Parameters
+----------
+x : array_like
+    The data: a NumPy array, a CuPy array, a PyTorch tensor (CPU or CUDA), or
+    anything :func:`numpy.asarray` accepts.  Any layout; it is never modified.
+segment_length : int, optional
+    Fixed segment length ``L >= 1``, dividing ``n = x.shape[axis]``: segment
+    ``i`` is ``[i*L, (i+1)*L)`` and ``m = n // L``.
+offsets : array_like of int, optional
+    CSR-style offsets (int32 or int64, any array library): ``m + 1``
+    non-decreasing values with ``offsets[0] == 0`` and ``offsets[-1] == n``;
+    segment ``i`` is ``[offsets[i], offsets[i+1])``.  Host offsets for device
+    data are copied to the device (a small transfer); device offsets for host
+    data are refused.
+lengths : array_like of int, optional
+    Segment lengths: ``m`` non-negative integers summing to ``n``.
+axis : int, default 0
+    The axis along which segments run; negative values count from the end.  The
+    other axes are carried: ``x`` of shape ``(n, d)`` gives ``(m, d)``.
+dtype : dtype, optional
+    Accumulation and result dtype.  By default floating dtypes keep their own
+    (float16 and bfloat16 are always accumulated in float32), bool and signed
+    integers give int64 and unsigned integers uint64{mean_dtype}.
+out : array, optional
+    Preallocated result: C-contiguous, of the result's shape and dtype, and of
+    ``x``'s array type and device.  It is filled and returned.
+backend : {{"auto", "numpy", "nvmath", "cublas", "cub"}}, default "auto"
+    Which implementation runs the call; ``"auto"`` picks the fastest that can
+    serve it.  A named backend that cannot serve the call raises
+    :class:`linred.BackendError`; there is no silent fallback.
+stream : optional
+    CUDA stream for device data: a CuPy or PyTorch stream, an object with
+    ``__cuda_stream__``, or a raw ``cudaStream_t`` int.  Default: the array
+    library's current stream.  Must be None for host data.
+check : bool, default True
+    Validate ``offsets`` or ``lengths`` (on a GPU this costs one reduction and
+    one device-to-host synchronization).  ``check=False`` skips it: the caller
+    promises valid segments, and invalid ones give undefined results.
+
+Returns
+-------
+array
+    Shape ``x.shape[:axis] + (m,) + x.shape[axis+1:]``, of ``x``'s array type
+    and on its device (``out`` when given).
+
+Raises
+------
+TypeError, ValueError
+    For bad arguments, with a message naming the argument, the rule and the
+    offending value (:class:`numpy.exceptions.AxisError` for ``axis``).
+linred.BackendError
+    If the requested backend cannot serve the call.
+"""
+
+
+def _doc(summary: str, empty: str, example: str, mean_dtype: str = "") -> str:
+    return f"{summary}\n\n{empty}\n\n{_PARAMETERS.format(mean_dtype=mean_dtype)}\nExamples\n--------\n{example}"
+
+
+def segmented_sum(
+    x: Any,
+    segment_length: int | None = None,
+    *,
+    offsets: Any = None,
+    lengths: Any = None,
+    axis: int = 0,
+    dtype: Any = None,
+    out: Any = None,
+    backend: BackendName = "auto",
+    stream: Any = None,
+    check: bool = True,
+) -> Any:
+    return run("sum", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+
+
+def segmented_mean(
+    x: Any,
+    segment_length: int | None = None,
+    *,
+    offsets: Any = None,
+    lengths: Any = None,
+    axis: int = 0,
+    dtype: Any = None,
+    out: Any = None,
+    backend: BackendName = "auto",
+    stream: Any = None,
+    check: bool = True,
+) -> Any:
+    return run("mean", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+
+
+def segmented_max(
+    x: Any,
+    segment_length: int | None = None,
+    *,
+    offsets: Any = None,
+    lengths: Any = None,
+    axis: int = 0,
+    dtype: Any = None,
+    out: Any = None,
+    backend: BackendName = "auto",
+    stream: Any = None,
+    check: bool = True,
+) -> Any:
+    return run("max", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+
+
+def segmented_min(
+    x: Any,
+    segment_length: int | None = None,
+    *,
+    offsets: Any = None,
+    lengths: Any = None,
+    axis: int = 0,
+    dtype: Any = None,
+    out: Any = None,
+    backend: BackendName = "auto",
+    stream: Any = None,
+    check: bool = True,
+) -> Any:
+    return run("min", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+
+
+segmented_sum.__doc__ = _doc(
+    "Sum each segment of ``x`` along ``axis``.\n\n"
+    "For fixed-length segments this is the matrix product of the ``(m, L)`` view of the\n"
+    "data with a vector of ones, run through BLAS (cuBLAS/cuBLASLt on the GPU).",
+    "An empty segment sums to 0.",
+    """\
+>>> import numpy as np
+>>> import linred
+>>> x = np.arange(1, 13, dtype=np.float32)
+>>> linred.segmented_sum(x, 4)
+array([10., 26., 42.], dtype=float32)
+>>> linred.segmented_sum(x, offsets=[0, 2, 2, 12])
+array([ 3.,  0., 75.], dtype=float32)
+>>> linred.segmented_sum(x.reshape(6, 2), lengths=[1, 5])
+array([[ 1.,  2.],
+       [35., 40.]], dtype=float32)
+""",
+)
+segmented_mean.__doc__ = _doc(
+    "Mean of each segment of ``x`` along ``axis``.",
+    "An empty segment's mean is NaN.",
+    """\
+>>> import numpy as np
+>>> import linred
+>>> linred.segmented_mean(np.arange(1, 13, dtype=np.float32), 4)
+array([ 2.5,  6.5, 10.5], dtype=float32)
+>>> linred.segmented_mean([1, 2, 3, 4], lengths=[3, 0, 1])
+array([2., nan, 4.])
+""",
+    mean_dtype="; the mean of integers is float64",
+)
+segmented_max.__doc__ = _doc(
+    "Maximum of each segment of ``x`` along ``axis``.\n\n"
+    "Not linear, so not a matrix product: ufuncs on the host, CUB on the GPU.\n"
+    "A NaN makes its segment's maximum NaN.  Complex input is refused.",
+    "An empty segment's maximum is the identity: -inf for floating dtypes, the\n"
+    "dtype's minimum for integers, False for bool.",
+    """\
+>>> import numpy as np
+>>> import linred
+>>> linred.segmented_max(np.arange(1, 13, dtype=np.float32), 4)
+array([ 4.,  8., 12.], dtype=float32)
+>>> linred.segmented_max(np.array([3.0, 1.0]), lengths=[0, 2])
+array([-inf,   3.])
+""",
+)
+segmented_min.__doc__ = _doc(
+    "Minimum of each segment of ``x`` along ``axis``.\n\n"
+    "Not linear, so not a matrix product: ufuncs on the host, CUB on the GPU.\n"
+    "A NaN makes its segment's minimum NaN.  Complex input is refused.",
+    "An empty segment's minimum is the identity: +inf for floating dtypes, the\n"
+    "dtype's maximum for integers, True for bool.",
+    """\
+>>> import numpy as np
+>>> import linred
+>>> linred.segmented_min(np.arange(1, 13, dtype=np.float32), 4)
+array([1., 5., 9.], dtype=float32)
+>>> linred.segmented_min(np.array([3, 1], dtype=np.int32), lengths=[2, 0])
+array([         1, 2147483647], dtype=int32)
+""",
+)

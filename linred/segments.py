@@ -1,0 +1,127 @@
+"""Segment specifications: fixed length, offsets or lengths, parsed and validated.
+
+A call names its segments in exactly one of three ways; all become either
+:class:`FixedSegments` (no offsets array is ever built for them) or
+:class:`VariableSegments` (CSR-style offsets on the data's device).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+from linred.arrays import ArrayAdapter
+
+
+@dataclass(frozen=True, slots=True)
+class FixedSegments:
+    """``count`` segments of ``length`` elements each."""
+
+    length: int
+    count: int
+
+    @property
+    def key(self) -> tuple:
+        return ("fixed", self.length)
+
+
+@dataclass(frozen=True, slots=True)
+class VariableSegments:
+    """Segments ``[offsets[i], offsets[i + 1])``; ``offsets`` is 1-D int32/int64 on the data's device.
+
+    ``max_length`` is known when the offsets were checked (``check=True``), else None.
+    """
+
+    offsets: Any
+    count: int
+    max_length: int | None = None
+
+    @property
+    def key(self) -> tuple:
+        return ("variable", self.count, str(self.offsets.dtype).removeprefix("torch."))
+
+
+Segments = FixedSegments | VariableSegments
+
+
+def _segment_length(value: Any, n: int, axis: int) -> FixedSegments:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"segment_length must be an integer; got {type(value).__name__} {value!r}")
+    length = operator.index(value)
+    if length < 1:
+        raise ValueError(f"segment_length must be >= 1; got {length}")
+    if n % length:
+        raise ValueError(f"segment_length={length} does not divide the length of axis {axis} (n={n})")
+    return FixedSegments(length, n // length)
+
+
+def _one_dimensional(a: Any, name: str) -> None:
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D; got shape {tuple(a.shape)}")
+
+
+def _offsets(value: Any, n: int, axis: int, adapter: ArrayAdapter, device: int | None, check: bool) -> VariableSegments:
+    off = adapter.index_array(value, device, "offsets")
+    _one_dimensional(off, "offsets")
+    if off.shape[0] == 0:
+        raise ValueError("offsets must have at least one element (offsets[0] == 0); got an empty array")
+    count = off.shape[0] - 1
+    if not check:
+        return VariableSegments(off, count)
+    first, last, lo, at, hi = adapter.offsets_summary(off)
+    if first != 0:
+        raise ValueError(f"offsets[0] must be 0; got {first}")
+    if lo < 0:
+        before, after = adapter.value_at(off, at), adapter.value_at(off, at + 1)
+        raise ValueError(f"offsets must be non-decreasing: offsets[{at + 1}]={after} < offsets[{at}]={before}")
+    if last != n:
+        raise ValueError(f"offsets[-1] must equal the length of axis {axis} (n={n}); got {last}")
+    return VariableSegments(off, count, hi)
+
+
+def _lengths(value: Any, n: int, axis: int, adapter: ArrayAdapter, device: int | None, check: bool) -> VariableSegments:
+    lengths = adapter.index_array(value, device, "lengths")
+    _one_dimensional(lengths, "lengths")
+    max_length = None
+    if check:
+        lo, at, total, max_length = adapter.lengths_summary(lengths)
+        if lo < 0:
+            raise ValueError(f"lengths must be non-negative: lengths[{at}]={lo}")
+        if total != n:
+            raise ValueError(f"lengths must sum to the length of axis {axis} (n={n}); got {total}")
+    off = adapter.lengths_to_offsets(lengths)
+    return VariableSegments(off, lengths.shape[0], max_length)
+
+
+def parse_segments(
+    segment_length: Any,
+    offsets: Any,
+    lengths: Any,
+    *,
+    n: int,
+    axis: int,
+    adapter: ArrayAdapter,
+    device: int | None,
+    check: bool,
+) -> Segments:
+    """Validate the segment arguments of a call and return its segments.
+
+    Raises
+    ------
+    TypeError, ValueError
+        With a message naming the argument, the rule and the offending value.
+    """
+    given = [
+        name
+        for name, v in (("segment_length", segment_length), ("offsets", offsets), ("lengths", lengths))
+        if v is not None
+    ]
+    if len(given) != 1:
+        got = " and ".join(given) if given else "none"
+        raise TypeError(f"exactly one of segment_length, offsets or lengths must be given; got {got}")
+    if segment_length is not None:
+        return _segment_length(segment_length, n, axis)
+    if offsets is not None:
+        return _offsets(offsets, n, axis, adapter, device, check)
+    return _lengths(lengths, n, axis, adapter, device, check)
