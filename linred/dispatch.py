@@ -31,12 +31,12 @@ def select(problem: Problem, name: str) -> Backend:
     """
     if name != "auto":
         reason = unavailable(name)
-        backend = get_backend(name)
         if reason is None:
+            backend = get_backend(name)
             reason = backend.unsupported(problem)
-        if reason is not None:
-            raise BackendError(name, reason)
-        return backend
+            if reason is None:
+                return backend
+        raise BackendError(name, reason)
     reasons = []
     for candidate in preference(problem):
         reason = unavailable(candidate)

@@ -8,6 +8,7 @@ cache, so repeated calls on same-shaped data do not plan again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -23,7 +24,7 @@ from linred.backends.base import Executor
 from linred.backends.registry import check_backend_name
 from linred.dispatch import select
 from linred.problem import Problem
-from linred.segments import FixedSegments, Segments, parse_segments
+from linred.segments import FixedSegments, Segments, VariableSegments, parse_segments
 
 __all__ = ["SegmentedReduction", "clear_plan_cache", "plan_cache_info", "set_plan_cache_size"]
 
@@ -63,7 +64,11 @@ def _prepare(
     check: bool,
 ) -> _Call:
     x, adapter = as_array(x)
-    info = adapter.info(x)
+    x = adapter.prepare(x)
+    try:
+        info = adapter.info(x)
+    except TypeError as e:
+        raise TypeError(f"x has an unsupported dtype: {e}") from None
     ndim = len(info.shape)
     if ndim == 0:
         raise ValueError("x must have at least one dimension; got a 0-d array")
@@ -115,7 +120,7 @@ def _check_out(out: Any, call: _Call) -> None:
     if not adapter.is_c_contiguous(out):
         raise ValueError("out must be C-contiguous")
     if not adapter.is_writeable(out):
-        raise ValueError("out must be writeable")
+        raise ValueError("out must be writeable (not read-only, not a lazily conjugated or negated view)")
 
 
 class _FillExecutor:
@@ -159,7 +164,9 @@ class _PlanCache:
 
     Executors hold per-plan state (library handles, operand bindings) that is not
     safe to share between threads, so each thread gets its own; the lock guards
-    only the dictionary.
+    only the dictionary.  An evicted executor is dropped, not freed: a call in
+    another thread may still be running it, and its resources go with the last
+    reference.
     """
 
     def __init__(self, maxsize: int) -> None:
@@ -179,23 +186,19 @@ class _PlanCache:
                 return entry
             self.misses += 1
         entry = _plan(call)  # outside the lock: planning may be slow
-        evicted = []
         with self._lock:
-            self._plans[key] = entry
+            if self.maxsize:
+                self._plans[key] = entry
+                self._plans.move_to_end(key)
             while len(self._plans) > self.maxsize:
-                evicted.append(self._plans.popitem(last=False)[1][1])
-        for executor in evicted:
-            executor.free()
+                self._plans.popitem(last=False)
         return entry
 
     def resize(self, maxsize: int) -> None:
         with self._lock:
             self.maxsize = maxsize
-            evicted = []
             while len(self._plans) > maxsize:
-                evicted.append(self._plans.popitem(last=False)[1][1])
-        for executor in evicted:
-            executor.free()
+                self._plans.popitem(last=False)
 
 
 _cache = _PlanCache(64)
@@ -218,9 +221,10 @@ def set_plan_cache_size(maxsize: int) -> None:
 
 
 def clear_plan_cache() -> None:
-    """Free every cached plan."""
+    """Drop every cached plan (its resources are released once no running call uses it)."""
+    maxsize = _cache.maxsize
     _cache.resize(0)
-    _cache.resize(_cache.maxsize or 64)
+    _cache.resize(maxsize)
 
 
 def plan_cache_info() -> dict[str, int]:
@@ -309,6 +313,12 @@ class SegmentedReduction:
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}; got {reduction!r}")
         call = _prepare(reduction, x, segment_length, offsets, lengths, axis, dtype, backend, check)
+        if isinstance(call.segments, VariableSegments):
+            # The plan owns its offsets: later changes to the caller's array must not
+            # reach a plan whose offsets were checked once, at construction.
+            off = call.segments.offsets
+            owned = off.clone() if hasattr(off, "clone") else off.copy()
+            call.segments = dataclasses.replace(call.segments, offsets=owned)
         self.backend, self._executor = _plan(call)
         self._call = call
         self._info = call.adapter.info(as_array(x)[0])
@@ -320,6 +330,7 @@ class SegmentedReduction:
     def _check_x(self, x: Any) -> Any:
         adapter = self._call.adapter
         x, x_adapter = as_array(x)
+        x = x_adapter.prepare(x)
         if x_adapter is not adapter:
             raise TypeError(
                 f"x must be a {adapter.type_name} like the array the plan was built for; got {x_adapter.type_name}"

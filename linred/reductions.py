@@ -36,7 +36,7 @@ dtype : dtype, optional
 out : array, optional
     Preallocated result: C-contiguous, of the result's shape and dtype, and of
     ``x``'s array type and device.  It is filled and returned.
-backend : {{"auto", "numpy", "nvmath", "cublas", "cub"}}, default "auto"
+backend : {{"auto", "numpy", "nvmath", "cublas", "cub", "nvrtc"}}, default "auto"
     Which implementation runs the call; ``"auto"`` picks the fastest that can
     serve it.  A named backend that cannot serve the call raises
     :class:`linred.BackendError`; there is no silent fallback.
@@ -160,7 +160,7 @@ segmented_mean.__doc__ = _doc(
 >>> linred.segmented_mean(np.arange(1, 13, dtype=np.float32), 4)
 array([ 2.5,  6.5, 10.5], dtype=float32)
 >>> linred.segmented_mean([1, 2, 3, 4], lengths=[3, 0, 1])
-array([2., nan, 4.])
+array([ 2., nan,  4.])
 """,
     mean_dtype="; the mean of integers is float64",
 )

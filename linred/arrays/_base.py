@@ -31,6 +31,10 @@ class ArrayAdapter:
     def info(self, x: Any) -> ArrayInfo:
         raise NotImplementedError
 
+    def prepare(self, x: Any) -> Any:
+        """``x`` ready to be read by raw pointer (torch: lazy conjugation resolved)."""
+        return x
+
     def device_of(self, x: Any) -> int | None:
         raise NotImplementedError
 

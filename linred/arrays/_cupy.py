@@ -10,26 +10,9 @@ import numpy as np
 from linred._dtypes import dtype_name
 from linred.arrays._base import ArrayAdapter, ArrayInfo
 from linred.arrays._numpy import _int_array, _lengths_summary, _lengths_to_offsets, _offsets_summary
+from linred.arrays._streams import stream_handle
 
-
-def stream_handle(stream: Any) -> int:
-    """The raw ``cudaStream_t`` of a CuPy or PyTorch stream, a ``__cuda_stream__`` object or an int."""
-    if isinstance(stream, bool):
-        raise TypeError(
-            "stream must be a CuPy or PyTorch stream, an object with __cuda_stream__, or an int handle; got bool"
-        )
-    if isinstance(stream, int):
-        return stream
-    if hasattr(stream, "__cuda_stream__"):
-        return int(stream.__cuda_stream__()[1])
-    if isinstance(stream, cupy.cuda.Stream | cupy.cuda.ExternalStream):
-        return int(stream.ptr)
-    if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream
-        return int(stream.cuda_stream)
-    raise TypeError(
-        "stream must be a CuPy or PyTorch stream, an object with __cuda_stream__, or an int handle; "
-        f"got {type(stream).__name__}"
-    )
+__all__ = ["CUPY", "CupyAdapter", "stream_handle"]
 
 
 class CupyAdapter(ArrayAdapter):
@@ -54,8 +37,10 @@ class CupyAdapter(ArrayAdapter):
             return cupy.empty(shape, dtype=dtype)
 
     def fill(self, x: cupy.ndarray, value: Any, stream: Any = None) -> None:
-        with x.device, cupy.cuda.ExternalStream(stream or 0, x.device.id):
-            x.fill(value)
+        with x.device:
+            target = cupy.cuda.get_current_stream() if stream is None else cupy.cuda.ExternalStream(stream, x.device.id)
+            with target:
+                x.fill(value)
 
     def index_array(self, obj: Any, device: int | None, name: str) -> cupy.ndarray:
         if isinstance(obj, cupy.ndarray):
@@ -74,9 +59,10 @@ class CupyAdapter(ArrayAdapter):
 
     def resolve_stream(self, stream: Any, device: int | None) -> int:
         if stream is None:
+            # CuPy keeps a current stream per device; that of the data's device is the default.
             with cupy.cuda.Device(device):
                 return int(cupy.cuda.get_current_stream().ptr)
-        return stream_handle(stream)
+        return stream_handle(stream, device)
 
     def offsets_summary(self, offsets: cupy.ndarray) -> tuple[int, int, int, int, int]:
         with offsets.device:

@@ -16,6 +16,8 @@ def _int_array(xp: Any, obj: Any, name: str, **asarray_kwargs: Any) -> Any:
         a = xp.asarray(obj, **asarray_kwargs)
     except (TypeError, ValueError) as e:
         raise TypeError(f"{name} must be an array of integers; got {type(obj).__name__} ({e})") from None
+    if a.size == 0 and not hasattr(obj, "dtype"):  # NumPy makes float64 of an empty list
+        a = a.astype(xp.int64)
     kind = a.dtype.kind
     if kind == "b" or kind not in "iu":
         raise TypeError(f"{name} must be an array of integers; got dtype {a.dtype}")

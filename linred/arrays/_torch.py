@@ -9,6 +9,7 @@ import torch
 
 from linred._dtypes import dtype_name
 from linred.arrays._base import ArrayAdapter, ArrayInfo
+from linred.arrays._streams import stream_handle
 
 _TORCH_DTYPES = {
     "bool": torch.bool,
@@ -44,6 +45,15 @@ class TorchAdapter(ArrayAdapter):
     def info(self, x: torch.Tensor) -> ArrayInfo:
         return ArrayInfo(tuple(x.shape), tuple(x.stride()), dtype_name(x.dtype), self.device_of(x))
 
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        # A lazily conjugated or negated tensor is stored unconjugated: libraries that
+        # read the raw memory would see the wrong values, so materialize it.
+        x = x.detach()
+        return x.resolve_conj().resolve_neg() if x.is_conj() or x.is_neg() else x
+
+    def is_writeable(self, x: torch.Tensor) -> bool:
+        return not (x.is_conj() or x.is_neg())
+
     def device_of(self, x: torch.Tensor) -> int | None:
         dev = x.device
         if dev.type == "cpu":
@@ -53,7 +63,7 @@ class TorchAdapter(ArrayAdapter):
         return dev.index if dev.index is not None else torch.cuda.current_device()
 
     def reshape(self, x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        return x.reshape(shape)
+        return x.detach().reshape(shape)  # no autograd; .numpy() and DLPack refuse tensors that require grad
 
     def is_c_contiguous(self, x: torch.Tensor) -> bool:
         return x.is_contiguous()
@@ -83,6 +93,8 @@ class TorchAdapter(ArrayAdapter):
                 raise TypeError(f"{name} is a device array but x is a CPU tensor; pass {name} on the CPU")
             try:
                 a = obj if hasattr(obj, "__cuda_array_interface__") else np.asarray(obj)
+                if a.size == 0 and not hasattr(obj, "dtype"):  # NumPy makes float64 of an empty list
+                    a = a.astype(np.int64)
                 t = torch.as_tensor(a, device=_device(device))
             except (TypeError, ValueError, RuntimeError) as e:
                 raise TypeError(f"{name} must be an array of integers; got {type(obj).__name__} ({e})") from None
@@ -102,9 +114,7 @@ class TorchAdapter(ArrayAdapter):
             return None
         if stream is None:
             return int(torch.cuda.current_stream(device).cuda_stream)
-        from linred.arrays._cupy import stream_handle
-
-        return stream_handle(stream)
+        return stream_handle(stream, device)
 
     def offsets_summary(self, offsets: torch.Tensor) -> tuple[int, int, int, int, int]:
         if offsets.shape[0] < 2:

@@ -49,13 +49,19 @@ def _merge_rows(x4: np.ndarray) -> np.ndarray | None:
     return v
 
 
-def _fixed_sum(x4: np.ndarray, out3: np.ndarray, acc: np.dtype) -> None:
-    """``out3 = x4.sum(axis=2)`` in ``acc`` as a product with ones."""
+def _fixed_sum(x4: np.ndarray, out3: np.ndarray, acc: np.dtype, ones: np.ndarray | None) -> None:
+    """``out3 = x4.sum(axis=2)`` in ``acc``, as a product with ``ones`` for floating dtypes."""
     B, m, L, D = x4.shape
     if acc.kind in "biu":
-        np.add.reduce(x4, axis=2, dtype=acc, out=out3, casting="unsafe")
+        np.add.reduce(x4, axis=2, dtype=acc, out=out3)
         return
-    ones = np.ones(L, dtype=acc)
+    if acc.kind == "c":
+        # Real and imaginary parts separately: a complex product with ones would turn
+        # an infinite part into NaN (inf * 0 in the cross terms).
+        real = ones.dtype
+        _fixed_sum(x4.real, out3.real, real, ones)
+        _fixed_sum(x4.imag, out3.imag, real, ones)
+        return
     if x4.dtype == acc and out3.dtype == acc:
         _product_with_ones(x4, ones, out3)
         return
@@ -83,13 +89,24 @@ def _product_with_ones(x4: np.ndarray, ones: np.ndarray, out3: np.ndarray) -> No
         np.matmul(ones, x4, out=out3)
 
 
+def _divide(num: np.ndarray, den: Any, out: np.ndarray) -> None:
+    """``out = num / den`` for a real ``den``; complex parts are divided separately, so
+    that an infinite part stays infinite instead of becoming NaN."""
+    if out.dtype.kind == "c":
+        np.divide(num.real, den, out=out.real, casting="unsafe")
+        np.divide(num.imag, den, out=out.imag, casting="unsafe")
+    else:
+        np.divide(num, den, out=out, casting="unsafe")
+
+
 def _fixed(problem: Problem):
     acc = numpy_dtype(problem.acc_dtype)
-    out_dtype = numpy_dtype(problem.out_dtype)
     reduction = problem.reduction
     B, _, D = problem.in_shape
     L = problem.segment_length
     m = problem.num_segments
+    # The ones vector depends only on the plan: made once, reused by every call.
+    ones = None if acc.kind in "biu" else np.ones(L, dtype=np.empty(0, acc).real.dtype)
 
     def run(x: Any, out: Any, segments: Segments, stream: Any) -> None:
         x4 = host_view(x).reshape(B, m, L, D)
@@ -101,15 +118,11 @@ def _fixed(problem: Problem):
             else:
                 np.copyto(out3, ufunc.reduce(x4, axis=2), casting="unsafe")
         elif reduction == "sum":
-            _fixed_sum(x4, out3, acc)
+            _fixed_sum(x4, out3, acc, ones)
         else:  # mean
-            if acc == out_dtype:
-                _fixed_sum(x4, out3, acc)
-                np.divide(out3, L, out=out3)
-            else:
-                total = np.empty(out3.shape, dtype=acc)
-                _fixed_sum(x4, total, acc)
-                np.divide(total, L, out=out3, casting="unsafe")
+            total = out3 if acc == out3.dtype else np.empty(out3.shape, dtype=acc)
+            _fixed_sum(x4, total, acc, ones)
+            _divide(total, L, out3)
 
     return run
 
@@ -132,16 +145,17 @@ def _variable(problem: Problem):
             out3[:, ~nonempty, :] = fill
         if starts.shape[0] == 0:
             return
-        target = out3 if all_nonempty else None
         if reduction in ("max", "min"):
             ufunc = np.maximum if reduction == "max" else np.minimum
             result = ufunc.reduceat(x3, starts, axis=1)
         else:
             result = np.add.reduceat(x3, starts, axis=1, dtype=acc)
             if reduction == "mean":
-                result = np.divide(result, lengths[nonempty][None, :, None], dtype=np.result_type(acc, np.float32))
-        if target is not None:
-            np.copyto(target, result, casting="unsafe")
+                quotient = np.empty(result.shape, dtype=np.result_type(acc, np.float32))
+                _divide(result, lengths[nonempty][None, :, None], quotient)
+                result = quotient
+        if all_nonempty:
+            np.copyto(out3, result, casting="unsafe")
         else:
             out3[:, nonempty, :] = result
 

@@ -16,9 +16,9 @@ from linred.backends.base import Backend
 __all__ = ["BACKENDS", "BackendName", "available_backends", "check_backend_name", "get_backend"]
 
 #: every backend, in the order ``linred info`` lists them
-BACKENDS: tuple[str, ...] = ("numpy", "nvmath", "cublas", "cub")
+BACKENDS: tuple[str, ...] = ("numpy", "nvmath", "cublas", "cub", "nvrtc")
 
-BackendName = Literal["auto", "numpy", "nvmath", "cublas", "cub"]
+BackendName = Literal["auto", "numpy", "nvmath", "cublas", "cub", "nvrtc"]
 
 _loaded: dict[str, Backend] = {}
 _unavailable: dict[str, str | None] = {}
@@ -53,7 +53,10 @@ def unavailable(name: str) -> str | None:
         return _unavailable[name]
     except KeyError:
         pass
-    reason = get_backend(name).unavailable()
+    try:
+        reason = get_backend(name).unavailable()
+    except Exception as e:  # a backend module that cannot even be imported is unavailable, not fatal
+        reason = f"its module cannot be imported ({type(e).__name__}: {e})"
     _unavailable[name] = reason
     return reason
 
