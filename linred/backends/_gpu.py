@@ -1,0 +1,454 @@
+"""Helpers shared by the GPU backends: streams, zero-copy views, segment bookkeeping.
+
+Imported only by GPU backends, after CuPy is known to be importable.  Arrays
+passed here are CuPy arrays or CUDA PyTorch tensors; the helpers that run
+kernels convert tensors to CuPy views (DLPack, no copy) on the stream the work
+is enqueued on.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import cupy
+import numpy as np
+
+from linred._dtypes import identity
+
+#: the largest count a 32-bit ``int`` argument of cuBLAS, CUB or CuPy's CUB wrappers takes
+INT32_MAX = (1 << 31) - 1
+
+_streams: dict[tuple[int, int], cupy.cuda.ExternalStream] = {}
+_streams_lock = threading.Lock()
+
+
+def cupy_stream(handle: int, device: int) -> cupy.cuda.ExternalStream:
+    """A CuPy stream object for a raw ``cudaStream_t`` on ``device`` (cached)."""
+    key = (handle, device)
+    stream = _streams.get(key)
+    if stream is None:
+        with _streams_lock:
+            stream = _streams.setdefault(key, cupy.cuda.ExternalStream(handle, device))
+    return stream
+
+
+class on_stream:
+    """Make ``device`` current and ``handle`` CuPy's current stream for the block.
+
+    CuPy kernels, CuPy's cuBLAS wrappers (which set the handle's stream to CuPy's
+    current stream on every call) and CuPy's memory pool all follow CuPy's
+    current stream, so entering this is what puts their work on the resolved
+    stream instead of the legacy default stream.
+    """
+
+    __slots__ = ("_device", "_stream")
+
+    def __init__(self, handle: int, device: int) -> None:
+        self._device = cupy.cuda.Device(device)
+        self._stream = cupy_stream(handle, device)
+
+    def __enter__(self) -> cupy.cuda.ExternalStream:
+        self._device.__enter__()
+        self._stream.__enter__()
+        return self._stream
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._stream.__exit__(*exc)
+        finally:
+            self._device.__exit__(*exc)
+
+
+def as_cupy(a: Any) -> cupy.ndarray:
+    """``a`` as a CuPy array without copying (CuPy arrays pass through; CUDA tensors via DLPack).
+
+    bfloat16 tensors have no CuPy dtype: view them with :func:`bits16` first.
+    Call it on the stream the result will be used on: PyTorch orders its
+    current stream before that stream when it exports a tensor.
+    """
+    if isinstance(a, cupy.ndarray):
+        return a
+    return cupy.from_dlpack(a)
+
+
+def is_torch(a: Any) -> bool:
+    return not isinstance(a, cupy.ndarray)
+
+
+def data_ptr(a: Any) -> int:
+    """The device address of element ``[0, ..., 0]`` of a CuPy array or CUDA tensor."""
+    if isinstance(a, cupy.ndarray):
+        return a.data.ptr
+    return a.data_ptr()
+
+
+def bits16(a: Any) -> Any:
+    """A 16-bit floating array (float16, bfloat16) viewed as int16, same kind, no copy."""
+    if isinstance(a, cupy.ndarray):
+        return a.view(cupy.int16)
+    import torch
+
+    return a.view(torch.int16)
+
+
+def span_view(a: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[Any, int]:
+    """A 1-D contiguous view of the memory an array spans, and its first element's index in it.
+
+    ``strides`` are in elements.  The view starts at the lowest address the
+    array touches and ends at the highest, so gaps between rows are included
+    but never read; kernels address element ``idx`` of the array as
+    ``base + sum(idx[k] * strides[k])`` in the view.
+    """
+    if any(s == 0 for s in shape):
+        raise ValueError("span_view of an empty array")
+    low = sum(s * (n - 1) for n, s in zip(shape, strides, strict=True) if s < 0)
+    high = sum(s * (n - 1) for n, s in zip(shape, strides, strict=True) if s > 0)
+    base = -low
+    length = high - low + 1
+    if isinstance(a, cupy.ndarray):
+        itemsize = a.dtype.itemsize
+        mem = a.data + low * itemsize
+        return cupy.ndarray((length,), dtype=a.dtype, memptr=mem), base
+    import torch
+
+    # PyTorch has no negative strides, so ``a`` starts at the lowest address.
+    return torch.as_strided(a, (length,), (1,)), base
+
+
+def segment_chunks(total: int, limit: int = INT32_MAX) -> Iterator[tuple[int, int]]:
+    """``[start, stop)`` ranges of at most ``limit`` items covering ``range(total)``.
+
+    Libraries that count segments in a 32-bit ``int`` (cuda.compute refuses
+    more than ``2**31 - 1`` segments per launch) get one launch per chunk.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1; got {limit}")
+    for start in range(0, total, limit):
+        yield start, min(start + limit, total)
+
+
+class StreamOrder:
+    """Keeps an executor's persistent buffers safe when calls move between streams.
+
+    An executor allocates its buffers (CUB temporary storage, a ones vector) on
+    the stream of its first call and reuses them.  Work on two streams is not
+    ordered, so when a call comes on a different stream than the previous one,
+    the new stream waits for everything enqueued so far on the old one (one
+    event; nothing is synchronized with the host).  Calls that stay on one
+    stream pay nothing.
+    """
+
+    __slots__ = ("device", "home", "last")
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+        self.home: int | None = None  # the stream the buffers were allocated on
+        self.last: int | None = None
+
+    def use(self, stream: int) -> None:
+        """Call before enqueuing work that touches the buffers on ``stream``."""
+        if self.last is None:
+            self.home = self.last = stream
+        elif stream != self.last:
+            _wait(stream, self.last, self.device)
+            self.last = stream
+
+    def release(self) -> None:
+        """Call before dropping the buffers: their memory returns to the pool of ``home``."""
+        if self.last is not None and self.home is not None and self.last != self.home:
+            _wait(self.home, self.last, self.device)
+        self.home = self.last = None
+
+
+def _wait(waiter: int, producer: int, device: int) -> None:
+    with cupy.cuda.Device(device):
+        event = cupy.cuda.Event(block=False, disable_timing=True, interprocess=False)
+        event.record(cupy_stream(producer, device))
+        cupy_stream(waiter, device).wait_event(event)
+
+
+# --- kernels ------------------------------------------------------------------------
+
+#: CUDA C type of each dtype as CuPy kernels spell it; bfloat16 data is passed as int16 bits
+CTYPE = {
+    "bool": "bool",
+    "int8": "signed char",
+    "int16": "short",
+    "int32": "int",
+    "int64": "long long",
+    "uint8": "unsigned char",
+    "uint16": "unsigned short",
+    "uint32": "unsigned int",
+    "uint64": "unsigned long long",
+    "float16": "float16",
+    "bfloat16": "short",
+    "float32": "float",
+    "float64": "double",
+    "complex64": "complex<float>",
+    "complex128": "complex<double>",
+}
+
+# NVRTC has no <cmath> here, so NaN and infinities come from bit patterns.
+PREAMBLE = r"""
+__device__ __forceinline__ float linred_bf16_value(short h) {
+    return __uint_as_float(((unsigned int)(unsigned short)h) << 16);
+}
+__device__ __forceinline__ short linred_bf16_bits(float v) {
+    const unsigned int u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (short)((u >> 16) | 0x40u);  // quiet NaN, sign kept
+    return (short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);                   // round to nearest even
+}
+#define LINRED_NAN_F __int_as_float(0x7fc00000)
+#define LINRED_NAN_D __longlong_as_double(0x7ff8000000000000LL)
+#define LINRED_INF_F __int_as_float(0x7f800000)
+#define LINRED_INF_D __longlong_as_double(0x7ff0000000000000LL)
+"""
+
+_kernels: dict[tuple, cupy.ElementwiseKernel] = {}
+_kernels_lock = threading.Lock()
+
+
+def _kernel(key: tuple, make: Any) -> cupy.ElementwiseKernel:
+    kernel = _kernels.get(key)
+    if kernel is None:
+        with _kernels_lock:
+            kernel = _kernels.get(key)
+            if kernel is None:
+                kernel = _kernels[key] = make()
+    return kernel
+
+
+def _real_of(name: str) -> str:
+    """The real type division by a length happens in, for a sum of dtype ``name``."""
+    if name in ("float32", "complex64", "float16"):
+        return "float"
+    return "double"
+
+
+def _divide_kernel(sums_dtype: str, out_dtype: str, out_is_bf16: bool) -> cupy.ElementwiseKernel:
+    real = _real_of(sums_dtype)
+    nan = "LINRED_NAN_F" if real == "float" else "LINRED_NAN_D"
+    # integer and float16 sums are converted first; float32/float64/complex ones divide in their own type
+    convert = sums_dtype not in ("float32", "float64", "complex64", "complex128")
+    value = f"(({real})sums[i] / ({real})len)" if convert else f"(sums[i] / ({real})len)"
+    if out_is_bf16:
+        body = f"out = linred_bf16_bits(len > 0 ? (float){value} : LINRED_NAN_F);"
+    else:
+        body = f"out = len > 0 ? (T){value} : (T){nan};"
+
+    def make() -> cupy.ElementwiseKernel:
+        return cupy.ElementwiseKernel(
+            "raw S sums, raw I offsets, int64 m, int64 d",
+            "T out",
+            f"""
+            const long long seg = (i / d) % m;
+            const long long len = (long long)offsets[seg + 1] - (long long)offsets[seg];
+            {body}
+            """,
+            f"linred_divide_by_lengths_{'bf16' if out_is_bf16 else 'std'}_{real}_{int(convert)}",
+            preamble=PREAMBLE,
+        )
+
+    return _kernel(("divide", sums_dtype, out_dtype, out_is_bf16), make)
+
+
+def dtype_name_of(a: Any) -> str:
+    """The canonical dtype name of a CuPy array or a tensor."""
+    if isinstance(a, cupy.ndarray):
+        return a.dtype.name
+    return str(a.dtype).removeprefix("torch.")
+
+
+def divide_by_lengths(sums: Any, offsets: Any, out: Any, stream: int) -> None:
+    """``out = sums / lengths`` per segment (NaN for empty segments), on ``stream``.
+
+    ``sums`` and ``out`` are ``(batch, m, features)``, C-contiguous, CuPy arrays
+    or CUDA tensors (a bfloat16 ``out`` tensor included); ``sums`` may be ``out``
+    itself.  Integer sums are divided in float64; float16 sums in float32;
+    complex sums keep their precision.
+    """
+    _, m, d = out.shape
+    out_name = dtype_name_of(out)
+    sums_name = dtype_name_of(sums)
+    device = out.device.id if isinstance(out, cupy.ndarray) else out.device.index
+    with on_stream(stream, device):
+        bf16 = out_name == "bfloat16"
+        target = as_cupy(bits16(out) if bf16 else out)
+        kernel = _divide_kernel(sums_name, out_name, bf16)
+        kernel(as_cupy(sums), as_cupy(offsets), m, d, target)
+
+
+_fill_empty = cupy.ElementwiseKernel(
+    "raw I offsets, int64 m, int64 d, T value",
+    "T out",
+    """
+    const long long seg = (i / d) % m;
+    if (offsets[seg + 1] == offsets[seg]) out = value;
+    """,
+    "linred_fill_empty",
+)
+
+
+def fill_empty(out: Any, offsets: Any, reduction: str, stream: int) -> None:
+    """Set the empty segments of ``out`` (``(batch, m, features)``) to the reduction's identity.
+
+    ``out`` is a CuPy array or a CUDA tensor other than bfloat16.
+    """
+    _, m, d = out.shape
+    device = out.device.id if isinstance(out, cupy.ndarray) else out.device.index
+    with on_stream(stream, device):
+        target = as_cupy(out)
+        value = target.dtype.type(identity(reduction, target.dtype.name))
+        _fill_empty(as_cupy(offsets), m, d, value, target)
+
+
+def _cast_bf16_kernel() -> cupy.ElementwiseKernel:
+    return _kernel(
+        ("cast-bf16",),
+        lambda: cupy.ElementwiseKernel(
+            "S src", "short out", "out = linred_bf16_bits((float)src);", "linred_cast_bf16", preamble=PREAMBLE
+        ),
+    )
+
+
+def cast_into(src: cupy.ndarray, out: Any) -> None:
+    """Copy ``src`` (a CuPy array) into ``out`` converting the dtype, on CuPy's current stream.
+
+    ``out`` is a CuPy array or a CUDA tensor of the same shape, bfloat16 included
+    (rounded to nearest even).
+    """
+    if dtype_name_of(out) == "bfloat16":
+        _cast_bf16_kernel()(src, as_cupy(bits16(out)))
+    else:
+        cupy.copyto(as_cupy(out), src, casting="unsafe")
+
+
+# --- the strided kernel: one thread per (batch, segment, feature) ------------------
+
+
+def _literal(value: float | int, ctype: str) -> str:
+    if isinstance(value, float):
+        single = ctype == "float"
+        if value != value:
+            return "LINRED_NAN_F" if single else "LINRED_NAN_D"
+        inf = "LINRED_INF_F" if single else "LINRED_INF_D"
+        if value == float("inf"):
+            return inf
+        if value == float("-inf"):
+            return f"(-{inf})"
+        return repr(value)
+    if ctype == "bool":
+        return "true" if value else "false"
+    if value == -(1 << 63):
+        return "(-9223372036854775807LL - 1)"
+    suffix = "ULL" if ctype.startswith("unsigned") else "LL"
+    return f"(({ctype}){value}{suffix})"
+
+
+def _strided_kernel(reduction: str, in_dtype: str, acc_dtype: str, out_dtype: str) -> cupy.ElementwiseKernel:
+    """A kernel reducing ``(batch, m, features)`` outputs of any strided input, fixed or variable segments.
+
+    Each thread walks one segment of one feature; neighbouring threads handle
+    neighbouring features, so reads coalesce when the features are contiguous.
+    It serves the layouts CUB's segmented reduction cannot read (strided
+    segments, feature dimensions) and bfloat16 (as int16 bits).
+    """
+    half_in = in_dtype in ("float16", "bfloat16")
+    # max/min compare in the input type (16-bit floats widened exactly); sums use linred's accumulator
+    compare_c = "float" if half_in else CTYPE[in_dtype]
+    acc_c = compare_c if reduction in ("max", "min") else CTYPE[acc_dtype]
+    load = "linred_bf16_value(x[p])" if in_dtype == "bfloat16" else f"({acc_c})x[p]"
+    floating = acc_c in ("float", "double")
+    if reduction == "sum" or reduction == "mean":
+        init = f"({acc_c})0"
+        combine = "acc += v;"
+    else:
+        init = _literal(identity(reduction, "float64" if floating else acc_dtype), acc_c)
+        if floating:
+            cmp = ">" if reduction == "max" else "<"
+            combine = f"acc = (acc != acc || acc {cmp} v) ? acc : v;"  # NaN propagates
+        else:
+            cmp = ">" if reduction == "max" else "<"
+            combine = f"acc = (acc {cmp} v) ? acc : v;"
+    if reduction == "mean":
+        real = "double" if not floating or acc_c == "double" else "float"
+        nan = "LINRED_NAN_F" if real == "float" else "LINRED_NAN_D"
+        if acc_c.startswith("complex"):
+            real = "double" if "double" in acc_c else "float"
+            result = f"(stop > start ? acc / ({real})(stop - start) : ({acc_c})({nan}))"
+        else:
+            result = f"(stop > start ? ({real})acc / ({real})(stop - start) : {nan})"
+    else:
+        result = "acc"
+    store = f"out = linred_bf16_bits((float){result});" if out_dtype == "bfloat16" else f"out = (Y){result};"
+    body = f"""
+    const long long j = i % d;
+    const long long r = i / d;
+    const long long seg = r % m;
+    const long long b = r / m;
+    long long start, stop;
+    if (seglen > 0) {{ start = seg * seglen; stop = start + seglen; }}
+    else {{ start = (long long)offsets[seg]; stop = (long long)offsets[seg + 1]; }}
+    const long long p0 = base + b * sb + j * sd;
+    {acc_c} acc = {init};
+    for (long long t = start; t < stop; ++t) {{
+        const long long p = p0 + t * sn;
+        const {acc_c} v = {load};
+        {combine}
+    }}
+    {store}
+    """
+    name = f"linred_strided_{reduction}_{in_dtype}_{acc_dtype}_{out_dtype}"
+
+    def make() -> cupy.ElementwiseKernel:
+        return cupy.ElementwiseKernel(
+            "raw X x, raw I offsets, int64 base, int64 sb, int64 sn, int64 sd, int64 m, int64 d, int64 seglen",
+            "Y out",
+            body,
+            name,
+            preamble=PREAMBLE,
+        )
+
+    return _kernel(("strided", reduction, in_dtype, acc_dtype, out_dtype), make)
+
+
+def strided_reduce(
+    x3: Any,
+    strides: tuple[int, int, int],
+    out3: Any,
+    offsets: Any,
+    length: int | None,
+    reduction: str,
+    dtypes: tuple[str, str, str],
+) -> None:
+    """Reduce ``x3`` (``(batch, n, features)``, any strides) into ``out3`` on CuPy's current stream.
+
+    ``offsets`` (variable segments) or ``length`` (fixed) gives the segments.
+    ``dtypes`` is ``(input, accumulation, result)``; bfloat16 arrays must be
+    tensors (viewed as int16 here).
+    """
+    in_dtype, acc_dtype, out_dtype = dtypes
+    B, n, D = x3.shape
+    _, m, _ = out3.shape
+    src = bits16(x3) if in_dtype == "bfloat16" else x3
+    span, base = span_view(src, (B, n, D), strides)
+    target = as_cupy(bits16(out3) if out_dtype == "bfloat16" else out3)
+    if offsets is None:
+        offsets = _no_offsets(target.device.id)
+    sb, sn, sd = strides
+    kernel = _strided_kernel(reduction, in_dtype, acc_dtype, out_dtype)
+    kernel(as_cupy(span), as_cupy(offsets), base, sb, sn, sd, m, D, length or 0, target)
+
+
+_empty_offsets: dict[int, cupy.ndarray] = {}
+
+
+def _no_offsets(device: int) -> cupy.ndarray:
+    """A placeholder offsets argument for fixed-length segments (never read)."""
+    a = _empty_offsets.get(device)
+    if a is None:
+        with cupy.cuda.Device(device):
+            a = _empty_offsets.setdefault(device, cupy.empty(1, dtype=np.int64))
+    return a

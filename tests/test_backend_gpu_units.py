@@ -1,0 +1,440 @@
+"""Host-side logic of the GPU backends, tested without a GPU.
+
+The cuBLAS call plans are checked by executing them with a NumPy model of the
+cuBLAS calls on a flat buffer, so every leading dimension, batch stride and
+offset is verified against the float64 reference; CUB path choice, segment
+chunking past ``2**31`` segments, refusal reasons and stream arguments are
+checked directly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from linred.arrays._streams import stream_handle
+from linred.backends import cub, cublas
+from linred.problem import Problem
+
+
+def gpu_helpers():
+    """linred.backends._gpu, which imports CuPy (no device needed); skip without CuPy."""
+    try:
+        from linred.backends import _gpu
+    except ImportError as e:  # no CuPy, or a CuPy that cannot load
+        pytest.skip(f"CuPy is not importable: {e}")
+    return _gpu
+
+
+INT32_MAX = (1 << 31) - 1
+
+
+def problem(
+    reduction: str = "sum",
+    dtype: str = "float32",
+    shape: tuple[int, int, int] = (1, 64, 1),
+    strides: tuple[int, int, int] | None = None,
+    length: int | None = 8,
+    *,
+    acc: str | None = None,
+    out: str | None = None,
+    kind: str = "cupy",
+    device: int | None = 0,
+    segments: int | None = None,
+    offsets_dtype: str | None = None,
+) -> Problem:
+    B, n, D = shape
+    if strides is None:
+        strides = (n * D, D, 1)
+    if acc is None:
+        acc = {"float16": "float32", "bfloat16": "float32"}.get(dtype, dtype)
+        if reduction in ("sum", "mean") and dtype in ("bool", "int8", "int16", "int32"):
+            acc = "int64"
+        if reduction in ("max", "min"):
+            acc = dtype
+    if out is None:
+        out = dtype if reduction in ("max", "min") or dtype.startswith(("float", "bfloat", "complex")) else acc
+    if segments is None:
+        segments = n // length if length else 4
+    return Problem(
+        reduction=reduction,
+        kind=kind,
+        device=device,
+        dtype=dtype,
+        acc_dtype=acc,
+        out_dtype=out,
+        batch=B,
+        n=n,
+        features=D,
+        strides=strides,
+        num_segments=segments,
+        segment_length=length,
+        offsets_dtype=offsets_dtype if length is None else None,
+    )
+
+
+# --- segment chunking -----------------------------------------------------------------
+
+
+def test_segment_chunks_cover_more_than_int32_segments():
+    total = 2 * INT32_MAX + 5
+    chunks = list(gpu_helpers().segment_chunks(total))
+    assert chunks == [(0, INT32_MAX), (INT32_MAX, 2 * INT32_MAX), (2 * INT32_MAX, total)]
+    assert all(stop - start <= INT32_MAX for start, stop in chunks)
+
+
+@pytest.mark.parametrize("total, limit", [(0, 3), (1, 3), (3, 3), (10, 3), (10, 1), (7, 100)])
+def test_segment_chunks_partition(total, limit):
+    chunks = list(gpu_helpers().segment_chunks(total, limit))
+    covered = [i for start, stop in chunks for i in range(start, stop)]
+    assert covered == list(range(total))
+    assert all(0 < stop - start <= limit for start, stop in chunks)
+
+
+def test_segment_chunks_rejects_bad_limit():
+    with pytest.raises(ValueError, match="limit must be >= 1"):
+        list(gpu_helpers().segment_chunks(5, 0))
+
+
+# --- a NumPy model of the cuBLAS calls -------------------------------------------------
+
+
+def _run_calls(calls: list[cublas.Call], buffer: np.ndarray, out_size: int) -> np.ndarray:
+    """Execute cuBLAS calls on a flat buffer with column-major semantics, in float64."""
+    out = np.full(out_size, np.nan)
+
+    def gemm(call: cublas.Call, x_offset: int, out_offset: int) -> None:
+        M, K, lda = call.rows, call.cols, call.lda
+        if call.trans:  # A stored K x M, C = A^T ones
+            assert lda >= K
+            a = np.array([[buffer[x_offset + k + i * lda] for k in range(K)] for i in range(M)])
+        else:  # A stored M x K, C = A ones
+            assert lda >= M
+            a = np.array([[buffer[x_offset + i + k * lda] for k in range(K)] for i in range(M)])
+        assert np.all(np.isnan(out[out_offset : out_offset + M])), "a result is written twice"
+        out[out_offset : out_offset + M] = a.sum(axis=1)
+
+    for call in calls:
+        assert 0 < call.rows <= INT32_MAX and 0 < call.cols <= INT32_MAX and 0 < call.lda <= INT32_MAX
+        if call.kind == "gemv":
+            assert call.trans
+            rows, cols = call.rows, call.cols
+            assert call.lda >= rows
+            for c in range(cols):
+                out[call.out_offset + c] = sum(buffer[call.x_offset + r + c * call.lda] for r in range(rows))
+        elif call.kind == "gemm":
+            gemm(call, call.x_offset, call.out_offset)
+        else:
+            assert 0 < call.batch <= INT32_MAX
+            for b in range(call.batch):
+                gemm(call, call.x_offset + b * call.stride_a, call.out_offset + b * call.stride_c)
+    return out
+
+
+def _strided(base: np.ndarray, shape: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
+    return np.lib.stride_tricks.as_strided(base, shape, tuple(s * base.itemsize for s in strides), writeable=False)
+
+
+LAYOUTS = {
+    # name: (shape (B, n, D), strides in elements, buffer size)
+    "contiguous 1-D": ((1, 64, 1), (64, 1, 1), 64),
+    "batch adjacent": ((3, 32, 1), (32, 1, 1), 96),
+    "batch with gaps": ((3, 32, 1), (40, 1, 1), 120),
+    "features contiguous": ((1, 32, 5), (160, 5, 1), 160),
+    "features padded rows": ((1, 32, 5), (224, 7, 1), 224),
+    "features transposed": ((1, 32, 5), (0, 1, 40), 200),
+    "batch and features": ((2, 16, 3), (48, 3, 1), 96),
+    "batch gaps and features": ((4, 16, 3), (50, 3, 1), 200),
+    "many batches few segments": ((9, 8, 3), (30, 3, 1), 270),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.parametrize("length", [1, 2, 8])
+@pytest.mark.parametrize("use_gemv", [True, False])
+def test_cublas_plan_computes_the_segment_sums(name, length, use_gemv):
+    shape, strides, size = LAYOUTS[name]
+    B, n, D = shape
+    buffer = np.random.default_rng(0).standard_normal(size)
+    x3 = _strided(buffer, shape, strides)
+    p = problem(shape=shape, strides=strides, length=length)
+    calls = cublas.plan_calls(p, use_gemv=use_gemv)
+    assert not isinstance(calls, str), calls
+    m = n // length
+    got = _run_calls(calls, buffer, B * m * D).reshape(B, m, D)
+    expected = x3.reshape(B, m, length, D).sum(axis=2)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_cublas_plan_chunks_past_int32_segments():
+    m = 5 * (1 << 30)  # 5 * 2**30 segments of one element: three calls
+    p = problem(shape=(1, m, 1), strides=(m, 1, 1), length=1, segments=m)
+    calls = cublas.plan_calls(p, use_gemv=True)
+    assert [(c.x_offset, c.out_offset, c.cols) for c in calls] == [
+        (0, 0, INT32_MAX),
+        (INT32_MAX, INT32_MAX, INT32_MAX),
+        (2 * INT32_MAX, 2 * INT32_MAX, m - 2 * INT32_MAX),
+    ]
+
+
+def test_cublas_plan_uses_gemv_only_for_same_dtype_problems():
+    assert cublas.plan_calls(problem(dtype="float32"), use_gemv=True)[0].kind == "gemv"
+    assert cublas.plan_calls(problem(dtype="float16"), use_gemv=True)[0].kind == "gemm"
+    assert cublas.plan_calls(problem(dtype="float32"), use_gemv=False)[0].kind == "gemm"
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(shape=(1, 64, 1), strides=(128, 2, 1)), "segments are strided"),
+        (dict(shape=(1, 64, 1), strides=(64, -1, 1)), "non-negative strides"),
+        (dict(shape=(1, 32, 4), strides=(0, 8, 2)), "neither the features"),
+        (dict(shape=(1, 32, 4), strides=(0, 3, 1)), "neither the features"),  # overlapping rows
+        (dict(length=None, offsets_dtype="int64"), "variable lengths"),
+    ],
+)
+def test_cublas_plan_refuses_layouts_it_cannot_describe(kwargs, match):
+    reason = cublas.plan_calls(problem(**kwargs))
+    assert isinstance(reason, str) and match in reason
+    assert "backend=" in reason  # every refusal names who serves it instead
+
+
+def test_cublas_plan_refuses_too_many_calls():
+    # 300 batches with gaps and 300 segments each, with features: one call per batch or segment
+    p = problem(shape=(300, 600, 2), strides=(2000, 2, 1), length=2)
+    reason = cublas.plan_calls(p)
+    assert isinstance(reason, str) and "cuBLAS calls" in reason
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(device=None, kind="numpy"), "on the host"),
+        (dict(reduction="max"), "not linear"),
+        (dict(reduction="min"), "not linear"),
+        (dict(length=None, offsets_dtype="int32"), "no segmented GEMV for variable lengths"),
+        (dict(dtype="int32"), "no integer GEMV"),
+        (dict(dtype="bool"), "no integer GEMV"),
+        (dict(dtype="float32", acc="float64", out="float64"), "in no single call"),
+    ],
+)
+def test_cublas_refusal_reasons(kwargs, match):
+    reason = cublas.BACKEND.unsupported(problem(**kwargs))
+    assert reason is not None and match in reason
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(dtype="float32"),
+        dict(dtype="float64", reduction="mean"),
+        dict(dtype="complex64"),
+        dict(dtype="complex128", reduction="mean"),
+        dict(dtype="float16"),
+        dict(dtype="bfloat16", kind="torch"),
+        dict(dtype="float16", out="float32"),
+        dict(shape=(1, 32, 4), strides=(128, 4, 1)),
+    ],
+)
+def test_cublas_serves(kwargs):
+    assert cublas.BACKEND.unsupported(problem(**kwargs)) is None
+
+
+# --- CUB: paths and refusals -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, path",
+    [
+        (dict(), "cupy-cub"),  # float32 sum, L = 8
+        (dict(length=4096, shape=(1, 8192, 1)), "cccl"),
+        (dict(dtype="int32"), "cccl"),  # int32 -> int64 accumulation: CuPy's CUB cannot widen
+        (dict(dtype="float16"), "cccl"),
+        (dict(reduction="mean"), "cccl"),
+        (dict(reduction="max", dtype="float16"), "cupy-cub"),
+        (dict(reduction="max", dtype="bool"), "cccl"),
+        (dict(reduction="max", dtype="bfloat16", kind="torch"), "cccl"),
+        (dict(length=None, offsets_dtype="int64"), "cccl"),
+        (dict(shape=(3, 64, 1), strides=(100, 1, 1)), "cccl"),  # batches with gaps
+        (dict(shape=(1, 64, 4)), "cupy-reduce"),
+        (dict(shape=(1, 64, 1), strides=(128, 2, 1)), "cupy-reduce"),
+        (dict(shape=(1, 64, 4), reduction="max", dtype="bfloat16", kind="torch"), "strided-kernel"),
+        (dict(shape=(1, 64, 4), length=None, offsets_dtype="int32"), "strided-kernel"),
+        (dict(shape=(1, 64, 1), strides=(128, 2, 1), length=None, offsets_dtype="int32"), "strided-kernel"),
+    ],
+)
+def test_cub_path_choice(kwargs, path):
+    p = problem(**kwargs)
+    assert cub.choose_path(p) == path
+    assert cub.path_unsupported(p, path) is None
+
+
+def test_cub_leaves_cupy_cub_for_long_segments_and_int32_overflow():
+    assert cub.choose_path(problem(length=cub.CUPY_CUB_MAX_LENGTH, shape=(1, 4 * cub.CUPY_CUB_MAX_LENGTH, 1))) == (
+        "cupy-cub"
+    )
+    long = 2 * cub.CUPY_CUB_MAX_LENGTH
+    assert cub.choose_path(problem(length=long, shape=(1, 4 * long, 1))) == "cccl"
+    n = 1 << 31  # CuPy's CUB wrappers count elements in int
+    assert not cub.cupy_cub_eligible(problem(length=8, shape=(1, n, 1), strides=(n, 1, 1)))
+
+
+def test_cub_force_path(monkeypatch):
+    monkeypatch.setattr(cub, "FORCE_PATH", "strided-kernel")
+    p = problem()
+    assert cub.choose_path(p) == "strided-kernel"
+    assert cub.BACKEND.unsupported(p) is None
+    monkeypatch.setattr(cub, "FORCE_PATH", "cupy-cub")
+    reason = cub.BACKEND.unsupported(problem(length=None, offsets_dtype="int64"))
+    assert reason is not None and "CuPy's CUB" in reason
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(device=None, kind="numpy"), "on the host"),
+        (dict(dtype="complex64"), "no complex addition"),
+        (dict(dtype="float32", acc="complex64", out="complex64"), "no complex addition"),
+    ],
+)
+def test_cub_refusal_reasons(kwargs, match):
+    reason = cub.BACKEND.unsupported(problem(**kwargs))
+    assert reason is not None and match in reason
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("dtype", ["bool", "int8", "int32", "uint64", "float16", "float32", "float64"])
+@pytest.mark.parametrize("length", [8, None])
+@pytest.mark.parametrize("shape", [(1, 64, 1), (2, 64, 3)])
+def test_cub_serves_every_real_dtype(reduction, dtype, length, shape):
+    if reduction == "mean" and dtype == "bool":
+        pytest.skip("mean of bool is a float64 mean of ints, covered by int8")
+    p = problem(reduction, dtype, shape=shape, length=length, offsets_dtype="int64")
+    assert cub.BACKEND.unsupported(p) is None
+    assert cub.choose_path(p) in cub.PATHS
+
+
+def test_cub_operator_sources():
+    for name in cub._SOURCES:
+        source = cub.op_source(name)
+        assert f'extern "C" __device__ void {name}(' in source
+    cvt = cub.op_source("linred_cvt_int32_int64")
+    assert "(long long)*(const int*)in" in cvt
+    # NaN-propagating max/min keep x when x is NaN and take y when y is NaN
+    assert "x != x || x > y" in cub._SOURCES["linred_max_f32"]
+    assert "x != x || x < y" in cub._SOURCES["linred_min_f64"]
+
+
+def test_cub_batch_state_layout():
+    state = np.frombuffer(cub._batch_state(7, 5, 100, 1), dtype=np.int64)
+    assert state.tolist() == [7, 5, 100, 1]
+
+
+def _batched_bound(k: int, a: int, count: int, batch_stride: int, shift: int, offsets=None) -> int:
+    """The arithmetic of ``linred_batched_fixed`` / ``linred_batched_offsets*``, in Python."""
+    b = k // count
+    i = k - b * count + shift
+    return b * batch_stride + (offsets[i] if offsets is not None else i * a)
+
+
+@pytest.mark.parametrize("B, m, L, stride", [(1, 5, 3, 15), (3, 4, 2, 8), (3, 4, 2, 11), (2, 1, 7, 9)])
+def test_cub_batched_bounds_match_segments(B, m, L, stride):
+    for k in range(B * m):
+        b, i = divmod(k, m)
+        assert _batched_bound(k, L, m, stride, 0) == b * stride + i * L
+        assert _batched_bound(k, L, m, stride, 1) == b * stride + (i + 1) * L
+    offsets = [0, 0, 3, 3, 4][: m + 1] if m == 4 else list(range(0, (m + 1) * L, L))
+    for k in range(B * m):
+        b, i = divmod(k, m)
+        assert _batched_bound(k, 0, m, stride, 0, offsets) == b * stride + offsets[i]
+        assert _batched_bound(k, 0, m, stride, 1, offsets) == b * stride + offsets[i + 1]
+
+
+# --- strided-kernel source generation ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, ctype, expected",
+    [
+        (float("-inf"), "float", "(-LINRED_INF_F)"),
+        (float("inf"), "double", "LINRED_INF_D"),
+        (-(1 << 63), "long long", "(-9223372036854775807LL - 1)"),
+        ((1 << 64) - 1, "unsigned long long", "((unsigned long long)18446744073709551615ULL)"),
+        (-128, "signed char", "((signed char)-128LL)"),
+        (False, "bool", "false"),
+    ],
+)
+def test_kernel_literals(value, ctype, expected):
+    assert gpu_helpers()._literal(value, ctype) == expected
+
+
+# --- spans and streams ---------------------------------------------------------------------
+
+
+def test_span_view_of_a_strided_tensor():
+    torch = pytest.importorskip("torch")
+    base = torch.arange(60.0)
+    t = base.as_strided((2, 3, 4), (30, 8, 2), 1)
+    span, first = gpu_helpers().span_view(t, tuple(t.shape), t.stride())
+    assert first == 0
+    assert span.shape[0] == 30 * 1 + 8 * 2 + 2 * 3 + 1
+    for idx in np.ndindex(2, 3, 4):
+        offset = sum(i * s for i, s in zip(idx, t.stride(), strict=True))
+        assert span[first + offset] == t[idx]
+
+
+class _Protocol:
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+class _TorchLike:
+    """Looks like a torch.cuda.Stream: ``cuda_stream`` and a ``device`` with type and index."""
+
+    class _Device:
+        type = "cuda"
+
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+    def __init__(self, handle: int, device: int) -> None:
+        self.cuda_stream = handle
+        self.device = self._Device(device)
+
+
+def test_stream_handles():
+    assert stream_handle(0) == 0
+    assert stream_handle(12345) == 12345
+    assert stream_handle(_Protocol(77)) == 77
+    assert stream_handle(_TorchLike(99, 0), device=0) == 99
+    with pytest.raises(ValueError, match="stream is on CUDA device 1 but the data is on CUDA device 0"):
+        stream_handle(_TorchLike(99, 1), device=0)
+    with pytest.raises(ValueError, match="non-negative"):
+        stream_handle(-1)
+    with pytest.raises(TypeError, match="stream must be"):
+        stream_handle(True)
+    with pytest.raises(TypeError, match="stream must be"):
+        stream_handle("default")
+
+
+def test_importing_the_backends_imports_no_cuda_library():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import linred.backends.cub, linred.backends.cublas; "
+        "print(sorted(m for m in ('torch', 'cuda.compute', 'cuda.core', 'nvmath') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_problem_helper_is_consistent():
+    p = problem(shape=(2, 64, 3), length=8)
+    assert p.out_shape == (2, 8, 3)
+    assert math.prod(p.in_shape) == 2 * 64 * 3
