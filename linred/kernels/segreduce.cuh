@@ -1,0 +1,394 @@
+// Segmented reductions at memory bandwidth, compiled at run time with NVRTC.
+//
+// Two kernels and a fix-up:
+//  - fixed_small: fixed-length segments whose length L is a power of two no
+//    longer than 32 vectors.  Each thread loads 16-byte vectors; a segment lies
+//    inside one vector (L <= VEC) or across L / VEC neighbouring lanes, reduced
+//    with warp shuffles.  No shared memory, no offsets.
+//  - tile_reduce: any segments (offsets, or a fixed length of any size).  A block
+//    stages a tile of TILE elements in shared memory and reduces every segment
+//    that intersects it: sub-warp groups when the tile holds many segments,
+//    several warps per segment when it holds few.  A segment that continues past
+//    the tile leaves a partial ("piece") in a per-tile array.
+//  - tile_fixup: one warp per tile whose last segment continues into later
+//    tiles sums that segment's pieces in a fixed order (deterministic) and
+//    writes the result.
+//
+// Self-contained: NVRTC needs no headers (half and bfloat16 conversions use PTX).
+
+typedef long long i64;
+typedef unsigned long long u64;
+
+struct half_t { unsigned short bits; };
+struct bf16_t { unsigned short bits; };
+
+// ---- conversions -------------------------------------------------------------
+template <class T> struct Promote { typedef T type; };
+template <> struct Promote<half_t> { typedef float type; };
+template <> struct Promote<bf16_t> { typedef float type; };
+template <> struct Promote<bool> { typedef int type; };
+template <> struct Promote<signed char> { typedef int type; };
+template <> struct Promote<unsigned char> { typedef unsigned int type; };
+template <> struct Promote<short> { typedef int type; };
+template <> struct Promote<unsigned short> { typedef unsigned int type; };
+
+__device__ __forceinline__ float h2f(half_t v) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+    return f;
+}
+__device__ __forceinline__ float b2f(bf16_t v) { return __uint_as_float(((unsigned)v.bits) << 16); }
+
+template <class T> __device__ __forceinline__ typename Promote<T>::type promote(T v) {
+    return (typename Promote<T>::type)v;
+}
+template <> __device__ __forceinline__ float promote<half_t>(half_t v) { return h2f(v); }
+template <> __device__ __forceinline__ float promote<bf16_t>(bf16_t v) { return b2f(v); }
+
+template <class A, class T> __device__ __forceinline__ A to_acc(T v) { return (A)promote(v); }
+
+template <class O> struct Store {
+    template <class A> static __device__ __forceinline__ O from(A v) { return (O)v; }
+};
+template <> struct Store<half_t> {
+    template <class A> static __device__ __forceinline__ half_t from(A v) {
+        half_t h;
+        float f = (float)v;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+        return h;
+    }
+};
+template <> struct Store<bf16_t> {
+    template <class A> static __device__ __forceinline__ bf16_t from(A v) {
+        bf16_t h;
+        float f = (float)v;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+        return h;
+    }
+};
+
+// ---- limits and operations ---------------------------------------------------
+template <class T> struct Limits;
+template <> struct Limits<float> {
+    static __device__ __forceinline__ float lowest() { return __int_as_float(0xff800000); }
+    static __device__ __forceinline__ float highest() { return __int_as_float(0x7f800000); }
+};
+template <> struct Limits<double> {
+    static __device__ __forceinline__ double lowest() { return __longlong_as_double(0xfff0000000000000ull); }
+    static __device__ __forceinline__ double highest() { return __longlong_as_double(0x7ff0000000000000ull); }
+};
+template <> struct Limits<half_t> : Limits<float> {};
+template <> struct Limits<bf16_t> : Limits<float> {};
+template <> struct Limits<bool> {
+    static __device__ __forceinline__ int lowest() { return 0; }
+    static __device__ __forceinline__ int highest() { return 1; }
+};
+template <> struct Limits<signed char> {
+    static __device__ __forceinline__ int lowest() { return -128; }
+    static __device__ __forceinline__ int highest() { return 127; }
+};
+template <> struct Limits<unsigned char> {
+    static __device__ __forceinline__ unsigned lowest() { return 0u; }
+    static __device__ __forceinline__ unsigned highest() { return 255u; }
+};
+template <> struct Limits<short> {
+    static __device__ __forceinline__ int lowest() { return -32768; }
+    static __device__ __forceinline__ int highest() { return 32767; }
+};
+template <> struct Limits<unsigned short> {
+    static __device__ __forceinline__ unsigned lowest() { return 0u; }
+    static __device__ __forceinline__ unsigned highest() { return 65535u; }
+};
+template <> struct Limits<int> {
+    static __device__ __forceinline__ int lowest() { return (int)0x80000000; }
+    static __device__ __forceinline__ int highest() { return 0x7fffffff; }
+};
+template <> struct Limits<unsigned int> {
+    static __device__ __forceinline__ unsigned lowest() { return 0u; }
+    static __device__ __forceinline__ unsigned highest() { return 0xffffffffu; }
+};
+template <> struct Limits<i64> {
+    static __device__ __forceinline__ i64 lowest() { return (i64)0x8000000000000000ull; }
+    static __device__ __forceinline__ i64 highest() { return 0x7fffffffffffffffll; }
+};
+template <> struct Limits<u64> {
+    static __device__ __forceinline__ u64 lowest() { return 0ull; }
+    static __device__ __forceinline__ u64 highest() { return 0xffffffffffffffffull; }
+};
+
+// The identity is that of the INPUT dtype T (an empty int8 max is -128), held in
+// the accumulator type A.
+struct OpSum {
+    template <class T, class A> static __device__ __forceinline__ A identity() { return A(0); }
+    template <class A> static __device__ __forceinline__ A combine(A a, A b) { return a + b; }
+};
+// NaN-propagating: a NaN operand wins (x != x only for NaN).
+struct OpMax {
+    template <class T, class A> static __device__ __forceinline__ A identity() { return (A)Limits<T>::lowest(); }
+    template <class A> static __device__ __forceinline__ A combine(A a, A b) { return (a > b || a != a) ? a : b; }
+};
+struct OpMin {
+    template <class T, class A> static __device__ __forceinline__ A identity() { return (A)Limits<T>::highest(); }
+    template <class A> static __device__ __forceinline__ A combine(A a, A b) { return (a < b || a != a) ? a : b; }
+};
+
+// ---- finishing a segment: mean divides by the length (NaN when empty) ---------
+template <class A> struct MeanOf { typedef A type; };
+template <> struct MeanOf<i64> { typedef double type; };
+template <> struct MeanOf<u64> { typedef double type; };
+
+template <class O, bool MEAN, class A> __device__ __forceinline__ O finish(A acc, i64 len) {
+    if constexpr (MEAN) {
+        typedef typename MeanOf<A>::type F;
+        F r = len > 0 ? (F)acc / (F)len : (F)__longlong_as_double(0x7ff8000000000000ull);
+        return Store<O>::from(r);
+    } else {
+        return Store<O>::from(acc);
+    }
+}
+
+// Shuffles move 32- or 64-bit words; narrow accumulators never occur (Promote).
+template <class A> __device__ __forceinline__ A shfl_xor(A v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+
+// ---- fixed_small --------------------------------------------------------------
+template <class T> struct VecOf {
+    static const int N = 16 / sizeof(T);
+    struct __align__(16) type { T v[16 / sizeof(T)]; };
+};
+
+// x: N elements (N a multiple of L and of VEC), 16-byte aligned.  out: N / L results.
+// Grid-stride over chunks of THREADS * UNROLL vectors.
+template <class T, class A, class O, class OP, int L, bool MEAN, int THREADS, int UNROLL>
+__device__ __forceinline__ void fixed_small(const T* __restrict__ x, O* __restrict__ out, i64 nvec) {
+    typedef typename VecOf<T>::type V;
+    constexpr int VEC = VecOf<T>::N;
+    const V* xv = reinterpret_cast<const V*>(x);
+    const i64 chunk = (i64)THREADS * UNROLL;
+    for (i64 base = (i64)blockIdx.x * chunk; base < nvec; base += (i64)gridDim.x * chunk) {
+        V buf[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const i64 v = base + (i64)u * THREADS + threadIdx.x;
+            if (v < nvec) buf[u] = xv[v];
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const i64 v = base + (i64)u * THREADS + threadIdx.x;
+            const bool valid = v < nvec;
+            if constexpr (L <= VEC) {
+                if (valid) {
+#pragma unroll
+                    for (int k = 0; k < VEC / L; ++k) {
+                        A acc = to_acc<A>(buf[u].v[k * L]);
+#pragma unroll
+                        for (int i = 1; i < L; ++i) acc = OP::combine(acc, to_acc<A>(buf[u].v[k * L + i]));
+                        out[v * (VEC / L) + k] = finish<O, MEAN>(acc, L);
+                    }
+                }
+            } else {
+                constexpr int LANES = L / VEC;  // neighbouring lanes sharing one segment
+                A acc = OP::template identity<T, A>();
+                if (valid) {
+                    acc = to_acc<A>(buf[u].v[0]);
+#pragma unroll
+                    for (int i = 1; i < VEC; ++i) acc = OP::combine(acc, to_acc<A>(buf[u].v[i]));
+                }
+#pragma unroll
+                for (int off = LANES / 2; off > 0; off /= 2) acc = OP::combine(acc, shfl_xor(acc, off));
+                if (valid && (threadIdx.x & (LANES - 1)) == 0) out[v / LANES] = finish<O, MEAN>(acc, L);
+            }
+        }
+    }
+}
+
+// ---- tile_reduce ---------------------------------------------------------------
+// Segment boundaries: offsets[s] from an array, or s * L for a fixed length.
+template <class I> struct ArrayOffsets {
+    const I* __restrict__ p;
+    __device__ __forceinline__ i64 operator()(i64 s) const { return (i64)p[s]; }
+};
+struct FixedOffsets {
+    i64 L;
+    __device__ __forceinline__ i64 operator()(i64 s) const { return s * L; }
+};
+
+// First s in [lo, hi) with off(s) >= v (hi if none), found by the whole block:
+// THREADS probes per round, so log_THREADS(m) rounds of one load per thread.
+template <int THREADS, class Off> __device__ __forceinline__ i64 block_lower_bound(const Off& off, i64 lo, i64 hi, i64 v) {
+    while (hi > lo) {
+        const i64 len = hi - lo;
+        const int i = threadIdx.x;
+        if (len <= THREADS) {
+            const int c = __syncthreads_count(i < len && off(lo + i) < v);
+            return lo + c;
+        }
+        const i64 step = (len + THREADS - 1) / THREADS;
+        const i64 p = lo + (i64)(i + 1) * step - 1;  // probes; p < hi for the first ceil(len/step) threads
+        const int c = __syncthreads_count(p < hi && off(p) < v);
+        // off < v at every index below lo + c*step; the probe after them (if any) has off >= v.
+        const i64 next = lo + (i64)(c + 1) * step - 1;
+        lo = lo + (i64)c * step;
+        if (next < hi) hi = next;
+    }
+    return lo;
+}
+
+// lower_bound over the offsets [0, m]: the first s with off(s) >= v.
+template <int THREADS, class Off> __device__ __forceinline__ i64 first_at_or_after(const Off& off, i64 m, i64 v) {
+    return block_lower_bound<THREADS>(off, 0, m + 1, v);
+}
+template <int THREADS> __device__ __forceinline__ i64 first_at_or_after(const FixedOffsets& off, i64 m, i64 v) {
+    const i64 s = (v + off.L - 1) / off.L;
+    return s < m ? s : m;
+}
+
+struct TileArgs {
+    i64 n;             // elements per row
+    i64 m;             // segments per row
+    i64 row_stride;    // elements between rows of x
+    i64 elem_stride;   // elements between consecutive elements of a row
+    i64 tiles_per_row;
+    i64 num_tiles;     // rows * tiles_per_row
+};
+
+// Per tile: head[t] is the tile's piece of a segment that began in an earlier
+// tile; tail[t] the piece of the tile's last segment when it continues past the
+// tile, whose index is tail_seg[t] (-1 when there is none).
+template <class T, class A, class O, class OP, bool MEAN, int THREADS, int TILE, bool VECLOAD, class Off>
+__device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, TileArgs a,
+                                            A* __restrict__ head, A* __restrict__ tail, i64* __restrict__ tail_seg) {
+    const int WARPS = THREADS / 32;
+    typedef typename VecOf<T>::type V;
+    const int VEC = VecOf<T>::N;
+    struct __align__(16) AV { A v[VecOf<T>::N]; };
+    __shared__ __align__(16) A sh[TILE];
+    __shared__ A red[WARPS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    for (i64 t = blockIdx.x; t < a.num_tiles; t += gridDim.x) {
+        const i64 row = t / a.tiles_per_row;
+        const i64 t0 = (t - row * a.tiles_per_row) * (i64)TILE;
+        const i64 t1 = min(t0 + (i64)TILE, a.n);
+        const T* xr = x + row * a.row_stride;
+        const int count = (int)(t1 - t0);
+        const bool full = VECLOAD && count == TILE;
+        // 1. Issue the tile's loads (coalesced; 16-byte vectors when aligned and contiguous).
+        const int PER = TILE / THREADS;
+        V vbuf[VECLOAD ? TILE / VEC / THREADS : 1];
+        T sbuf[VECLOAD ? 1 : PER];
+        if (full) {
+            const V* xv = reinterpret_cast<const V*>(xr + t0);
+#pragma unroll
+            for (int k = 0; k < TILE / VEC / THREADS; ++k) vbuf[k] = xv[k * THREADS + tid];
+        } else if (!VECLOAD) {
+#pragma unroll
+            for (int k = 0; k < PER; ++k) {
+                const int i = k * THREADS + tid;
+                if (i < count) sbuf[k] = xr[(t0 + i) * a.elem_stride];
+            }
+        }
+        // 2. While they are in flight, find the tile's segments.  Owned segments
+        //    start inside the tile; the last tile also owns the empty segments at n.
+        const i64 s_first = first_at_or_after<THREADS>(off, a.m, t0);
+        const i64 s_last = (t1 == a.n) ? a.m - 1 : first_at_or_after<THREADS>(off, a.m, t1) - 1;
+        // off(m) == n > t0, so s_first == m also means the tile continues an earlier segment.
+        const i64 s_head = (s_first > 0 && off(s_first) > t0) ? s_first - 1 : -1;
+        if (tid == 0) tail_seg[t] = (s_last >= s_first && off(s_last + 1) > t1) ? s_last : -1;
+        // 3. Stage the tile in shared memory, in the accumulator type.
+        if (full) {
+#pragma unroll
+            for (int k = 0; k < TILE / VEC / THREADS; ++k) {
+                AV w;
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) w.v[i] = to_acc<A>(vbuf[k].v[i]);
+                reinterpret_cast<AV*>(sh)[k * THREADS + tid] = w;
+            }
+        } else if (!VECLOAD) {
+#pragma unroll
+            for (int k = 0; k < PER; ++k) {
+                const int i = k * THREADS + tid;
+                if (i < count) sh[i] = to_acc<A>(sbuf[k]);
+            }
+        } else {  // the ragged last tile of a vector-loaded row
+            for (int i = tid; i < count; i += THREADS) sh[i] = to_acc<A>(xr[t0 + i]);
+        }
+        __syncthreads();
+        // 4. Reduce.  Item 0 is the head piece when there is one; then the owned segments.
+        const i64 owned = s_last - s_first + 1;
+        const i64 items = owned + (s_head >= 0 ? 1 : 0);
+        if (items <= WARPS) {
+            // Few segments: WARPS / items warps per segment, partials combined in shared memory.
+            const int per = WARPS / (int)items;
+            const int item = warp % (int)items, part = warp / (int)items;
+            A acc = OP::template identity<T, A>();
+            if (part < per) {
+                const i64 s = (s_head >= 0) ? (item == 0 ? s_head : s_first + item - 1) : s_first + item;
+                const i64 lo = max(off(s), t0) - t0, hi = min(off(s + 1), t1) - t0;
+                for (i64 i = lo + part * 32 + lane; i < hi; i += per * 32) acc = OP::combine(acc, sh[i]);
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o /= 2) acc = OP::combine(acc, shfl_xor(acc, o));
+            if (lane == 0) red[warp] = acc;
+            __syncthreads();
+            if (tid < items) {
+                A total = red[tid];
+                for (int p = 1; p < per; ++p) total = OP::combine(total, red[tid + p * (int)items]);
+                const bool is_head = s_head >= 0 && tid == 0;
+                const i64 s = (s_head >= 0) ? (is_head ? s_head : s_first + tid - 1) : s_first + tid;
+                const i64 end = off(s + 1);
+                if (is_head) head[t] = total;
+                else if (end > t1) tail[t] = total;
+                else out[row * a.m + s] = finish<O, MEAN>(total, end - off(s));
+            }
+        } else {
+            // Many segments: groups of G lanes, G a power of two from 32 down to 1.
+            int G = 32;
+            while (G > 1 && (i64)(THREADS / G) < items) G >>= 1;
+            const int groups = THREADS / G, g = tid / G, gl = tid & (G - 1);
+            const i64 rounds = (items + groups - 1) / groups;
+            for (i64 r = 0; r < rounds; ++r) {
+                const i64 item = r * groups + g;
+                const bool valid = item < items;
+                const bool is_head = valid && s_head >= 0 && item == 0;
+                i64 s = 0, begin = 0, end = 0;
+                A acc = OP::template identity<T, A>();
+                if (valid) {
+                    s = (s_head >= 0) ? (is_head ? s_head : s_first + item - 1) : s_first + item;
+                    begin = off(s);
+                    end = off(s + 1);
+                    const i64 lo = max(begin, t0) - t0, hi = min(end, t1) - t0;
+                    for (i64 i = lo + gl; i < hi; i += G) acc = OP::combine(acc, sh[i]);
+                }
+                for (int o = G / 2; o > 0; o /= 2) acc = OP::combine(acc, shfl_xor(acc, o));
+                if (valid && gl == 0) {
+                    if (is_head) head[t] = acc;
+                    else if (end > t1) tail[t] = acc;
+                    else out[row * a.m + s] = finish<O, MEAN>(acc, end - begin);
+                }
+            }
+        }
+        __syncthreads();  // sh and red are reused by the next tile
+    }
+}
+
+// One warp per tile: a segment that continues past tile t is completed from the
+// head pieces of the tiles it covers, summed in a fixed order.
+template <class T, class A, class O, class OP, bool MEAN, int TILE, class Off>
+__device__ __forceinline__ void tile_fixup(O* __restrict__ out, Off off, TileArgs a, const A* __restrict__ head,
+                                           const A* __restrict__ tail, const i64* __restrict__ tail_seg) {
+    const int lane = threadIdx.x & 31;
+    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 t = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); t < a.num_tiles; t += warps) {
+        const i64 s = tail_seg[t];
+        if (s < 0) continue;  // uniform across the warp
+        const i64 row = t / a.tiles_per_row;
+        const i64 j = t - row * a.tiles_per_row;
+        const i64 begin = off(s), end = off(s + 1);
+        const i64 last = (end - 1) / TILE;  // the tile holding the segment's last element
+        A acc = OP::template identity<T, A>();
+        for (i64 k = j + 1 + lane; k <= last; k += 32) acc = OP::combine(acc, head[row * a.tiles_per_row + k]);
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) acc = OP::combine(acc, shfl_xor(acc, o));
+        if (lane == 0) out[row * a.m + s] = finish<O, MEAN>(OP::combine(tail[t], acc), end - begin);
+    }
+}
