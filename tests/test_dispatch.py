@@ -1,0 +1,164 @@
+"""Backend selection: ``auto`` picks the first backend that serves a call; a named backend that cannot
+serve it raises BackendError with its reason, and no other backend runs (no silent fallback)."""
+
+from __future__ import annotations
+
+import collections
+import pickle
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import CONTRACT_BACKENDS, check_refusal
+
+import linred
+import linred.dispatch
+from linred.backends import registry
+from linred.backends.base import Backend, FunctionExecutor
+
+
+class FakeBackend(Backend):
+    """Counts what the dispatcher asks of it; its executor writes ``mark`` everywhere."""
+
+    def __init__(self, name: str, mark: float, *, refuse: str | None = None, missing: str | None = None) -> None:
+        self.name = name  # type: ignore[misc]
+        self.mark = mark
+        self.refuse = refuse
+        self.missing = missing
+        self.calls: collections.Counter = collections.Counter()
+
+    def unavailable(self) -> str | None:
+        self.calls["unavailable"] += 1
+        return self.missing
+
+    def unsupported(self, problem: Any) -> str | None:
+        self.calls["unsupported"] += 1
+        return self.refuse
+
+    def plan(self, problem: Any) -> FunctionExecutor:
+        self.calls["plan"] += 1
+
+        def run(x: Any, out: Any, segments: Any, stream: Any) -> None:
+            self.calls["run"] += 1
+            out[...] = self.mark
+
+        return FunctionExecutor(run)
+
+
+@pytest.fixture
+def fakes(monkeypatch, clean_plan_cache):
+    """Replace the host backends by fakes: 'numpy' refuses, 'nvmath' serves (in that order of preference)."""
+    first = FakeBackend("numpy", 1.0, refuse="the first fake cannot do this")
+    second = FakeBackend("nvmath", 2.0)
+    monkeypatch.setattr(registry, "_loaded", {**registry._loaded, "numpy": first, "nvmath": second})
+    monkeypatch.setattr(registry, "_unavailable", {})
+    monkeypatch.setattr(linred.dispatch, "HOST_ORDER", ("numpy", "nvmath"))
+    yield first, second
+    linred.clear_plan_cache()  # drop the fakes' plans before the real backends come back
+
+
+X = np.arange(12, dtype=np.float32)
+
+
+def test_auto_takes_the_first_backend_that_serves(fakes):
+    first, second = fakes
+    got = linred.segmented_sum(X, 4)
+    np.testing.assert_array_equal(got, [2.0, 2.0, 2.0])
+    assert first.calls["unsupported"] == 1 and first.calls["plan"] == 0 and first.calls["run"] == 0
+    assert second.calls["plan"] == 1 and second.calls["run"] == 1
+    linred.segmented_sum(X + 1, 4)  # cached: no new planning
+    assert second.calls["plan"] == 1 and second.calls["run"] == 2
+
+
+def test_auto_follows_the_preference_order(fakes, monkeypatch):
+    first, second = fakes
+    first.refuse = None
+    np.testing.assert_array_equal(linred.segmented_sum(X, 4), [1.0, 1.0, 1.0])
+    assert second.calls["unsupported"] == 0  # never asked: the first one served
+    linred.clear_plan_cache()
+    monkeypatch.setattr(linred.dispatch, "HOST_ORDER", ("nvmath", "numpy"))
+    np.testing.assert_array_equal(linred.segmented_sum(X, 4), [2.0, 2.0, 2.0])
+
+
+def test_named_backend_that_refuses_raises_and_nothing_else_runs(fakes):
+    first, second = fakes
+    with pytest.raises(linred.BackendError, match=r"backend 'numpy' cannot serve this call: the first fake cannot"):
+        linred.segmented_sum(X, 4, backend="numpy")
+    assert first.calls["run"] == 0
+    assert sum(second.calls.values()) == 0, "another backend was consulted: a silent fallback"
+    with pytest.raises(linred.BackendError) as info:
+        linred.SegmentedReduction(X, 4, backend="numpy")
+    check_refusal(info.value, "numpy")
+    assert info.value.reason == "the first fake cannot do this"
+    assert sum(second.calls.values()) == 0
+
+
+def test_named_backend_that_serves_is_used(fakes):
+    first, _second = fakes
+    np.testing.assert_array_equal(linred.segmented_mean(X, 4, backend="nvmath"), [2.0, 2.0, 2.0])
+    assert sum(first.calls.values()) == 0
+    with linred.SegmentedReduction(X, 4, backend="nvmath") as plan:
+        assert plan.backend == "nvmath"
+
+
+def test_unavailable_backend(fakes):
+    _first, second = fakes
+    second.missing = "the second fake is not installed"
+    with pytest.raises(linred.BackendError, match="the second fake is not installed"):
+        linred.segmented_sum(X, 4, backend="nvmath")
+    assert second.calls["unsupported"] == 0  # an unavailable backend is not asked about the problem
+    assert linred.available_backends()["nvmath"] == "the second fake is not installed"
+    assert linred.available_backends()["numpy"] is True
+
+
+def test_auto_with_no_backend_lists_every_reason(fakes):
+    first, second = fakes
+    second.refuse = "the second fake cannot either"
+    with pytest.raises(linred.BackendError) as info:
+        linred.segmented_max(X, 4)
+    e = info.value
+    assert e.backend == "auto"
+    assert "numpy: the first fake cannot do this" in e.reason
+    assert "nvmath: the second fake cannot either" in e.reason
+    assert "segmented_max of numpy float32" in e.reason  # the problem is described
+    assert first.calls["run"] == 0 and second.calls["run"] == 0
+
+
+def test_degenerate_calls_go_through_the_backend_choice(fakes):
+    """An empty result is filled by the front end, but a refusing named backend still refuses."""
+    _first, second = fakes
+    with pytest.raises(linred.BackendError):
+        linred.segmented_sum(np.empty(0, np.float32), offsets=[0, 0], backend="numpy")
+    got = linred.segmented_sum(np.empty(0, np.float32), offsets=[0, 0, 0])
+    np.testing.assert_array_equal(got, [0.0, 0.0])
+    assert second.calls["run"] == 0  # nothing to read: no backend work
+
+
+def test_backend_error_pickles():
+    e = linred.BackendError("cub", "no GPU")
+    e2 = pickle.loads(pickle.dumps(e))
+    assert (e2.backend, e2.reason, str(e2)) == ("cub", "no GPU", str(e))
+    assert isinstance(e, RuntimeError)
+
+
+def test_available_backends():
+    status = linred.available_backends()
+    assert list(status) == list(registry.BACKENDS)
+    assert set(CONTRACT_BACKENDS) <= set(status)
+    assert status["numpy"] is True
+    for name, value in status.items():
+        assert value is True or (isinstance(value, str) and value.strip()), f"{name}: {value!r}"
+    assert linred.available_backends() == status  # cached, stable
+
+
+def test_unavailable_backend_refuses_with_its_reason():
+    """A backend that cannot run here refuses every call with the reason available_backends() gives."""
+    status = linred.available_backends()
+    missing = [name for name, value in status.items() if value is not True]
+    if not missing:
+        pytest.skip("every backend is available here")
+    for name in missing:
+        with pytest.raises(linred.BackendError) as info:
+            linred.segmented_sum(X, 4, backend=name)
+        check_refusal(info.value, name)
+        assert info.value.reason == status[name]

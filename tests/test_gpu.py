@@ -1,0 +1,379 @@
+"""GPU-only contract: streams, devices, device offsets, no TF32, no hidden synchronization, int64 indexing.
+
+Everything here is marked ``gpu`` (skipped without a CUDA GPU); the > 2^31-element
+tests are also ``slow``.  The numerical contract on CuPy arrays and CUDA tensors
+runs in the other modules, parametrized by conftest.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from conftest import (
+    FUNCTIONS,
+    GPU_BACKENDS,
+    GPU_COUNT,
+    GPU_KINDS,
+    HAS_CUPY_GPU,
+    HAS_TORCH_CUDA,
+    REDUCTIONS,
+    assert_reduction,
+    check_refusal,
+    run_or_refused,
+    segment_bounds,
+    to_kind,
+    to_numpy,
+)
+
+import linred
+
+pytestmark = pytest.mark.gpu
+
+if HAS_CUPY_GPU:
+    import cupy
+if HAS_TORCH_CUDA:
+    import torch
+
+GPU_BACKEND_PARAMS = [*GPU_BACKENDS, "auto"]
+needs_cupy = pytest.mark.skipif(not HAS_CUPY_GPU, reason="needs CuPy with a GPU")
+needs_torch_cuda = pytest.mark.skipif(not (HAS_TORCH_CUDA and HAS_CUPY_GPU), reason="needs torch with CUDA")
+
+
+def test_gpu_backends_are_available():
+    status = linred.available_backends()
+    for name in ("nvmath", "cublas", "cub"):
+        assert status[name] is True, f"{name}: {status[name]}"
+
+
+# What each GPU backend must serve (the issue's division of labour); refusing these is a failure.
+MUST_SERVE = [
+    ("nvmath", "sum", "float32", "fixed"),
+    ("nvmath", "mean", "float32", "fixed"),
+    ("nvmath", "sum", "float64", "fixed"),
+    ("nvmath", "sum", "float16", "fixed"),
+    ("nvmath", "sum", "complex64", "fixed"),
+    ("cublas", "sum", "float32", "fixed"),
+    ("cublas", "mean", "float32", "fixed"),
+    ("cublas", "sum", "float64", "fixed"),
+    ("cub", "sum", "int32", "fixed"),
+    ("cub", "sum", "int32", "offsets"),
+    ("cub", "sum", "float32", "offsets"),
+    ("cub", "max", "float32", "offsets"),
+    ("cub", "min", "int32", "fixed"),
+]
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize(("name", "reduction", "dtype", "how"), MUST_SERVE)
+def test_backend_serves_its_core_cases(kind, name, reduction, dtype, how, rng):
+    x_np = (rng.integers(-50, 50, (4096, 2)) if dtype == "int32" else rng.uniform(-1, 1, (4096, 2))).astype(dtype)
+    x = to_kind(x_np, kind)
+    kwargs = {"segment_length": 64} if how == "fixed" else {"offsets": [0, 0, 100, 1000, 1000, 4096]}
+    got = FUNCTIONS[reduction](x, backend=name, **kwargs)
+    assert_reduction(got, reduction, x_np, segments=segment_bounds(4096, **kwargs), like=x)
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+def test_host_backend_refuses_device_data(kind):
+    x = to_kind(np.arange(12, dtype=np.float32), kind)
+    with pytest.raises(linred.BackendError) as info:
+        linred.segmented_sum(x, 4, backend="numpy")
+    check_refusal(info.value, "numpy")
+
+
+@pytest.fixture
+def tf32_allowed(request):
+    """Allow TF32 wherever a user can: CuPy's cuBLAS handle and torch's matmul flags."""
+    cublas = cupy.cuda.cublas
+    handle = cupy.cuda.device.get_cublas_handle()
+    mode = cublas.getMathMode(handle)
+    cublas.setMathMode(handle, getattr(cublas, "CUBLAS_TF32_TENSOR_OP_MATH", 3))
+    if HAS_TORCH_CUDA:
+        flags = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.set_float32_matmul_precision("medium")
+    yield
+    cublas.setMathMode(handle, mode)
+    if HAS_TORCH_CUDA:
+        torch.backends.cuda.matmul.allow_tf32 = flags[0]
+        torch.set_float32_matmul_precision(flags[1])
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("backend", GPU_BACKEND_PARAMS)
+def test_no_tf32(kind, backend, tf32_allowed):
+    """float32 is accumulated in float32, never TF32, even where the user allowed TF32."""
+    # 1 + 2^-11 needs 12 significant bits: TF32 (10) rounds it to 1; float32 sums 256 of them exactly
+    x = to_kind(np.full((1024 * 256, 3), 1 + 2.0**-11, dtype=np.float32), kind)
+    for reduction, value in (("sum", 256 + 2.0**-3), ("mean", 1 + 2.0**-11)):
+        for layout in (x, x[:, 0]):  # with features and without
+            got = run_or_refused(FUNCTIONS[reduction], layout, 256, backend=backend)
+            expected = np.full(tuple(got.shape), value, dtype=np.float32)
+            np.testing.assert_array_equal(to_numpy(got), expected, err_msg=f"{reduction} {tuple(layout.shape)}")
+
+
+# ---------------------------------------------------------------------------
+# Streams: the work must be ordered after what the user enqueued on the stream
+# ---------------------------------------------------------------------------
+
+_SPIN = r"""
+extern "C" __global__ void linred_test_spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+}
+"""
+
+
+#: spin-loop cycles per second; approximate (H100 and H200 boost clocks are about 2 GHz)
+CYCLES_PER_SECOND = 2e9
+
+
+def _cupy_spin(stream, seconds: float) -> None:
+    kernel = cupy.RawKernel(_SPIN, "linred_test_spin")
+    with stream:
+        kernel((1,), (1,), (np.int64(seconds * CYCLES_PER_SECOND),))
+
+
+def _late_ones_cupy(shape, dtype, stream, seconds=0.2):
+    """An array that becomes ones on ``stream`` only after ``seconds`` of GPU time (zeros before)."""
+    x = cupy.zeros(shape, dtype=dtype)
+    cupy.cuda.Device().synchronize()
+    _cupy_spin(stream, seconds)
+    with stream:
+        x.fill(1)
+    return x
+
+
+def _late_ones_torch(shape, dtype, stream, seconds=0.2):
+    x = torch.zeros(shape, dtype=dtype, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(int(seconds * CYCLES_PER_SECOND))
+        x.fill_(1)
+    return x
+
+
+SPECS = {"fixed": {"segment_length": 256}, "offsets": {"offsets": [0, 0, 256 * 100, 256 * 1024]}}
+
+
+@needs_cupy
+@pytest.mark.parametrize("backend", GPU_BACKEND_PARAMS)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("how", list(SPECS))
+@pytest.mark.parametrize("way", ["current stream", "stream=Stream", "stream=int"])
+def test_cupy_stream(backend, reduction, how, way):
+    stream = cupy.cuda.Stream(non_blocking=True)
+    x = _late_ones_cupy((256 * 1024,), cupy.float32, stream)
+    fn = FUNCTIONS[reduction]
+    if way == "current stream":
+        with stream:
+            got = run_or_refused(fn, x, backend=backend, **SPECS[how])
+    else:
+        handle = stream if way == "stream=Stream" else stream.ptr
+        got = run_or_refused(fn, x, backend=backend, stream=handle, **SPECS[how])
+    stream.synchronize()
+    bounds = segment_bounds(256 * 1024, **SPECS[how])
+    assert_reduction(got, reduction, np.ones(256 * 1024, np.float32), segments=bounds, like=x)
+
+
+@needs_torch_cuda
+@pytest.mark.parametrize("backend", GPU_BACKEND_PARAMS)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("how", list(SPECS))
+@pytest.mark.parametrize("way", ["current stream", "stream=Stream", "stream=int"])
+def test_torch_stream(backend, reduction, how, way):
+    stream = torch.cuda.Stream()
+    x = _late_ones_torch((256 * 1024,), torch.float32, stream)
+    fn = FUNCTIONS[reduction]
+    if way == "current stream":
+        with torch.cuda.stream(stream):
+            got = run_or_refused(fn, x, backend=backend, **SPECS[how])
+    else:
+        handle = stream if way == "stream=Stream" else stream.cuda_stream
+        got = run_or_refused(fn, x, backend=backend, stream=handle, **SPECS[how])
+    stream.synchronize()
+    bounds = segment_bounds(256 * 1024, **SPECS[how])
+    assert_reduction(got, reduction, np.ones(256 * 1024, np.float32), segments=bounds, like=x)
+
+
+@needs_cupy
+@pytest.mark.parametrize("backend", GPU_BACKEND_PARAMS)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("how", ["fixed", "offsets unchecked"])
+def test_no_hidden_synchronization(backend, reduction, how):
+    """A planned call returns while the GPU is still busy on its stream (it only enqueues work)."""
+    stream = cupy.cuda.Stream(non_blocking=True)
+    x = cupy.ones(256 * 1024, dtype=cupy.float32)
+    offsets = cupy.asarray([0, 0, 256 * 100, 256 * 1024])
+    kwargs = {"segment_length": 256} if how == "fixed" else {"offsets": offsets, "check": False}
+    fn = FUNCTIONS[reduction]
+    run_or_refused(fn, x, backend=backend, stream=stream, **kwargs)  # plan (and compile) outside the timing
+    stream.synchronize()
+    _cupy_spin(stream, 1.0)
+    start = time.perf_counter()
+    got = fn(x, backend=backend, stream=stream, **kwargs)
+    elapsed = time.perf_counter() - start
+    stream.synchronize()
+    assert elapsed < 0.5, f"the call blocked for {elapsed:.2f} s: it synchronized with the busy stream"
+    bounds = segment_bounds(256 * 1024, **{k: v for k, v in kwargs.items() if k != "check"})
+    assert_reduction(got, reduction, np.ones(256 * 1024, np.float32), segments=bounds, like=x)
+
+
+@needs_cupy
+def test_stream_argument_types():
+    x = cupy.ones(16, dtype=cupy.float32)
+    with pytest.raises(TypeError, match=r"stream must be a CuPy or PyTorch stream, an object with __cuda_stream__"):
+        linred.segmented_sum(x, 4, stream="default")
+    with pytest.raises(TypeError, match=r"got bool"):
+        linred.segmented_sum(x, 4, stream=True)
+
+    class Foreign:  # the CUDA stream protocol
+        def __cuda_stream__(self):
+            return (0, cupy.cuda.get_current_stream().ptr)
+
+    np.testing.assert_array_equal(cupy.asnumpy(linred.segmented_sum(x, 4, stream=Foreign())), [4, 4, 4, 4])
+
+
+# ---------------------------------------------------------------------------
+# Devices and device offsets
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(GPU_COUNT < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("backend", GPU_BACKEND_PARAMS)
+def test_second_device(backend):
+    """Data on device 1 while device 0 is current: the result is on device 1 and right."""
+    with cupy.cuda.Device(1):
+        x = cupy.arange(1, 13, dtype=cupy.float32)
+    with cupy.cuda.Device(0):
+        got = run_or_refused(linred.segmented_sum, x, 4, backend=backend)
+        assert got.device.id == 1
+        np.testing.assert_array_equal(cupy.asnumpy(got), [10, 26, 42])
+        got = run_or_refused(linred.segmented_max, x, offsets=[0, 4, 12], backend=backend)
+        assert got.device.id == 1
+        np.testing.assert_array_equal(cupy.asnumpy(got), [4, 12])
+    if HAS_TORCH_CUDA:
+        t = torch.arange(1, 13, dtype=torch.float32, device="cuda:1")
+        got = run_or_refused(linred.segmented_sum, t, 4, backend=backend)
+        assert got.device == t.device
+        np.testing.assert_array_equal(got.cpu().numpy(), [10, 26, 42])
+
+
+@pytest.mark.skipif(GPU_COUNT < 2, reason="needs two GPUs")
+def test_offsets_on_another_device():
+    with cupy.cuda.Device(1):
+        x = cupy.arange(12, dtype=cupy.float32)
+    with cupy.cuda.Device(0):
+        offsets = cupy.asarray([0, 4, 12])
+    with pytest.raises(ValueError, match=r"offsets is on CUDA device 0 but x is on CUDA device 1"):
+        linred.segmented_sum(x, offsets=offsets)
+
+
+@needs_torch_cuda
+def test_offsets_of_another_library():
+    """Offsets may be any array library's, on the data's device (or the host)."""
+    x_cupy = cupy.arange(1, 13, dtype=cupy.float32)
+    x_torch = torch.arange(1, 13, dtype=torch.float32, device="cuda")
+    for x in (x_cupy, x_torch):
+        for offsets in (
+            torch.tensor([0, 4, 12], device="cuda"),
+            cupy.asarray([0, 4, 12], dtype=cupy.int32),
+            np.array([0, 4, 12], dtype=np.int64),
+            torch.tensor([0, 4, 12]),
+        ):
+            got = linred.segmented_sum(x, offsets=offsets)
+            assert type(got) is type(x)
+            np.testing.assert_array_equal(to_numpy(got), [10, 68])
+
+
+@needs_cupy
+def test_device_offsets_for_host_data():
+    x = np.arange(12, dtype=np.float32)
+    with pytest.raises(TypeError, match=r"offsets is a device array but x is a host \(NumPy\) array"):
+        linred.segmented_sum(x, offsets=cupy.asarray([0, 4, 12]))
+    if HAS_TORCH_CUDA:
+        with pytest.raises(TypeError, match=r"offsets is a (device array|CUDA tensor) but x is a host \(NumPy\) array"):
+            linred.segmented_sum(x, offsets=torch.tensor([0, 4, 12], device="cuda"))
+        with pytest.raises(TypeError, match=r"lengths is a CUDA tensor but x is a CPU tensor"):
+            linred.segmented_sum(torch.arange(12.0), lengths=torch.tensor([4, 8], device="cuda"))
+
+
+@needs_cupy
+@pytest.mark.parametrize("backend", GPU_BACKEND_PARAMS)
+def test_bad_device_offsets_are_caught(backend):
+    """check=True validates device offsets too (one reduction and one synchronization)."""
+    x = cupy.arange(12, dtype=cupy.float32)
+    with pytest.raises(ValueError, match=r"offsets must be non-decreasing: offsets\[2\]=4 < offsets\[1\]=8"):
+        linred.segmented_sum(x, offsets=cupy.asarray([0, 8, 4, 12]), backend=backend)
+    with pytest.raises(ValueError, match=r"lengths must be non-negative: lengths\[1\]=-2"):
+        linred.segmented_sum(x, lengths=cupy.asarray([4, -2, 10]), backend=backend)
+
+
+# ---------------------------------------------------------------------------
+# int64 indexing: more than 2^31 elements, one segment longer than 2^31, more than 2^31 segments
+# ---------------------------------------------------------------------------
+
+BIG = 2**31 + 2**20  # elements: past int32 indexing, a multiple of 2^20
+
+
+def _need_memory(nbytes: int) -> None:
+    cupy.get_default_memory_pool().free_all_blocks()
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    if free < nbytes * 1.1:
+        pytest.skip(f"needs {nbytes / 2**30:.1f} GiB of free GPU memory, {free / 2**30:.1f} GiB free")
+
+
+@pytest.fixture
+def free_gpu_memory():
+    yield
+    if HAS_CUPY_GPU:
+        cupy.get_default_memory_pool().free_all_blocks()
+    if HAS_TORCH_CUDA:
+        torch.cuda.empty_cache()
+
+
+@pytest.mark.slow
+@needs_cupy
+@pytest.mark.parametrize("backend", GPU_BACKEND_PARAMS)
+@pytest.mark.parametrize("dtype", ["int8", "float32"])
+@pytest.mark.parametrize("L", [2**20, BIG], ids=["L=2^20", "L=n"])
+def test_more_than_2_31_elements(backend, dtype, L, free_gpu_memory):
+    _need_memory(BIG * np.dtype(dtype).itemsize)
+    x = cupy.ones(BIG, dtype=dtype)
+    got = run_or_refused(linred.segmented_sum, x, L, backend=backend)
+    assert got.shape == (BIG // L,)
+    assert bool((got == L).all()), f"wrong sums: {cupy.unique(got)[:8]}"
+    if dtype == "float32":
+        got = run_or_refused(linred.segmented_max, x, L, backend=backend)
+        assert bool((got == 1).all())
+
+
+@pytest.mark.slow
+@needs_cupy
+@pytest.mark.parametrize("backend", GPU_BACKEND_PARAMS)
+def test_a_segment_longer_than_2_31(backend, free_gpu_memory):
+    _need_memory(BIG)
+    x = cupy.ones(BIG, dtype=cupy.int8)
+    split = 2**31 + 5
+    offsets = cupy.asarray([0, 3, split, split, BIG], dtype=cupy.int64)
+    got = run_or_refused(linred.segmented_sum, x, offsets=offsets, backend=backend)
+    np.testing.assert_array_equal(cupy.asnumpy(got), np.array([3, split - 3, 0, BIG - split], dtype=np.int64))
+    got = run_or_refused(linred.segmented_mean, x, offsets=offsets, backend=backend)
+    np.testing.assert_array_equal(cupy.asnumpy(got)[[0, 1, 3]], [1.0, 1.0, 1.0])
+
+
+@pytest.mark.slow
+@needs_cupy
+@pytest.mark.parametrize("backend", ["cub", "auto"])
+def test_more_than_2_31_segments(backend, free_gpu_memory):
+    m = 2**31 + 2
+    _need_memory(m * 2 + m * 8)
+    x = cupy.ones(2 * m, dtype=cupy.bool_)
+    got = run_or_refused(linred.segmented_sum, x, 2, backend=backend)
+    assert got.shape == (m,) and got.dtype == cupy.int64
+    assert bool((got == 2).all())
+    del got
+    got = run_or_refused(linred.segmented_max, x, 2, backend=backend)
+    assert bool(got.all())
