@@ -1,0 +1,239 @@
+"""Packaging and repository hygiene: metadata, the installed distribution, README and CI in sync, examples, asv."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import linred
+
+ROOT = Path(__file__).resolve().parents[1]
+EXTRAS = {"cpu", "cu12", "cu13", "test", "bench", "docs"}
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+
+@pytest.fixture(scope="module")
+def pyproject() -> dict:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def test_pyproject_metadata(pyproject):
+    project = pyproject["project"]
+    assert project["name"] == "linred"
+    assert project["requires-python"] == ">=3.10"
+    assert project["scripts"] == {"linred": "linred.cli:main"}
+    assert set(project["optional-dependencies"]) >= EXTRAS
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "linred._version.__version__"}
+    deps = " ".join(project["dependencies"])
+    assert "numpy" in deps and "nvmath-python" in deps
+    assert any(d.startswith("nvmath-python[cpu]") for d in project["optional-dependencies"]["cpu"])
+    for cuda in ("cu12", "cu13"):
+        extra = " ".join(project["optional-dependencies"][cuda])
+        assert f"cupy-cuda{cuda[2:]}x" in extra and f"nvmath-python[{cuda}]" in extra and f"cuda-cccl[{cuda}]" in extra
+
+
+def test_pytest_markers_are_declared(pyproject):
+    markers = " ".join(pyproject["tool"]["pytest"]["ini_options"]["markers"])
+    assert "gpu:" in markers and "slow:" in markers
+
+
+def test_version_is_a_release_string():
+    assert re.fullmatch(r"\d+\.\d+\.\d+([ab]|rc|\.dev)?\d*", linred.__version__)
+
+
+def test_license_is_apache_2():
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+
+
+def test_package_has_py_typed_marker():
+    assert (ROOT / "linred" / "py.typed").exists()
+
+
+# --- README and CI ---
+
+
+def readme_quick_start() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block, "the Quick start section has no bash code block"
+    return [line for line in block.group(1).splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_readme_quick_start_has_exactly_two_commands():
+    commands = readme_quick_start()
+    assert len(commands) == 2, commands
+    install, tests = commands
+    assert 'pip install ".[cpu]"' in install and install.endswith("linred demo")
+    assert "pytest" in tests
+
+
+def test_ci_runs_the_readme_test_command():
+    script = (ROOT / ".ci" / "run").read_text()
+    test_command = readme_quick_start()[1]
+    lines = [line.strip() for line in script.splitlines()]
+    assert any(line.startswith(test_command + " ||") or line == test_command for line in lines), (
+        f"the README's test command {test_command!r} is not a line of .ci/run"
+    )
+    assert script.startswith("#!/usr/bin/env bash\n")
+    assert "set -euo pipefail" in script
+    assert "python3 -m venv" in script
+    assert "ruff check" in script
+    assert os.access(ROOT / ".ci" / "run", os.X_OK), ".ci/run must be executable"
+
+
+def python_blocks(path: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), re.S)
+
+
+@pytest.mark.parametrize("name", ["README.md", "docs/api.md", "docs/index.md"])
+def test_doc_examples_run(name):
+    """The ``>>>`` examples of the Markdown docs are doctests."""
+    parser, runner = doctest.DocTestParser(), doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+    blocks = [b for b in python_blocks(ROOT / name) if ">>>" in b]
+    assert blocks, f"{name} has no >>> examples"
+    globs: dict = {}
+    for i, block in enumerate(blocks):  # one namespace for the page, as a reader's session
+        test = parser.get_doctest(block, globs, f"{name}[{i}]", name, 0)
+        runner.run(test, clear_globs=False)
+        globs = test.globs
+    assert runner.summarize(verbose=False).failed == 0
+
+
+def test_readme_backend_table_lists_every_backend():
+    from linred.backends.registry import BACKENDS
+
+    for doc in ("README.md", "docs/backends.md"):
+        text = (ROOT / doc).read_text()
+        for name in BACKENDS:
+            assert f"| `{name}` |" in text, f"{doc} does not list backend {name!r}"
+
+
+# --- the installed distribution (skipped when linred runs from a source tree without being installed) ---
+
+
+def installed() -> importlib.metadata.Distribution:
+    """linred's installed distribution; build metadata left in the source tree (an egg-info) does not count."""
+    for dist in importlib.metadata.distributions(name="linred"):
+        if Path(dist.locate_file("")).resolve() != ROOT:
+            return dist
+    pytest.skip("linred is not installed (running from the source tree)")
+
+
+def is_editable(dist: importlib.metadata.Distribution) -> bool:
+    direct_url = dist.read_text("direct_url.json")
+    return bool(direct_url) and json.loads(direct_url).get("dir_info", {}).get("editable", False)
+
+
+def test_installed_metadata_matches_the_source():
+    dist = installed()
+    assert dist.version == linred.__version__
+    scripts = {ep.name: ep.value for ep in dist.entry_points if ep.group == "console_scripts"}
+    assert scripts == {"linred": "linred.cli:main"}
+    assert set(dist.metadata.get_all("Provides-Extra") or []) >= EXTRAS
+    assert dist.metadata["Requires-Python"] == ">=3.10"
+
+
+def test_installed_files_cover_the_package():
+    dist = installed()
+    if is_editable(dist):
+        pytest.skip("an editable install points at the source tree")
+    files = {str(f).replace(os.sep, "/") for f in dist.files or []}
+    expected = {str(p.relative_to(ROOT)).replace(os.sep, "/") for p in (ROOT / "linred").rglob("*.py")}
+    expected.add("linred/py.typed")
+    missing = sorted(expected - files)
+    assert not missing, f"the installed distribution lacks {missing} (reinstall, or fix the package data)"
+
+
+def test_console_script():
+    installed()
+    exe = shutil.which("linred", path=str(Path(sys.executable).parent)) or shutil.which("linred")
+    if exe is None:
+        pytest.skip("the linred console script is not on PATH")
+    proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"linred {linred.__version__}"
+
+
+# --- examples ---
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+
+
+def test_there_are_examples():
+    assert len(EXAMPLES) >= 2
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_runs(path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, f"{path.name} failed:\n{proc.stdout}\n{proc.stderr}"
+    assert f"OK: {path.stem}" in proc.stdout
+
+
+# --- asv ---
+
+
+def test_asv_config():
+    text = (ROOT / "asv.conf.json").read_text()
+    config = json.loads(re.sub(r"^\s*//.*$", "", text, flags=re.M))
+    assert config["benchmark_dir"] == "asv_benchmarks"
+    assert config["environment_type"] == "existing"
+    assert config["launch_method"] == "spawn"
+    assert config["results_dir"].startswith(".asv") and config["html_dir"].startswith(".asv")
+
+
+def benchmark_cases():
+    """(module, class, parameter combination) of every parametrized benchmark class."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        modules = [importlib.import_module(f"asv_benchmarks.{p.stem}") for p in (ROOT / "asv_benchmarks").glob("*.py")]
+    finally:
+        sys.path.remove(str(ROOT))
+    for module in modules:
+        for name, cls in vars(module).items():
+            if isinstance(cls, type) and cls.__module__ == module.__name__ and hasattr(cls, "params"):
+                yield pytest.param(cls, id=f"{module.__name__.split('.')[-1]}.{name}")
+
+
+@pytest.mark.parametrize("cls", list(benchmark_cases()))
+def test_asv_benchmarks_run_or_skip(cls):
+    """Each benchmark class at its first and last parameters: setup (with its correctness check) and one run.
+
+    GPU classes must skip (NotImplementedError) where there is no GPU, as asv expects.
+    """
+    first = tuple(p[0] for p in cls.params)
+    last = tuple(p[-1] for p in cls.params)
+    for params in (first, last):
+        bench = cls()
+        try:
+            bench.setup(*params)
+        except NotImplementedError as e:
+            if cls.__name__.startswith("Gpu") or "linred-" in params[0]:
+                continue
+            raise AssertionError(f"{cls.__name__}{params} skipped: {e}") from e
+        for attr in dir(bench):
+            if attr.startswith("time_"):
+                getattr(bench, attr)(*params)
+            elif attr.startswith("track_"):
+                value = getattr(bench, attr)(*params)
+                assert np.isfinite(value) and value > 0
