@@ -1,0 +1,376 @@
+"""Run the cases: for each, allocate the buffer, compute the reference, time the copy ceiling and every method.
+
+Nothing here may end the run: a case that cannot be allocated is skipped with a
+note, a method that raises is recorded as ``error`` (``refused`` for
+:class:`linred.BackendError`, ``skipped`` for a missing package or memory), and
+a method whose result is wrong is recorded as ``WRONG`` and never timed.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from linred.bench import peers as peers_module
+from linred.bench.cases import Case
+from linred.bench.data import TOLERANCE, DeviceData, HostData, Inputs, bytes_moved, is_out_of_memory
+from linred.bench.peers import Method, Skip
+from linred.bench.timing import HostClock, device_clock, gbps, plan_samples, take_sample, warm_up
+
+__all__ = ["CaseResult", "MethodResult", "Settings", "run_cases"]
+
+AUTO = "linred auto"
+
+
+@dataclass
+class Settings:
+    """How to time: the device, warm-up calls, samples, time budgets, a method filter, interleaving."""
+
+    device: str = "cpu"
+    warmup: int = 3
+    repeats: int = 10
+    budget_s: float = 2.0
+    deadline: float | None = None  # time.monotonic() after which remaining work is skipped
+    methods: str | None = None
+    #: take the samples of a case's methods in turns (on a shared CPU, load then touches all alike);
+    #: otherwise each method is timed, checked and freed before the next is built (GPU memory)
+    interleave: bool = False
+
+    def wants(self, name: str) -> bool:
+        if not self.methods:
+            return True
+        return any(t.strip().lower() in name.lower() for t in self.methods.split(",") if t.strip())
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+
+@dataclass
+class MethodResult:
+    """The outcome of one method on one case.
+
+    ``status`` is ``ok``, ``WRONG`` (result off by more than the tolerance, a
+    wrong shape or non-finite values: never timed), ``refused`` (linred raised
+    :class:`linred.BackendError`; ``note`` is its reason), ``skipped`` (not
+    installed, out of memory, out of time) or ``error`` (any other exception).
+    """
+
+    name: str
+    kind: str
+    status: str = "ok"
+    note: str = ""
+    seconds: float | None = None
+    samples: list[float] = field(default_factory=list)
+    calls: int = 0
+    gbps: float | None = None
+    pct_copy: float | None = None
+    rel_err: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.seconds is not None
+
+
+@dataclass
+class CaseResult:
+    """All methods of one case, with the copy ceiling measured on the same buffer."""
+
+    case: Case
+    status: str = "ok"
+    note: str = ""
+    m: int = 0
+    nbytes: int = 0
+    max_length: int = 0
+    copy_seconds: float | None = None
+    copy_gbps: float | None = None
+    methods: list[MethodResult] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def best_peer(self) -> MethodResult | None:
+        """The fastest peer among those with a correct result."""
+        ok = [r for r in self.methods if r.kind == "peer" and r.ok]
+        return min(ok, key=lambda r: r.seconds) if ok else None
+
+    def method(self, name: str) -> MethodResult | None:
+        return next((r for r in self.methods if r.name == name), None)
+
+    def auto_vs_best_peer(self) -> float | None:
+        """Time of the best peer / time of ``linred auto``: >= 1 when auto is at least as fast."""
+        auto, best = self.method(AUTO), self.best_peer()
+        if auto is None or best is None or not auto.ok:
+            return None
+        return best.seconds / auto.seconds
+
+
+def _short(e: BaseException, limit: int = 300) -> str:
+    lines = str(e).strip().splitlines()
+    text = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_import_errors: dict[str, str | None] = {}
+
+
+def missing_module(names: tuple[str, ...]) -> str | None:
+    """Why one of ``names`` cannot be imported (cached), or None."""
+    for name in names:
+        if name not in _import_errors:
+            try:
+                importlib.import_module(name)
+                _import_errors[name] = None
+            except Exception as e:  # cuda.compute raises non-ImportErrors without a GPU driver
+                _import_errors[name] = f"needs {name} ({_short(e, 120)})"
+        if _import_errors[name]:
+            return _import_errors[name]
+    return None
+
+
+@dataclass
+class _Timed:
+    """A method that passed its correctness check and is being timed."""
+
+    res: MethodResult
+    fn: Callable[[], Any]
+    clock: Any
+    calls: int
+    target: int
+    lib: str
+    last: Any = None
+    verify: bool = True  # False for the copy, which has no result to check
+
+
+class _Runner:
+    def __init__(self, settings: Settings, data: HostData) -> None:
+        self.settings = settings
+        self.data = data
+
+    def clock(self, lib: str) -> Any:
+        return device_clock(lib) if self.settings.device == "gpu" else HostClock()
+
+    def check(self, out: Any, ref: Any, dtype: str) -> tuple[float | None, str | None]:
+        """``(relative error, None)`` if ``out`` matches ``ref`` within the dtype's tolerance, else ``(error, why)``."""
+        err, problem = self.data.rel_error(out, ref)
+        if problem:
+            return err, problem
+        if err > TOLERANCE[dtype]:
+            return err, f"relative error {err:.1e} > tolerance {TOLERANCE[dtype]:.0e}"
+        return err, None
+
+    def _warm(self, res: MethodResult, fn: Callable[[], Any], lib: str, verify: bool = True) -> _Timed:
+        s = self.settings
+        clock = self.clock(lib)
+        # the correctness call before this one was the first warm-up call
+        single, last = warm_up(fn, clock, max(1, s.warmup - 1))
+        calls, target = plan_samples(single, s.repeats, s.budget_s)
+        return _Timed(res, fn, clock, calls, target, lib, last, verify)
+
+    def begin(self, method: Method, inp: Inputs, ref: Any) -> tuple[MethodResult, _Timed | None]:
+        """Build the method, check its result, warm it up; None when it is not to be timed."""
+        res = MethodResult(method.name, method.kind)
+        applies = method.applies(inp)
+        if isinstance(applies, str):
+            res.status, res.note = "skipped", applies
+            return res, None
+        missing = missing_module(method.requires)
+        if missing:
+            res.status, res.note = "skipped", missing
+            return res, None
+        if self.settings.out_of_time():
+            res.status, res.note = "skipped", "time limit (--max-time) reached"
+            return res, None
+        lib = inp.lib if method.lib == "input" else method.lib
+        fn = out = None
+        try:
+            self.data.sync(lib)
+            try:
+                fn = method.make(inp)
+                res.note = getattr(fn, "note", "")
+                out = fn()
+                self.data.sync(lib)
+            except Skip as e:
+                res.status, res.note = "skipped", str(e)
+                return res, None
+            except Exception as e:
+                from linred.errors import BackendError
+
+                if isinstance(e, BackendError):
+                    res.status, res.note = "refused", e.reason
+                elif is_out_of_memory(e):
+                    res.status, res.note = "skipped", f"out of memory ({_short(e, 120)})"
+                else:
+                    res.status, res.note = "error", _short(e)
+                return res, None
+            res.rel_err, wrong = self.check(out, ref, inp.case.dtype)
+            out = None
+            if wrong:  # never timed, never ranked
+                res.status, res.note = "WRONG", _join(wrong, res.note)
+                return res, None
+            return res, self._warm(res, fn, lib)
+        except Exception as e:
+            self._fail(res, e)
+            return res, None
+
+    def begin_copy(self, inp: Inputs) -> tuple[MethodResult, _Timed | None]:
+        """The copy of the case's buffer, timed like a method: the bandwidth ceiling."""
+        res = MethodResult("copy", "copy")
+        try:
+            copy = self.data.copy_fn(inp)
+            self.data.sync(inp.lib)
+            copy()
+            return res, self._warm(res, copy, inp.lib, verify=False)
+        except Exception as e:
+            self._fail(res, e)
+            return res, None
+
+    @staticmethod
+    def _fail(res: MethodResult, e: BaseException) -> None:
+        res.status = "skipped" if is_out_of_memory(e) else "error"
+        res.note = _join(_short(e), res.note)
+        res.seconds = res.gbps = res.pct_copy = None
+
+    def sample(self, timed: list[_Timed]) -> None:
+        """Take every method's samples, one sample of each in turn, round after round."""
+        active = list(timed)
+        enabled = gc.isenabled()
+        gc.disable()  # as timeit does: a collection inside a sample is noise
+        try:
+            while active:
+                for t in list(active):
+                    if len(t.res.samples) >= t.target:
+                        active.remove(t)
+                        continue
+                    try:
+                        t.last = None
+                        seconds, t.last = take_sample(t.fn, t.clock, t.calls)
+                        t.res.samples.append(seconds)
+                    except Exception as e:
+                        self._fail(t.res, e)
+                        active.remove(t)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def finish(self, t: _Timed, inp: Inputs, ref: Any) -> None:
+        """Check the method once more and record its time; the copy only records its time."""
+        res = t.res
+        try:
+            if res.status != "ok":
+                return
+            if t.verify:
+                # Poison the last result and call once more: a method that stops
+                # writing its output after the first call must not look fast.
+                self.data.poison(t.last, inp)
+                t.last = None
+                out = t.fn()
+                self.data.sync(t.lib)
+                _, wrong = self.check(out, ref, inp.case.dtype)
+                out = None
+                if wrong:
+                    res.status, res.note = "WRONG", _join(f"after repeated calls: {wrong}", res.note)
+                    res.samples = []
+                    return
+            res.seconds = statistics.median(res.samples)
+            res.calls = t.calls
+            res.gbps = gbps(inp.nbytes, res.seconds)
+        except Exception as e:
+            self._fail(res, e)
+        finally:
+            t.fn = t.last = None
+
+    def _record_copy(self, result: CaseResult, res: MethodResult, copy: _Timed | None, inp: Inputs) -> None:
+        if copy is not None:
+            self.finish(copy, inp, None)
+        if res.seconds:
+            case = result.case
+            result.copy_seconds = res.seconds
+            result.copy_gbps = gbps(2 * case.n * case.features * case.itemsize, res.seconds)
+        else:
+            result.note = f"copy ceiling not measured: {res.note}"
+
+    def methods_for(self, inp: Inputs) -> list[Method]:
+        registry = peers_module.GPU_PEERS if self.settings.device == "gpu" else peers_module.CPU_PEERS
+        methods = [*peers_module.linred_methods(self.settings.device), *registry]
+        return [m for m in methods if self.settings.wants(m.name) and m.applies(inp) is not False]
+
+    def run_case(self, case: Case, progress: Callable[[str], None]) -> CaseResult:
+        result = CaseResult(case)
+        t0 = time.monotonic()
+        if self.settings.out_of_time():
+            result.status, result.note = "skipped", "time limit (--max-time) reached"
+            return result
+        inp = ref = None
+        pending: list[_Timed] = []
+        try:
+            try:
+                inp = self.data.inputs(case)
+                result.m, result.max_length = inp.m, inp.max_length
+                result.nbytes = bytes_moved(case, inp.m)
+                ref = self.data.reference(inp)
+            except Exception as e:
+                result.status = "skipped"
+                result.note = ("out of memory: " if is_out_of_memory(e) else "could not set up: ") + _short(e)
+                return result
+            interleave = self.settings.interleave
+            progress("copy")
+            copy_res, copy = self.begin_copy(inp)
+            if copy is None or not interleave:
+                if copy is not None:
+                    self.sample([copy])
+                self._record_copy(result, copy_res, copy, inp)
+                copy = None  # frees the copy's destination buffer before the methods allocate theirs
+                self.data.release(collect=False)
+            for method in self.methods_for(inp):
+                progress(method.name)
+                res, timed = self.begin(method, inp, ref)
+                result.methods.append(res)
+                if interleave:
+                    pending += [timed] if timed is not None else []
+                    continue
+                if timed is not None:
+                    self.sample([timed])
+                    self.finish(timed, inp, ref)
+                    timed = None
+                self.data.release(collect=False)  # each method's buffers go before the next one's come
+            if interleave:
+                progress("timing, interleaved")
+                self.sample([copy, *pending] if copy is not None else pending)
+                for timed in pending:
+                    self.finish(timed, inp, ref)
+            if copy is not None:
+                self._record_copy(result, copy_res, copy, inp)
+            for m in result.methods:
+                if m.gbps is not None and result.copy_gbps:
+                    m.pct_copy = 100.0 * m.gbps / result.copy_gbps
+        finally:
+            inp = ref = copy = None
+            pending.clear()
+            self.data.release()
+            result.wall_s = time.monotonic() - t0
+        return result
+
+
+def _join(first: str, second: str) -> str:
+    return f"{first}; {second}" if first and second else first or second
+
+
+def run_cases(
+    cases: list[Case],
+    settings: Settings,
+    *,
+    on_method: Callable[[Case, str], None] | None = None,
+    on_case: Callable[[CaseResult], None] | None = None,
+) -> list[CaseResult]:
+    """Run every case in order; ``on_method`` and ``on_case`` report progress."""
+    runner = _Runner(settings, DeviceData() if settings.device == "gpu" else HostData())
+    results = []
+    for case in cases:
+        result = runner.run_case(case, lambda name, case=case: on_method and on_method(case, name))
+        results.append(result)
+        if on_case:
+            on_case(result)
+    return results
