@@ -1,0 +1,125 @@
+"""The nvmath backend on the GPU, fixed-length segments: ``nvmath.linalg.advanced.Matmul`` (cuBLASLt).
+
+The compute type is always given explicitly, so TF32 (``COMPUTE_32F_FAST_TF32``)
+is never chosen, whatever the environment or a framework's TF32 switch says:
+float32, float16, bfloat16 and complex64 multiply with ``COMPUTE_32F``, float64
+and complex128 with ``COMPUTE_64F``.  Every product is in place (``inplace=True``,
+``c`` = the result, ``beta = 0``), so the result lands in ``out3``.
+
+Planning needs operands, so the ``Matmul`` objects are built on the first call
+(cuBLASLt's heuristic query synchronizes that stream once) and rebound with
+``reset_operands_unchecked`` afterwards.  cuBLASLt picks kernels for the
+alignment of the pointers it is planned with; a later call whose data is less
+aligned (a view at an odd offset) gets a new plan for the smaller alignment,
+and a result buffer that is not 256-byte aligned (the alignment cuBLASLt assumes
+for the output) is written through an aligned temporary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nvmath.linalg import ComputeType
+from nvmath.linalg.advanced import Matmul, MatmulOptions
+
+from linred.backends._nvmath_gpu_arrays import StreamOrder, alignment, ops_for, physical
+from linred.backends._nvmath_layout import Layout, View
+from linred.problem import Problem
+from linred.segments import Segments
+
+#: float64 and complex128 multiply in double precision, everything else in single
+DOUBLE = ("float64", "complex128")
+
+
+def compute_type(dtype: str) -> ComputeType:
+    return ComputeType.COMPUTE_64F if dtype in DOUBLE else ComputeType.COMPUTE_32F
+
+
+class DenseExecutor:
+    """Runs a :class:`Layout` through planned cuBLASLt products on the call's stream."""
+
+    def __init__(self, problem: Problem, layout: Layout, logger: Any, *, complex_as_real: bool = False) -> None:
+        self._ops = ops_for(problem.kind, problem.device)
+        self._order = StreamOrder(self._ops)
+        self._layout = layout
+        self._real = complex_as_real
+        self._dtype = problem.dtype
+        self._out_dtype = problem.out_dtype
+        self._alpha = 1.0 / problem.segment_length if problem.reduction == "mean" else 1.0
+        self._out_size = problem.batch * problem.num_segments * problem.features
+        self._options = MatmulOptions(compute_type=compute_type(problem.dtype), inplace=True, logger=logger)
+        self._constants: dict[str, Any] | None = None
+        self._fixed: list[dict[str, Any]] = []  # per product: views of the constants, made once
+        # per product: the Matmul and the alignments (a, b, c) it was planned for
+        self._plans: list[tuple[Any, tuple[int, int, int]] | None] = [None] * len(layout.products)
+
+    def _make_constants(self, stream: int) -> dict[str, Any]:
+        ops = self._ops
+        constants = {}
+        for name, kind in self._layout.constants.items():
+            assert kind[0] == "ones", kind
+            constants[name] = ops.ones(kind[1], self._dtype)
+        self._fixed = [
+            {
+                key: ops.view(constants[v.src], v.shape, v.strides)
+                for key, v in zip("abc", (p.a, p.b, p.c), strict=True)
+                if v.src in constants
+            }
+            for p in self._layout.products
+        ]
+        # built once and then read on whatever stream later calls use: wait for them once
+        ops.synchronize(stream)
+        return constants
+
+    def _view(self, sources: dict[str, Any], v: View) -> Any:
+        return self._ops.view(sources[v.src], v.shape, v.strides)
+
+    def __call__(self, x: Any, out: Any, segments: Segments, stream: int) -> None:
+        ops = self._ops
+        layout = self._layout
+        with ops.on(stream):
+            if self._constants is None:
+                self._constants = self._make_constants(stream)
+            self._order.begin(stream)
+            x, conjugate = physical(x)
+            x_base, out_base = (x.real, out.real) if self._real else (x, out)  # complex as real parts (views)
+            flat_out = ops.view(out_base, (self._out_size,), (1,))
+            target = flat_out
+            if alignment(ops.pointer(out)) < 256:
+                target = ops.empty((self._out_size,), self._out_dtype)
+            sources = {**self._constants, "x": x_base, "out": target}
+            for name, size in layout.temporaries.items():
+                sources[name] = ops.empty((size,), self._out_dtype)
+            for i, product in enumerate(layout.products):
+                fixed = self._fixed[i]
+                a = fixed["a"] if "a" in fixed else self._view(sources, product.a)
+                b = fixed["b"] if "b" in fixed else self._view(sources, product.b)
+                c = self._view(sources, product.c)
+                aligned = (alignment(ops.pointer(a)), alignment(ops.pointer(b)), alignment(ops.pointer(c)))
+                entry = self._plans[i]
+                if entry is None or any(now < then for now, then in zip(aligned, entry[1], strict=True)):
+                    if entry is not None:
+                        entry[0].free()
+                    alpha = self._alpha if product.scaled else 1.0
+                    mm = Matmul(a, b, c=c, alpha=alpha, beta=0.0, options=self._options, stream=stream)
+                    mm.plan(stream=stream)
+                    self._plans[i] = (mm, aligned)
+                else:
+                    mm = entry[0]
+                    mm.reset_operands_unchecked(a=a, b=b, c=c)
+                mm.execute(stream=stream)
+                mm.release_operands()  # keep no reference to the caller's arrays
+            if layout.copy_from is not None:
+                ops.copy(out, self._view(sources, layout.copy_from))
+            elif target is not flat_out:
+                ops.copy(flat_out, target)
+            if conjugate:  # a lazily conjugated tensor, summed as stored
+                out.imag.neg_()
+            self._order.end(stream)
+
+    def free(self) -> None:
+        for entry in self._plans:
+            if entry is not None:
+                entry[0].free()
+        self._plans = []
+        self._constants = None

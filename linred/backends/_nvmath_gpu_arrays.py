@@ -1,0 +1,199 @@
+"""Array operations the nvmath backend needs on the GPU, for CuPy arrays and CUDA PyTorch tensors.
+
+Each operation runs on a given ``cudaStream_t`` handle and device.  nvmath is
+given native arrays of the caller's library (PyTorch tensors, bfloat16
+included, or CuPy arrays), so the results land in the caller's ``out`` directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+_torch_streams: dict[tuple[int, int], Any] = {}
+_torch_streams_lock = threading.Lock()
+
+
+class CupyOps:
+    kind = "cupy"
+
+    def __init__(self, device: int) -> None:
+        import cupy
+
+        from linred.backends._gpu import cupy_stream
+
+        self._cupy = cupy
+        self._cupy_stream = cupy_stream
+        self.device = device
+
+    @contextlib.contextmanager
+    def on(self, stream: int) -> Iterator[None]:
+        with self._cupy.cuda.Device(self.device), self._cupy_stream(stream, self.device):
+            yield
+
+    def synchronize(self, stream: int) -> None:
+        self._cupy_stream(stream, self.device).synchronize()
+
+    def event(self) -> Any:
+        with self._cupy.cuda.Device(self.device):
+            return self._cupy.cuda.Event(disable_timing=True)
+
+    def record(self, event: Any, stream: int) -> None:
+        event.record(self._cupy_stream(stream, self.device))
+
+    def wait(self, stream: int, event: Any) -> None:
+        self._cupy_stream(stream, self.device).wait_event(event)
+
+    def dtype(self, name: str) -> Any:
+        return self._cupy.dtype(name)
+
+    def view(self, base: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+        itemsize = base.itemsize
+        return self._cupy.lib.stride_tricks.as_strided(base, shape, tuple(s * itemsize for s in strides))
+
+    @staticmethod
+    def pointer(a: Any) -> int:
+        return a.data.ptr
+
+    def ones(self, size: int, dtype: str) -> Any:
+        return self._cupy.ones(size, dtype=dtype)
+
+    def empty(self, shape: tuple[int, ...], dtype: str) -> Any:
+        return self._cupy.empty(shape, dtype=dtype)
+
+    def arange(self, size: int, dtype: str) -> Any:
+        return self._cupy.arange(size, dtype=dtype)
+
+    def astype(self, a: Any, dtype: str) -> Any:
+        return a.astype(dtype)
+
+    @staticmethod
+    def copy(dst: Any, src: Any) -> None:
+        dst[...] = src
+
+    @staticmethod
+    def dtype_name(a: Any) -> str:
+        return a.dtype.name
+
+
+class TorchOps:
+    kind = "torch"
+
+    def __init__(self, device: int) -> None:
+        import torch
+
+        from linred.arrays._torch import torch_dtype
+
+        self._torch = torch
+        self._torch_dtype = torch_dtype
+        self.device = device
+        self._device = torch.device("cuda", device)
+
+    def stream(self, handle: int) -> Any:
+        key = (handle, self.device)
+        s = _torch_streams.get(key)
+        if s is None:
+            with _torch_streams_lock:
+                s = _torch_streams.setdefault(key, self._torch.cuda.ExternalStream(handle, device=self._device))
+        return s
+
+    @contextlib.contextmanager
+    def on(self, stream: int) -> Iterator[None]:
+        with self._torch.cuda.device(self.device), self._torch.cuda.stream(self.stream(stream)):
+            yield
+
+    def synchronize(self, stream: int) -> None:
+        self.stream(stream).synchronize()
+
+    def event(self) -> Any:
+        return self._torch.cuda.Event()
+
+    def record(self, event: Any, stream: int) -> None:
+        event.record(self.stream(stream))
+
+    def wait(self, stream: int, event: Any) -> None:
+        self.stream(stream).wait_event(event)
+
+    def dtype(self, name: str) -> Any:
+        return self._torch_dtype(name)
+
+    @staticmethod
+    def view(base: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+        return base.as_strided(shape, strides)
+
+    @staticmethod
+    def pointer(a: Any) -> int:
+        return a.data_ptr()
+
+    def ones(self, size: int, dtype: str) -> Any:
+        return self._torch.ones(size, dtype=self._torch_dtype(dtype), device=self._device)
+
+    def empty(self, shape: tuple[int, ...], dtype: str) -> Any:
+        return self._torch.empty(shape, dtype=self._torch_dtype(dtype), device=self._device)
+
+    def arange(self, size: int, dtype: str) -> Any:
+        return self._torch.arange(size, dtype=self._torch_dtype(dtype), device=self._device)
+
+    def astype(self, a: Any, dtype: str) -> Any:
+        return a.to(self._torch_dtype(dtype))
+
+    @staticmethod
+    def copy(dst: Any, src: Any) -> None:
+        dst.copy_(src)
+
+    @staticmethod
+    def dtype_name(a: Any) -> str:
+        return str(a.dtype).removeprefix("torch.")
+
+
+class StreamOrder:
+    """Orders a call on a new stream after the previous call of the same executor.
+
+    nvmath's ``Matmul`` objects reuse one workspace (and the executors their
+    constants) on whatever stream each call names; a call on another stream than
+    the previous one must not start before that one is done.  The new stream
+    waits on an event (no host synchronization).
+    """
+
+    def __init__(self, ops: CupyOps | TorchOps) -> None:
+        self._ops = ops
+        self._event: Any = None
+        self._last: int | None = None
+
+    def begin(self, stream: int) -> None:
+        if self._last is not None and stream != self._last:
+            self._ops.wait(stream, self._event)
+
+    def end(self, stream: int) -> None:
+        if self._event is None:
+            self._event = self._ops.event()
+        self._ops.record(self._event, stream)
+        self._last = stream
+
+
+def ops_for(kind: str, device: int) -> CupyOps | TorchOps:
+    return CupyOps(device) if kind == "cupy" else TorchOps(device)
+
+
+def physical(x: Any) -> tuple[Any, bool]:
+    """``x`` without PyTorch's lazy conjugate and negative bits, and whether the result must be conjugated.
+
+    BLAS reads the memory, not the bits: a conjugate view is summed as stored
+    (the bit cleared, no copy) and the sum conjugated afterwards.  A negative
+    view (the imaginary part of a conjugate view) is materialized, as PyTorch
+    offers no public way to clear the bit without a copy.
+    """
+    if type(x).__module__.split(".")[0] != "torch":
+        return x, False
+    if x.is_neg():
+        x = x.resolve_neg()
+    if x.is_conj():
+        return x.conj(), True
+    return x, False
+
+
+def alignment(pointer: int) -> int:
+    """The largest power of two (at most 256) that divides ``pointer``."""
+    return min(256, pointer & -pointer) if pointer else 256

@@ -1,0 +1,221 @@
+"""The nvmath backend: segmented sums and means as matrix products through nvmath-python.
+
+- **Host data** (NumPy arrays, CPU PyTorch tensors), fixed-length segments: the
+  generic ``nvmath.linalg.Matmul`` executed on the CPU by MKL (``ExecutionCPU``;
+  the ``cpu`` extra installs it), writing into the result in place
+  (``inplace=True``, ``c`` = the result, ``beta = 0``).  MKL's products take
+  float32, float64, complex64 and complex128, one dtype for data and result.
+- **Device data** (CuPy arrays, CUDA PyTorch tensors), fixed-length segments:
+  ``nvmath.linalg.advanced.Matmul`` (cuBLASLt) with the compute type pinned
+  (``COMPUTE_32F`` for float32, float16, bfloat16 and complex64: never TF32;
+  ``COMPUTE_64F`` for float64 and complex128), planned on the first call of a
+  plan and rebound to each call's arrays.  float16/bfloat16 accumulate in
+  float32 and return their own dtype (or float32 with ``dtype=float32``).
+- **Device data, offsets or lengths**: the segment indicator matrix ``S`` (CSR:
+  ``data = ones(n)``, ``indices = arange(n)``, ``indptr = offsets``) times the data,
+  through ``nvmath.sparse.Matmul`` (cuSPARSE SpMM); a batch (``axis > 0``) is one
+  batched SpMM with ``S`` broadcast.  ``data`` and ``indices`` depend on ``n`` only
+  and are built once per plan (``n`` elements each: memory that a cached plan
+  keeps); ``indptr`` is each call's offsets.
+- A mean multiplies by ``alpha = 1/L`` (fixed length) or divides by the segment
+  lengths after the product (offsets; an empty segment's mean is NaN).
+- Complex data is multiplied as real data with its real and imaginary parts as
+  two features: a complex product with ones would turn ``inf + 0j`` into
+  ``inf + nan*j``.
+
+The matrix forms (rows, features, columns, levels of chunks on the host) are in
+:mod:`linred.backends._nvmath_layout`; they cover contiguous data along any axis,
+sliced rows and columns and transposed (column-major) data, all without copying
+the input.
+
+Refused, with a reason: max/min (not linear), integer data (no integer matrix
+products), offsets on the host (nvmath's sparse matmul runs on the GPU only),
+float16/bfloat16 and ``dtype=`` changes on the host (MKL would need a converted
+copy), and layouts BLAS cannot address without copying the input.
+
+nvmath logs every planning and execution step at INFO level; it is given the
+logger ``"linred.nvmath"``, set to WARNING unless configured otherwise, so that an
+application's INFO logging is not flooded.
+
+On the GPU, the first call of a plan builds nvmath's objects (cuBLASLt's
+heuristic query synchronizes that call's stream once); later calls rebind
+operands and enqueue work on the given stream without synchronizing.  A call on
+another stream than the previous call of the same plan waits (on the GPU) for
+that call, whose workspace it reuses.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from linred.backends import _nvmath_layout as layouts
+from linred.backends.base import Backend, Executor
+from linred.problem import Problem
+
+LOGGER = logging.getLogger("linred.nvmath")
+if LOGGER.level == logging.NOTSET:
+    LOGGER.setLevel(logging.WARNING)
+
+
+@functools.cache
+def _import_error() -> str | None:
+    try:
+        import nvmath  # noqa: F401
+        from nvmath.linalg import Matmul  # noqa: F401
+    except Exception as e:
+        return f"nvmath-python cannot be imported ({type(e).__name__}: {e}); pip install 'nvmath-python[cpu]'"
+    return None
+
+
+@functools.cache
+def _host_error() -> str | None:
+    """Run a tiny product on the CPU: nvmath needs MKL (the ``cpu`` extra) for host execution."""
+    try:
+        import numpy as np
+        from nvmath.linalg import Matmul, MatmulOptions
+        from nvmath.linalg.generic import ExecutionCPU
+
+        a = np.arange(6, dtype=np.float32).reshape(3, 2)
+        c = np.empty((3, 1), dtype=np.float32)
+        with Matmul(
+            a,
+            np.ones((2, 1), dtype=np.float32),
+            c=c,
+            beta=0.0,
+            options=MatmulOptions(inplace=True, logger=LOGGER),
+            execution=ExecutionCPU(),
+        ) as mm:
+            mm.plan()
+            mm.execute()
+        if c[:, 0].tolist() != [1.0, 5.0, 9.0]:
+            return f"nvmath's CPU matmul returned a wrong result ({c[:, 0].tolist()})"
+    except Exception as e:
+        return (
+            f"nvmath cannot execute on the CPU ({type(e).__name__}: {e}); it needs MKL: "
+            "pip install 'nvmath-python[cpu]'"
+        )
+    return None
+
+
+def _gpu_count() -> int:
+    try:
+        from cuda.bindings import runtime
+
+        err, count = runtime.cudaGetDeviceCount()
+        return int(count) if int(err) == 0 else 0
+    except Exception:
+        return 0
+
+
+@functools.cache
+def _device_error() -> str | None:
+    try:
+        from nvmath.bindings import cublasLt
+
+        cublasLt.get_version()
+    except Exception as e:
+        return f"nvmath cannot load cuBLASLt ({type(e).__name__}: {e}); install nvmath-python[cu12] or [cu13]"
+    return None
+
+
+@functools.cache
+def _sparse_error() -> str | None:
+    try:
+        import nvmath.sparse  # noqa: F401  (needs cuda.core)
+        from nvmath.bindings import cusparse
+
+        cusparse.get_property(0)
+    except Exception as e:
+        return f"nvmath's sparse matmul is not usable ({type(e).__name__}: {e})"
+    return None
+
+
+@functools.cache
+def _cupy_error() -> str | None:
+    try:
+        import cupyx.scipy.sparse  # noqa: F401
+    except Exception as e:
+        return f"cupyx.scipy.sparse cannot be imported ({type(e).__name__}: {e})"
+    return None
+
+
+class NvmathBackend(Backend):
+    name = "nvmath"
+    summary = (
+        "nvmath-python: cuBLASLt matmul (GPU, fixed lengths), cuSPARSE SpMM (GPU, offsets), "
+        "MKL matmul (host, fixed lengths)"
+    )
+
+    def unavailable(self) -> str | None:
+        reason = _import_error()
+        if reason is not None:
+            return reason
+        host = _host_error()
+        if host is None or _gpu_count() > 0:
+            return None  # host problems check _host_error() again in unsupported()
+        return f"{host}, and no CUDA GPU is visible"
+
+    def unsupported(self, problem: Problem) -> str | None:
+        reason = layouts.dtype_reason(problem)
+        if reason is not None:
+            return reason
+        if not problem.on_gpu and not problem.fixed:
+            return (
+                "offsets and lengths need nvmath's sparse matmul, which runs on the GPU only (cuSPARSE); "
+                "backend='numpy' serves variable-length segments of host data"
+            )
+        if problem.n == 0 or problem.batch * problem.num_segments * problem.features == 0:
+            return None  # nothing to multiply: the caller fills the result
+        if not problem.on_gpu:
+            return self._host_unsupported(problem)
+        reason = _device_error()
+        if reason is not None:
+            return reason
+        if problem.fixed:
+            layout = layouts.dense_layout(problem, host=False)
+            if isinstance(layout, str):
+                return f"{layout}; a contiguous copy of the data or backend='cub' serves it"
+            return layouts.check_batch_count(layout)
+        reason = _sparse_error() or layouts.variable_dtype_reason(problem)
+        if reason is None and problem.kind == "cupy":
+            reason = _cupy_error()
+        if reason is not None:
+            return reason
+        strides = layouts.sparse_dense_strides(problem)
+        if isinstance(strides, str):
+            return f"{strides}; backend='cub' serves it"
+        return None
+
+    @staticmethod
+    def _host_unsupported(problem: Problem) -> str | None:
+        reason = _host_error()
+        if reason is not None:
+            return reason
+        layout = layouts.dense_layout(problem, host=True)
+        if isinstance(layout, str):
+            return f"{layout}; backend='numpy' serves any layout"
+        return layouts.check_int32(layout)
+
+    def plan(self, problem: Problem) -> Executor:
+        real = layouts.as_real(problem)  # complex data is multiplied as its real and imaginary parts
+        assert not isinstance(real, str), real
+        complex_as_real = real is not problem
+        if not problem.on_gpu:
+            from linred.backends._nvmath_host import HostExecutor
+
+            layout = layouts.dense_layout(problem, host=True)
+            assert not isinstance(layout, str), layout
+            return HostExecutor(real, layout, LOGGER, complex_as_real=complex_as_real)
+        if problem.fixed:
+            from linred.backends._nvmath_device import DenseExecutor
+
+            layout = layouts.dense_layout(problem, host=False)
+            assert not isinstance(layout, str), layout
+            return DenseExecutor(real, layout, LOGGER, complex_as_real=complex_as_real)
+        from linred.backends._nvmath_sparse import SparseExecutor
+
+        return SparseExecutor(real, LOGGER, complex_as_real=complex_as_real)
+
+
+BACKEND = NvmathBackend()
