@@ -129,46 +129,6 @@ def segment_chunks(total: int, limit: int = INT32_MAX) -> Iterator[tuple[int, in
         yield start, min(start + limit, total)
 
 
-class StreamOrder:
-    """Keeps an executor's persistent buffers safe when calls move between streams.
-
-    An executor allocates its buffers (CUB temporary storage, a ones vector) on
-    the stream of its first call and reuses them.  Work on two streams is not
-    ordered, so when a call comes on a different stream than the previous one,
-    the new stream waits for everything enqueued so far on the old one (one
-    event; nothing is synchronized with the host).  Calls that stay on one
-    stream pay nothing.
-    """
-
-    __slots__ = ("device", "home", "last")
-
-    def __init__(self, device: int) -> None:
-        self.device = device
-        self.home: int | None = None  # the stream the buffers were allocated on
-        self.last: int | None = None
-
-    def use(self, stream: int) -> None:
-        """Call before enqueuing work that touches the buffers on ``stream``."""
-        if self.last is None:
-            self.home = self.last = stream
-        elif stream != self.last:
-            _wait(stream, self.last, self.device)
-            self.last = stream
-
-    def release(self) -> None:
-        """Call before dropping the buffers: their memory returns to the pool of ``home``."""
-        if self.last is not None and self.home is not None and self.last != self.home:
-            _wait(self.home, self.last, self.device)
-        self.home = self.last = None
-
-
-def _wait(waiter: int, producer: int, device: int) -> None:
-    with cupy.cuda.Device(device):
-        event = cupy.cuda.Event(block=False, disable_timing=True, interprocess=False)
-        event.record(cupy_stream(producer, device))
-        cupy_stream(waiter, device).wait_event(event)
-
-
 # --- kernels ------------------------------------------------------------------------
 
 #: CUDA C type of each dtype as CuPy kernels spell it; bfloat16 data is passed as int16 bits

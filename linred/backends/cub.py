@@ -337,8 +337,6 @@ class CcclExecutor:
         from cuda.compute import OpKind
         from cuda.compute import types as cc_types
 
-        from linred.backends._gpu import StreamOrder
-
         self._problem = problem
         self._cupy = cupy
         self._types = cc_types
@@ -413,9 +411,7 @@ class CcclExecutor:
 
         self._use_hint = not _using_v2()
         self._reducer: Any = None
-        self._temp: Any = None
         self._temp_bytes: dict[tuple[int, int], int] = {}
-        self._order = StreamOrder(problem.device)
 
     def _chunks(self) -> list[tuple[int, int]]:
         from linred.backends._gpu import segment_chunks
@@ -483,7 +479,6 @@ class CcclExecutor:
         from linred.backends._gpu import on_stream
 
         with on_stream(stream, self._device):
-            self._order.use(stream)
             self._run(x, out, segments, stream)
 
     def _run(self, x: Any, out: Any, segments: Segments, stream: int) -> None:
@@ -524,9 +519,10 @@ class CcclExecutor:
             need = self._temp_bytes.get(key)
             if need is None:
                 need = self._temp_bytes[key] = int(self._reducer(temp_storage=None, **args))
-            if self._temp is None or self._temp.nbytes < need:
-                self._temp = cupy.empty(max(need, 1), dtype=cupy.uint8)
-            self._reducer(temp_storage=self._temp, **args)
+            # Temporary storage comes from CuPy's pool on the call's stream, which orders
+            # its reuse with that stream's work: safe whichever stream the next call uses.
+            temp = cupy.empty(max(need, 1), dtype=cupy.uint8)
+            self._reducer(temp_storage=temp, **args)
         if self._out_mode == "temp":
             self._finish(target, out, out_flat, segments, stream)
 
@@ -542,8 +538,6 @@ class CcclExecutor:
             divide_by_lengths(target.reshape(problem.out_shape), segments.offsets, out, stream)
 
     def free(self) -> None:
-        self._order.release()
-        self._temp = None
         self._reducer = None
 
 

@@ -302,9 +302,6 @@ class CublasExecutor:
         self._compute = lib.compute_64f if problem.acc_dtype in ("float64", "complex128") else lib.compute_32f
         self._gemv = lib.gemv.get(problem.dtype)
         self._ones: Any = None
-        from linred.backends._gpu import StreamOrder
-
-        self._order = StreamOrder(problem.device)
 
     def _make_ones(self) -> Any:
         import cupy
@@ -314,14 +311,16 @@ class CublasExecutor:
         return cupy.ones(self._length, dtype=self._in_dtype)
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
-        from linred.backends._gpu import data_ptr, on_stream
+        from linred.backends._gpu import cupy_stream, data_ptr, on_stream
 
         lib = self._lib
         cublas = lib.cublas
         with on_stream(stream, self._device):
-            self._order.use(stream)
             if self._ones is None:
+                # Read-only from now on: once it is complete, any stream may read it, so
+                # the first call waits for it once and no call orders streams after that.
                 self._ones = self._make_ones()
+                cupy_stream(stream, self._device).synchronize()
             handle = _handle(self._device)
             cublas.setStream(handle, stream)
             xp = data_ptr(x)
@@ -349,9 +348,7 @@ class CublasExecutor:
                     )  # fmt: skip
 
     def free(self) -> None:
-        if self._ones is not None:
-            self._order.release()
-            self._ones = None
+        self._ones = None
 
 
 class CublasBackend(Backend):

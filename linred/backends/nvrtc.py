@@ -23,6 +23,7 @@ linear-algebra backends.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from linred._dtypes import COMPLEX, itemsize
@@ -30,9 +31,18 @@ from linred.backends.base import Backend
 from linred.problem import Problem
 from linred.segments import Segments, VariableSegments
 
-THREADS = 256
-TILE = 4096
-UNROLL = 4
+
+@dataclass(frozen=True)
+class Tuning:
+    """Launch shapes of the kernels (fixed per plan; see docs/performance.md for how they were chosen)."""
+
+    threads: int = 256  #: threads per block
+    unroll: int = 4  #: 16-byte vectors per thread in fixed_small
+    tile: int = 4096  #: elements per tile in tile_reduce
+    min_blocks: int = 4  #: resident blocks per SM that tile_reduce's registers must allow
+
+
+TUNING = Tuning()
 
 _OPS = {"sum": "OpSum", "mean": "OpSum", "max": "OpMax", "min": "OpMin"}
 
@@ -118,35 +128,39 @@ class _Launcher:
         return torch.empty(count, dtype=torch_dtype(dtype), device=f"cuda:{self.device}")
 
 
-def _fixed_small_wrapper(problem: Problem, name: str) -> str:
+def _fixed_small_wrapper(problem: Problem, tuning: Tuning) -> str:
     t, o, a = _ctype(problem.dtype), _ctype(problem.out_dtype), _acc_ctype(problem)
     mean = "true" if problem.reduction == "mean" else "false"
     return (
-        f'extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* x, {o}* out, long long nvec) {{\n'
-        f"    fixed_small<{t}, {a}, {o}, {_OPS[problem.reduction]}, {problem.segment_length}, {mean}, {THREADS}, "
-        f"{UNROLL}>(x, out, nvec);\n}}\n"
+        f'extern "C" __global__ void __launch_bounds__({tuning.threads}) '
+        f"linred_fixed_small(const {t}* x, {o}* out, long long nvec) {{\n"
+        f"    fixed_small<{t}, {a}, {o}, {_OPS[problem.reduction]}, {problem.segment_length}, {mean}, "
+        f"{tuning.threads}, {tuning.unroll}>(x, out, nvec);\n}}\n"
     )
 
 
-def _tile_wrapper(problem: Problem, vecload: bool, index_ctype: str) -> str:
+def _tile_wrapper(problem: Problem, vecload: bool, index_ctype: str, tuning: Tuning) -> str:
     t, o, a = _ctype(problem.dtype), _ctype(problem.out_dtype), _acc_ctype(problem)
     mean = "true" if problem.reduction == "mean" else "false"
     op = _OPS[problem.reduction]
+    threads, tile = tuning.threads, tuning.tile
     offsets = "FixedOffsets{L}" if problem.fixed else f"ArrayOffsets<{index_ctype}>{{offsets}}"
     common = (
         f"const {index_ctype}* offsets, long long L, long long n, long long m, long long rs, long long es, "
-        "long long tpr, long long nt"
+        "long long tpr, long long nt, const long long* bounds"
     )
     args = "TileArgs a{n, m, rs, es, tpr, nt};"
     vl = "true" if vecload else "false"
     return (
-        f'extern "C" __global__ void __launch_bounds__({THREADS}) linred_tile(const {t}* x, {o}* out, {common}, '
-        f"{a}* head, {a}* tail, long long* ts) {{\n    {args}\n"
-        f"    tile_reduce<{t}, {a}, {o}, {op}, {mean}, {THREADS}, {TILE}, {vl}>"
-        f"(x, out, {offsets}, a, head, tail, ts);\n}}\n"
-        f'extern "C" __global__ void __launch_bounds__({THREADS}) linred_fixup({o}* out, {common}, '
+        f'extern "C" __global__ void __launch_bounds__({threads}, {tuning.min_blocks}) '
+        f"linred_tile(const {t}* x, {o}* out, {common}, {a}* head, {a}* tail, long long* ts) {{\n    {args}\n"
+        f"    tile_reduce<{t}, {a}, {o}, {op}, {mean}, {threads}, {tile}, {vl}>"
+        f"(x, out, {offsets}, a, bounds, head, tail, ts);\n}}\n"
+        f'extern "C" __global__ void __launch_bounds__({threads}) linred_fixup({o}* out, {common}, '
         f"const {a}* head, const {a}* tail, const long long* ts) {{\n    {args}\n"
-        f"    tile_fixup<{t}, {a}, {o}, {op}, {mean}, {TILE}>(out, {offsets}, a, head, tail, ts);\n}}\n"
+        f"    tile_fixup<{t}, {a}, {o}, {op}, {mean}, {tile}>(out, {offsets}, a, head, tail, ts);\n}}\n"
+        f'extern "C" __global__ void __launch_bounds__({threads}) linred_bounds({common}) {{\n'
+        f"    tile_bounds<{tile}>({offsets}, m, n, tpr, const_cast<long long*>(bounds));\n}}\n"
     )
 
 
@@ -155,13 +169,14 @@ class _FixedSmallExecutor:
 
     def __init__(self, problem: Problem) -> None:
         self._problem = problem
+        self._tuning = TUNING
         self._launch = _Launcher(problem)
         self._kernel = None
         self._tiles: _TileExecutor | None = None
         b, n, _ = problem.in_shape
         self._nvec = b * n // _vec(problem)
-        chunk = THREADS * UNROLL
-        self._blocks = max(1, min(-(-self._nvec // chunk), self._launch.sms * 16))
+        # One chunk per block: the block scheduler overlaps finishing blocks with new ones.
+        self._blocks = max(1, -(-self._nvec // (self._tuning.threads * self._tuning.unroll)))
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
         launch = self._launch
@@ -174,19 +189,13 @@ class _FixedSmallExecutor:
         if self._kernel is None:
             from linred.kernels.compiler import get_kernels
 
-            name = "linred_fixed_small"
-            (self._kernel,) = get_kernels(launch.device, _fixed_small_wrapper(self._problem, name), (name,))
+            wrapper = _fixed_small_wrapper(self._problem, self._tuning)
+            (self._kernel,) = get_kernels(launch.device, wrapper, ("linred_fixed_small",))
         from cuda.core import LaunchConfig
         from cuda.core import launch as cuda_launch
 
-        cuda_launch(
-            launch.stream(stream),
-            LaunchConfig(grid=self._blocks, block=THREADS),
-            self._kernel,
-            xp,
-            launch.ptr(out),
-            self._nvec,
-        )
+        config = LaunchConfig(grid=self._blocks, block=self._tuning.threads)
+        cuda_launch(launch.stream(stream), config, self._kernel, xp, launch.ptr(out), self._nvec)
 
     def free(self) -> None:
         if self._tiles is not None:
@@ -199,23 +208,29 @@ class _TileExecutor:
 
     def __init__(self, problem: Problem) -> None:
         self._problem = problem
+        self._tuning = tuning = TUNING
         self._launch = _Launcher(problem)
         b, n, _ = problem.in_shape
-        self._tiles_per_row = -(-n // TILE)
+        self._tiles_per_row = -(-n // tuning.tile)
         self._num_tiles = b * self._tiles_per_row
-        self._head = self._launch.empty(self._num_tiles, _acc_dtype(problem))
-        self._tail = self._launch.empty(self._num_tiles, _acc_dtype(problem))
+        acc = _acc_dtype(problem)
+        self._head = self._launch.empty(self._num_tiles, acc)
+        self._tail = self._launch.empty(self._num_tiles, acc)
         self._tail_seg = self._launch.empty(self._num_tiles, "int64")
-        self._kernels: dict[tuple[bool, str], tuple[Any, Any]] = {}
-        self._blocks = max(1, min(self._num_tiles, self._launch.sms * 8))
-        self._fix_blocks = max(1, min(-(-self._num_tiles // (THREADS // 32)), self._launch.sms * 8))
+        # Offsets: the first segment of every tile, found once per call by linred_bounds.
+        self._bounds = None if problem.fixed else self._launch.empty(self._tiles_per_row + 1, "int64")
+        self._kernels: dict[tuple[bool, str], tuple[Any, Any, Any]] = {}
+        warps = tuning.threads // 32
+        self._fix_blocks = max(1, -(-self._num_tiles // warps))
+        self._bound_blocks = max(1, -(-(self._tiles_per_row + 1) // tuning.threads))
         L = problem.segment_length
         # Fixed lengths dividing the tile never span two tiles: no partials to combine.
-        self._needs_fixup = not (problem.fixed and L <= TILE and TILE % L == 0)
+        self._needs_fixup = not (problem.fixed and tuning.tile >= L and tuning.tile % L == 0)
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
         problem = self._problem
         launch = self._launch
+        threads = self._tuning.threads
         xp = launch.ptr(x)
         b, n, _ = problem.in_shape
         s0, s1, _ = problem.strides
@@ -231,24 +246,27 @@ class _TileExecutor:
         if kernels is None:
             from linred.kernels.compiler import get_kernels
 
-            wrapper = _tile_wrapper(problem, vecload, index)
-            kernels = get_kernels(launch.device, wrapper, ("linred_tile", "linred_fixup"))
+            wrapper = _tile_wrapper(problem, vecload, index, self._tuning)
+            kernels = get_kernels(launch.device, wrapper, ("linred_tile", "linred_fixup", "linred_bounds"))
             self._kernels[key] = kernels
         from cuda.core import LaunchConfig
         from cuda.core import launch as cuda_launch
 
         s = launch.stream(stream)
         L = problem.segment_length or 0
-        common = (offsets_ptr, L, n, problem.num_segments, s0, s1, self._tiles_per_row, self._num_tiles)
+        bounds = 0 if self._bounds is None else launch.ptr(self._bounds)
+        common = (offsets_ptr, L, n, problem.num_segments, s0, s1, self._tiles_per_row, self._num_tiles, bounds)
         head, tail, ts = launch.ptr(self._head), launch.ptr(self._tail), launch.ptr(self._tail_seg)
         op = launch.ptr(out)
-        cuda_launch(s, LaunchConfig(grid=self._blocks, block=THREADS), kernels[0], xp, op, *common, head, tail, ts)
+        if self._bounds is not None:
+            cuda_launch(s, LaunchConfig(grid=self._bound_blocks, block=threads), kernels[2], *common)
+        cuda_launch(s, LaunchConfig(grid=self._num_tiles, block=threads), kernels[0], xp, op, *common, head, tail, ts)
         if self._needs_fixup:
-            cuda_launch(s, LaunchConfig(grid=self._fix_blocks, block=THREADS), kernels[1], op, *common, head, tail, ts)
+            cuda_launch(s, LaunchConfig(grid=self._fix_blocks, block=threads), kernels[1], op, *common, head, tail, ts)
 
     def free(self) -> None:
         self._kernels.clear()
-        self._head = self._tail = self._tail_seg = None
+        self._head = self._tail = self._tail_seg = self._bounds = None
 
 
 class NvrtcBackend(Backend):

@@ -212,34 +212,28 @@ struct FixedOffsets {
     __device__ __forceinline__ i64 operator()(i64 s) const { return s * L; }
 };
 
-// First s in [lo, hi) with off(s) >= v (hi if none), found by the whole block:
-// THREADS probes per round, so log_THREADS(m) rounds of one load per thread.
-template <int THREADS, class Off> __device__ __forceinline__ i64 block_lower_bound(const Off& off, i64 lo, i64 hi, i64 v) {
-    while (hi > lo) {
-        const i64 len = hi - lo;
-        const int i = threadIdx.x;
-        if (len <= THREADS) {
-            const int c = __syncthreads_count(i < len && off(lo + i) < v);
-            return lo + c;
-        }
-        const i64 step = (len + THREADS - 1) / THREADS;
-        const i64 p = lo + (i64)(i + 1) * step - 1;  // probes; p < hi for the first ceil(len/step) threads
-        const int c = __syncthreads_count(p < hi && off(p) < v);
-        // off < v at every index below lo + c*step; the probe after them (if any) has off >= v.
-        const i64 next = lo + (i64)(c + 1) * step - 1;
-        lo = lo + (i64)c * step;
-        if (next < hi) hi = next;
-    }
-    return lo;
+// The first segment starting at or after tile j's first element: read from the
+// bounds that tile_bounds computed, or computed directly for a fixed length.
+template <class Off> __device__ __forceinline__ i64 segment_at_or_after(const Off&, const i64* bounds, i64 j, i64, i64) {
+    return bounds[j];
 }
-
-// lower_bound over the offsets [0, m]: the first s with off(s) >= v.
-template <int THREADS, class Off> __device__ __forceinline__ i64 first_at_or_after(const Off& off, i64 m, i64 v) {
-    return block_lower_bound<THREADS>(off, 0, m + 1, v);
-}
-template <int THREADS> __device__ __forceinline__ i64 first_at_or_after(const FixedOffsets& off, i64 m, i64 v) {
+__device__ __forceinline__ i64 segment_at_or_after(const FixedOffsets& off, const i64*, i64, i64 m, i64 v) {
     const i64 s = (v + off.L - 1) / off.L;
     return s < m ? s : m;
+}
+
+// bounds[j] = the first s in [0, m] with off(s) >= min(j * TILE, n), for j in [0, tiles_per_row].
+// One thread per tile boundary; the offsets are shared by every row.
+template <int TILE, class Off> __device__ __forceinline__ void tile_bounds(Off off, i64 m, i64 n, i64 tiles_per_row, i64* bounds) {
+    const i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j > tiles_per_row) return;
+    const i64 v = min(j * (i64)TILE, n);
+    i64 lo = 0, hi = m + 1;
+    while (lo < hi) {
+        const i64 mid = lo + ((hi - lo) >> 1);
+        if (off(mid) < v) lo = mid + 1; else hi = mid;
+    }
+    bounds[j] = lo;
 }
 
 struct TileArgs {
@@ -256,7 +250,8 @@ struct TileArgs {
 // tile, whose index is tail_seg[t] (-1 when there is none).
 template <class T, class A, class O, class OP, bool MEAN, int THREADS, int TILE, bool VECLOAD, class Off>
 __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, TileArgs a,
-                                            A* __restrict__ head, A* __restrict__ tail, i64* __restrict__ tail_seg) {
+                                            const i64* __restrict__ bounds, A* __restrict__ head, A* __restrict__ tail,
+                                            i64* __restrict__ tail_seg) {
     const int WARPS = THREADS / 32;
     typedef typename VecOf<T>::type V;
     const int VEC = VecOf<T>::N;
@@ -267,7 +262,8 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
 
     for (i64 t = blockIdx.x; t < a.num_tiles; t += gridDim.x) {
         const i64 row = t / a.tiles_per_row;
-        const i64 t0 = (t - row * a.tiles_per_row) * (i64)TILE;
+        const i64 j = t - row * a.tiles_per_row;
+        const i64 t0 = j * (i64)TILE;
         const i64 t1 = min(t0 + (i64)TILE, a.n);
         const T* xr = x + row * a.row_stride;
         const int count = (int)(t1 - t0);
@@ -287,10 +283,10 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                 if (i < count) sbuf[k] = xr[(t0 + i) * a.elem_stride];
             }
         }
-        // 2. While they are in flight, find the tile's segments.  Owned segments
+        // 2. While they are in flight, look up the tile's segments.  Owned segments
         //    start inside the tile; the last tile also owns the empty segments at n.
-        const i64 s_first = first_at_or_after<THREADS>(off, a.m, t0);
-        const i64 s_last = (t1 == a.n) ? a.m - 1 : first_at_or_after<THREADS>(off, a.m, t1) - 1;
+        const i64 s_first = segment_at_or_after(off, bounds, j, a.m, t0);
+        const i64 s_last = (t1 == a.n) ? a.m - 1 : segment_at_or_after(off, bounds, j + 1, a.m, t1) - 1;
         // off(m) == n > t0, so s_first == m also means the tile continues an earlier segment.
         const i64 s_head = (s_first > 0 && off(s_first) > t0) ? s_first - 1 : -1;
         if (tid == 0) tail_seg[t] = (s_last >= s_first && off(s_last + 1) > t1) ? s_last : -1;
