@@ -1,24 +1,124 @@
 """``backend="auto"``: choose, per problem, the first backend that can serve it.
 
-The order of preference is a per-problem list; the first backend that is
-available and does not refuse the problem wins.  When none can serve it, the
-error lists every backend's reason.
+On the host the order is fixed (NumPy's BLAS, then nvmath-python on MKL).  On a
+GPU it comes from a dispatch table: rules keyed by the segment layout, the kind
+of reduction and the dtype, each giving an order of backends up to a segment
+length (for offsets, up to the mean segment length).  linred ships a table
+measured on an H100 (``linred/dispatch_default.json``); ``linred tune``
+re-measures on the current GPU and caches its own table, which then takes
+precedence.  The table is consulted only when a plan is made, never per call.
+
+The first backend in the order that is available and does not refuse the
+problem wins; when none can serve it, the error lists every backend's reason.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import math
+import os
+import threading
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
 from linred.backends.base import Backend
-from linred.backends.registry import get_backend, unavailable
+from linred.backends.registry import BACKENDS, get_backend, unavailable
 from linred.errors import BackendError
 from linred.problem import Problem
 
+logger = logging.getLogger("linred")
+
 HOST_ORDER = ("numpy", "nvmath")
-GPU_ORDER = ("cublas", "nvmath", "cub")
+#: used when no rule of the table matches
+GPU_ORDER = ("nvrtc", "cublas", "nvmath", "cub")
+
+TABLE_VERSION = 1
+
+_tables: dict[str, list[dict[str, Any]]] = {}
+_lock = threading.Lock()
+
+
+def tune_cache_path() -> Path:
+    """Where ``linred tune`` writes its table: ``$LINRED_TUNE_CACHE``, else the user's cache dir."""
+    path = os.environ.get("LINRED_TUNE_CACHE")
+    if path:
+        return Path(path)
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "linred" / "dispatch.json"
+
+
+def rule_key(problem: Problem) -> tuple[str, str, str, int]:
+    """``(layout, op, dtype, size)`` of a problem, as the table's rules are keyed.
+
+    layout is ``"fixed"``, ``"variable"`` or ``"features"`` (more than one
+    feature column); op is ``"sum"`` (sum and mean) or ``"minmax"``; size is
+    ``log2`` of the segment length (for offsets, of the mean length), floored.
+    """
+    layout = "features" if problem.features > 1 else "fixed" if problem.fixed else "variable"
+    op = "sum" if problem.reduction in ("sum", "mean") else "minmax"
+    length = problem.segment_length if problem.fixed else problem.n / max(problem.num_segments, 1)
+    size = math.floor(math.log2(length)) if length >= 1 else 0
+    return layout, op, problem.dtype, size
+
+
+def _load(path: Path | Any) -> list[dict[str, Any]]:
+    data = json.loads(path.read_text())
+    if data.get("version") != TABLE_VERSION:
+        raise ValueError(f"dispatch table {path} has version {data.get('version')}, expected {TABLE_VERSION}")
+    rules = data["rules"]
+    for rule in rules:
+        unknown = [b for b in rule["order"] if b not in BACKENDS]
+        if unknown:
+            raise ValueError(f"dispatch table {path} names unknown backends {unknown}")
+    return rules
+
+
+def table(device: str = "gpu") -> list[dict[str, Any]]:
+    """The GPU dispatch rules in force: the tuned table if there is one, else the shipped one."""
+    rules = _tables.get(device)
+    if rules is None:
+        with _lock:
+            rules = _tables.get(device)
+            if rules is None:
+                rules = _read_tables()
+                _tables[device] = rules
+    return rules
+
+
+def _read_tables() -> list[dict[str, Any]]:
+    tuned = tune_cache_path()
+    shipped = resources.files("linred").joinpath("dispatch_default.json")
+    rules: list[dict[str, Any]] = []
+    if tuned.exists():
+        try:
+            rules = _load(tuned)
+            logger.debug("dispatch table from %s", tuned)
+        except (OSError, ValueError, KeyError) as e:  # a broken cache must not break calls
+            logger.warning("ignoring the dispatch table %s: %s", tuned, e)
+    # The shipped rules come after the tuned ones: they fill what tuning did not measure.
+    return rules + _load(shipped)
+
+
+def reload() -> None:
+    """Forget the loaded tables (after ``linred tune`` wrote a new one)."""
+    with _lock:
+        _tables.clear()
 
 
 def preference(problem: Problem) -> tuple[str, ...]:
     """Backends to try for ``problem``, best first."""
-    return GPU_ORDER if problem.on_gpu else HOST_ORDER
+    if not problem.on_gpu:
+        return HOST_ORDER
+    layout, op, dtype, size = rule_key(problem)
+    for rule in table():
+        if rule["layout"] != layout or rule["op"] != op or dtype not in rule["dtypes"]:
+            continue
+        if size <= rule.get("upto_log2", 64):
+            order = tuple(rule["order"])
+            return order + tuple(b for b in GPU_ORDER if b not in order)
+    return GPU_ORDER
 
 
 def select(problem: Problem, name: str) -> Backend:

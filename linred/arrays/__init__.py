@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from linred.arrays._base import ArrayAdapter, ArrayInfo
+from linred.arrays._base import ArrayAdapter, ArrayInfo, fast_keys
 from linred.arrays._numpy import NUMPY
 
-__all__ = ["ArrayAdapter", "ArrayInfo", "adapter_for", "as_array"]
+__all__ = ["ArrayAdapter", "ArrayInfo", "adapter_for", "as_array", "fast_keys"]
 
 
 def _cupy_adapter() -> ArrayAdapter:

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+#: array type -> a cheap function of an array that, with the type, determines its
+#: shape, strides, dtype and device; each adapter module registers its type on import
+fast_keys: dict[type, Any] = {}
+
 
 @dataclass(frozen=True, slots=True)
 class ArrayInfo:
@@ -29,6 +33,10 @@ class ArrayAdapter:
     type_name: str = ""
 
     def info(self, x: Any) -> ArrayInfo:
+        raise NotImplementedError
+
+    def fast_path(self, dtype: str, device: int | None) -> tuple[Any, Any, Any]:
+        """``(prepare(x), empty(shape), stream())`` for repeated calls: the per-call work only."""
         raise NotImplementedError
 
     def prepare(self, x: Any) -> Any:

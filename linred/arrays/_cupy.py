@@ -8,7 +8,7 @@ import cupy
 import numpy as np
 
 from linred._dtypes import dtype_name
-from linred.arrays._base import ArrayAdapter, ArrayInfo
+from linred.arrays._base import ArrayAdapter, ArrayInfo, fast_keys
 from linred.arrays._numpy import _int_array, _lengths_summary, _lengths_to_offsets, _offsets_summary
 from linred.arrays._streams import stream_handle
 
@@ -57,6 +57,21 @@ class CupyAdapter(ArrayAdapter):
     def to_numpy(self, x: cupy.ndarray) -> np.ndarray:
         return cupy.asnumpy(x)
 
+    def fast_path(self, dtype: str, device: int | None) -> tuple[Any, Any, Any]:
+        get_device = cupy.cuda.runtime.getDevice
+        current = cupy.cuda.get_current_stream
+
+        def empty(shape: tuple[int, ...]) -> cupy.ndarray:
+            if get_device() == device:
+                return cupy.empty(shape, dtype=dtype)
+            with cupy.cuda.Device(device):
+                return cupy.empty(shape, dtype=dtype)
+
+        def stream() -> int:
+            return current(device).ptr
+
+        return _identity, empty, stream
+
     def resolve_stream(self, stream: Any, device: int | None) -> int:
         if stream is None:
             # CuPy keeps a current stream per device; that of the data's device is the default.
@@ -77,4 +92,9 @@ class CupyAdapter(ArrayAdapter):
             return _lengths_to_offsets(cupy, lengths)
 
 
+def _identity(x: Any) -> Any:
+    return x
+
+
 CUPY = CupyAdapter()
+fast_keys[cupy.ndarray] = lambda x: (x.shape, x.strides, x.dtype, x.data.device_id)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from linred._dtypes import dtype_name, numpy_dtype
-from linred.arrays._base import ArrayAdapter, ArrayInfo
+from linred.arrays._base import ArrayAdapter, ArrayInfo, fast_keys
 
 
 def _int_array(xp: Any, obj: Any, name: str, **asarray_kwargs: Any) -> Any:
@@ -106,6 +106,10 @@ class NumpyAdapter(ArrayAdapter):
     def to_numpy(self, x: np.ndarray) -> np.ndarray:
         return x
 
+    def fast_path(self, dtype: str, device: int | None) -> tuple[Any, Any, Any]:
+        np_dtype = numpy_dtype(dtype)
+        return _identity, lambda shape: np.empty(shape, dtype=np_dtype), _no_stream
+
     def resolve_stream(self, stream: Any, device: int | None) -> None:
         if stream is not None:
             raise ValueError(f"stream must be None for host (NumPy) arrays; got {type(stream).__name__}")
@@ -121,4 +125,13 @@ class NumpyAdapter(ArrayAdapter):
         return _lengths_to_offsets(np, lengths)
 
 
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _no_stream() -> None:
+    return None
+
+
 NUMPY = NumpyAdapter()
+fast_keys[np.ndarray] = lambda x: (x.shape, x.strides, x.dtype)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from linred._dtypes import dtype_name
-from linred.arrays._base import ArrayAdapter, ArrayInfo
+from linred.arrays._base import ArrayAdapter, ArrayInfo, fast_keys
 from linred.arrays._streams import stream_handle
 
 _TORCH_DTYPES = {
@@ -50,6 +50,17 @@ class TorchAdapter(ArrayAdapter):
         # read the raw memory would see the wrong values, so materialize it.
         x = x.detach()
         return x.resolve_conj().resolve_neg() if x.is_conj() or x.is_neg() else x
+
+    def fast_path(self, dtype: str, device: int | None) -> tuple[Any, Any, Any]:
+        t_dtype, t_device = torch_dtype(dtype), _device(device)
+
+        def empty(shape: tuple[int, ...]) -> torch.Tensor:
+            return torch.empty(shape, dtype=t_dtype, device=t_device)
+
+        if device is None:
+            return self.prepare, empty, lambda: None
+        current = torch.cuda.current_stream
+        return self.prepare, empty, lambda: current(device).cuda_stream
 
     def is_writeable(self, x: torch.Tensor) -> bool:
         return not (x.is_conj() or x.is_neg())
@@ -142,3 +153,5 @@ class TorchAdapter(ArrayAdapter):
 
 
 TORCH = TorchAdapter()
+# is_conj/is_neg decide whether prepare() copies: part of what a repeated call must match.
+fast_keys[torch.Tensor] = lambda x: (x.shape, x.stride(), x.dtype, x.device, x.is_conj(), x.is_neg())

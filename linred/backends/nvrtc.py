@@ -40,6 +40,7 @@ class Tuning:
     unroll: int = 4  #: 16-byte vectors per thread in fixed_small
     tile: int = 4096  #: elements per tile in tile_reduce
     min_blocks: int = 4  #: resident blocks per SM that tile_reduce's registers must allow
+    max_tiles_per_block: int = 16  #: consecutive tiles one block reduces (fewer when the data is small)
 
 
 TUNING = Tuning()
@@ -139,7 +140,7 @@ def _fixed_small_wrapper(problem: Problem, tuning: Tuning) -> str:
     )
 
 
-def _tile_wrapper(problem: Problem, vecload: bool, index_ctype: str, tuning: Tuning) -> str:
+def _tile_wrapper(problem: Problem, vecload: bool, index_ctype: str, tuning: Tuning, k: int) -> str:
     t, o, a = _ctype(problem.dtype), _ctype(problem.out_dtype), _acc_ctype(problem)
     mean = "true" if problem.reduction == "mean" else "false"
     op = _OPS[problem.reduction]
@@ -147,18 +148,18 @@ def _tile_wrapper(problem: Problem, vecload: bool, index_ctype: str, tuning: Tun
     offsets = "FixedOffsets{L}" if problem.fixed else f"ArrayOffsets<{index_ctype}>{{offsets}}"
     common = (
         f"const {index_ctype}* offsets, long long L, long long n, long long m, long long rs, long long es, "
-        "long long tpr, long long nt, const long long* bounds"
+        "long long tpr, long long bpr, long long nb, const long long* bounds"
     )
-    args = "TileArgs a{n, m, rs, es, tpr, nt};"
+    args = "TileArgs a{n, m, rs, es, tpr, bpr, nb};"
     vl = "true" if vecload else "false"
     return (
         f'extern "C" __global__ void __launch_bounds__({threads}, {tuning.min_blocks}) '
         f"linred_tile(const {t}* x, {o}* out, {common}, {a}* head, {a}* tail, long long* ts) {{\n    {args}\n"
-        f"    tile_reduce<{t}, {a}, {o}, {op}, {mean}, {threads}, {tile}, {vl}>"
+        f"    tile_reduce<{t}, {a}, {o}, {op}, {mean}, {threads}, {tile}, {k}, {vl}>"
         f"(x, out, {offsets}, a, bounds, head, tail, ts);\n}}\n"
         f'extern "C" __global__ void __launch_bounds__({threads}) linred_fixup({o}* out, {common}, '
         f"const {a}* head, const {a}* tail, const long long* ts) {{\n    {args}\n"
-        f"    tile_fixup<{t}, {a}, {o}, {op}, {mean}, {tile}>(out, {offsets}, a, head, tail, ts);\n}}\n"
+        f"    tile_fixup<{t}, {a}, {o}, {op}, {mean}, {tile}, {k}>(out, {offsets}, a, head, tail, ts);\n}}\n"
         f'extern "C" __global__ void __launch_bounds__({threads}) linred_bounds({common}) {{\n'
         f"    tile_bounds<{tile}>({offsets}, m, n, tpr, const_cast<long long*>(bounds));\n}}\n"
     )
@@ -212,16 +213,21 @@ class _TileExecutor:
         self._launch = _Launcher(problem)
         b, n, _ = problem.in_shape
         self._tiles_per_row = -(-n // tuning.tile)
-        self._num_tiles = b * self._tiles_per_row
+        # Tiles per block: as many as keep every SM busy with a few waves of blocks.
+        k = tuning.max_tiles_per_block
+        while k > 1 and b * -(-self._tiles_per_row // k) < 4 * tuning.min_blocks * self._launch.sms:
+            k //= 2
+        self._k = k
+        self._blocks_per_row = -(-self._tiles_per_row // k)
+        self._num_blocks = b * self._blocks_per_row
         acc = _acc_dtype(problem)
-        self._head = self._launch.empty(self._num_tiles, acc)
-        self._tail = self._launch.empty(self._num_tiles, acc)
-        self._tail_seg = self._launch.empty(self._num_tiles, "int64")
+        self._head = self._launch.empty(self._num_blocks, acc)
+        self._tail = self._launch.empty(self._num_blocks, acc)
+        self._tail_seg = self._launch.empty(self._num_blocks, "int64")
         # Offsets: the first segment of every tile, found once per call by linred_bounds.
         self._bounds = None if problem.fixed else self._launch.empty(self._tiles_per_row + 1, "int64")
         self._kernels: dict[tuple[bool, str], tuple[Any, Any, Any]] = {}
-        warps = tuning.threads // 32
-        self._fix_blocks = max(1, -(-self._num_tiles // warps))
+        self._fix_blocks = max(1, -(-self._num_blocks // (tuning.threads // 32)))
         self._bound_blocks = max(1, -(-(self._tiles_per_row + 1) // tuning.threads))
         L = problem.segment_length
         # Fixed lengths dividing the tile never span two tiles: no partials to combine.
@@ -246,7 +252,7 @@ class _TileExecutor:
         if kernels is None:
             from linred.kernels.compiler import get_kernels
 
-            wrapper = _tile_wrapper(problem, vecload, index, self._tuning)
+            wrapper = _tile_wrapper(problem, vecload, index, self._tuning, self._k)
             kernels = get_kernels(launch.device, wrapper, ("linred_tile", "linred_fixup", "linred_bounds"))
             self._kernels[key] = kernels
         from cuda.core import LaunchConfig
@@ -255,12 +261,14 @@ class _TileExecutor:
         s = launch.stream(stream)
         L = problem.segment_length or 0
         bounds = 0 if self._bounds is None else launch.ptr(self._bounds)
-        common = (offsets_ptr, L, n, problem.num_segments, s0, s1, self._tiles_per_row, self._num_tiles, bounds)
+        common = (offsets_ptr, L, n, problem.num_segments, s0, s1, self._tiles_per_row, self._blocks_per_row,
+                  self._num_blocks, bounds)  # fmt: skip
         head, tail, ts = launch.ptr(self._head), launch.ptr(self._tail), launch.ptr(self._tail_seg)
         op = launch.ptr(out)
         if self._bounds is not None:
             cuda_launch(s, LaunchConfig(grid=self._bound_blocks, block=threads), kernels[2], *common)
-        cuda_launch(s, LaunchConfig(grid=self._num_tiles, block=threads), kernels[0], xp, op, *common, head, tail, ts)
+        config = LaunchConfig(grid=self._num_blocks, block=threads)
+        cuda_launch(s, config, kernels[0], xp, op, *common, head, tail, ts)
         if self._needs_fixup:
             cuda_launch(s, LaunchConfig(grid=self._fix_blocks, block=threads), kernels[1], op, *common, head, tail, ts)
 

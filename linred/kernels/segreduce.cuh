@@ -6,12 +6,14 @@
 //    inside one vector (L <= VEC) or across L / VEC neighbouring lanes, reduced
 //    with warp shuffles.  No shared memory, no offsets.
 //  - tile_reduce: any segments (offsets, or a fixed length of any size).  A block
-//    stages a tile of TILE elements in shared memory and reduces every segment
-//    that intersects it: sub-warp groups when the tile holds many segments,
-//    several warps per segment when it holds few.  A segment that continues past
-//    the tile leaves a partial ("piece") in a per-tile array.
-//  - tile_fixup: one warp per tile whose last segment continues into later
-//    tiles sums that segment's pieces in a fixed order (deterministic) and
+//    walks K consecutive tiles of TILE elements, staging each in shared memory
+//    while the next one loads, and reduces every segment that intersects it:
+//    sub-warp groups when the tile holds many segments, several warps per
+//    segment when it holds few.  A segment open at the end of a tile is carried
+//    to the next; one still open at the end of the block leaves a partial.
+//  - tile_bounds: for offsets, the first segment of every tile (binary search).
+//  - tile_fixup: one warp per block whose last segment continues into later
+//    blocks sums that segment's partials in a fixed order (deterministic) and
 //    writes the result.
 //
 // Self-contained: NVRTC needs no headers (half and bfloat16 conversions use PTX).
@@ -237,81 +239,128 @@ template <int TILE, class Off> __device__ __forceinline__ void tile_bounds(Off o
 }
 
 struct TileArgs {
-    i64 n;             // elements per row
-    i64 m;             // segments per row
-    i64 row_stride;    // elements between rows of x
-    i64 elem_stride;   // elements between consecutive elements of a row
+    i64 n;              // elements per row
+    i64 m;              // segments per row
+    i64 row_stride;     // elements between rows of x
+    i64 elem_stride;    // elements between consecutive elements of a row
     i64 tiles_per_row;
-    i64 num_tiles;     // rows * tiles_per_row
+    i64 blocks_per_row; // each block reduces K consecutive tiles of one row
+    i64 num_blocks;     // rows * blocks_per_row
 };
 
-// Per tile: head[t] is the tile's piece of a segment that began in an earlier
-// tile; tail[t] the piece of the tile's last segment when it continues past the
-// tile, whose index is tail_seg[t] (-1 when there is none).
-template <class T, class A, class O, class OP, bool MEAN, int THREADS, int TILE, bool VECLOAD, class Off>
+// The open segment a block carries from one of its tiles to the next.
+enum { CARRY_NONE = 0, CARRY_FROM_BEFORE = 1, CARRY_OWN = 2 };
+
+// A block reduces K consecutive tiles of one row, staging each in shared memory
+// while the loads of the next are in flight.  A segment that continues into the
+// block's next tile is carried in shared memory, so partials leave the block only
+// at its two ends: head[b] is the block's part of a segment that began before
+// it; tail[b] the part of the last segment that began in it and continues past
+// it, whose index is tail_seg[b] (-1 when there is none).
+template <class T, class A, class O, class OP, bool MEAN, int THREADS, int TILE, int K, bool VECLOAD, class Off>
 __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, TileArgs a,
                                             const i64* __restrict__ bounds, A* __restrict__ head, A* __restrict__ tail,
                                             i64* __restrict__ tail_seg) {
-    const int WARPS = THREADS / 32;
+    constexpr int WARPS = THREADS / 32;
     typedef typename VecOf<T>::type V;
-    const int VEC = VecOf<T>::N;
+    constexpr int VEC = VecOf<T>::N;
+    constexpr int NV = VECLOAD ? TILE / VEC / THREADS : 1;  // vectors per thread per tile
+    constexpr int NS = VECLOAD ? 1 : TILE / THREADS;        // scalars per thread per tile
     struct __align__(16) AV { A v[VecOf<T>::N]; };
     __shared__ __align__(16) A sh[TILE];
     __shared__ A red[WARPS];
+    __shared__ A carry_acc, next_acc;
+    __shared__ i64 carry_s, next_s;
+    __shared__ int carry_mode, next_mode;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-    for (i64 t = blockIdx.x; t < a.num_tiles; t += gridDim.x) {
-        const i64 row = t / a.tiles_per_row;
-        const i64 j = t - row * a.tiles_per_row;
+    const i64 b = blockIdx.x;
+    const i64 row = b / a.blocks_per_row;
+    const i64 j0 = (b - row * a.blocks_per_row) * K;
+    const i64 j1 = min(j0 + (i64)K, a.tiles_per_row);
+    const T* xr = x + row * a.row_stride;
+    O* outr = out + row * a.m;
+    if (tid == 0) carry_mode = CARRY_NONE;
+
+    V vbuf[NV];
+    T sbuf[NS];
+    auto fetch = [&](i64 j) {  // issue the loads of tile j (no use yet)
         const i64 t0 = j * (i64)TILE;
-        const i64 t1 = min(t0 + (i64)TILE, a.n);
-        const T* xr = x + row * a.row_stride;
-        const int count = (int)(t1 - t0);
-        const bool full = VECLOAD && count == TILE;
-        // 1. Issue the tile's loads (coalesced; 16-byte vectors when aligned and contiguous).
-        const int PER = TILE / THREADS;
-        V vbuf[VECLOAD ? TILE / VEC / THREADS : 1];
-        T sbuf[VECLOAD ? 1 : PER];
-        if (full) {
-            const V* xv = reinterpret_cast<const V*>(xr + t0);
+        const int count = (int)(min(t0 + (i64)TILE, a.n) - t0);
+        if (VECLOAD) {
+            if (count == TILE) {
+                const V* xv = reinterpret_cast<const V*>(xr + t0);
 #pragma unroll
-            for (int k = 0; k < TILE / VEC / THREADS; ++k) vbuf[k] = xv[k * THREADS + tid];
-        } else if (!VECLOAD) {
+                for (int k = 0; k < NV; ++k) vbuf[k] = xv[k * THREADS + tid];
+            }
+        } else {
 #pragma unroll
-            for (int k = 0; k < PER; ++k) {
+            for (int k = 0; k < NS; ++k) {
                 const int i = k * THREADS + tid;
                 if (i < count) sbuf[k] = xr[(t0 + i) * a.elem_stride];
             }
         }
-        // 2. While they are in flight, look up the tile's segments.  Owned segments
-        //    start inside the tile; the last tile also owns the empty segments at n.
+    };
+    fetch(j0);
+
+    for (i64 j = j0; j < j1; ++j) {
+        const i64 t0 = j * (i64)TILE;
+        const i64 t1 = min(t0 + (i64)TILE, a.n);
+        const int count = (int)(t1 - t0);
+        // The tile's segments: owned ones start inside it (the row's last tile also
+        // owns the empty segments at n); the head is the segment it continues.
         const i64 s_first = segment_at_or_after(off, bounds, j, a.m, t0);
         const i64 s_last = (t1 == a.n) ? a.m - 1 : segment_at_or_after(off, bounds, j + 1, a.m, t1) - 1;
         // off(m) == n > t0, so s_first == m also means the tile continues an earlier segment.
         const i64 s_head = (s_first > 0 && off(s_first) > t0) ? s_first - 1 : -1;
-        if (tid == 0) tail_seg[t] = (s_last >= s_first && off(s_last + 1) > t1) ? s_last : -1;
-        // 3. Stage the tile in shared memory, in the accumulator type.
-        if (full) {
+        // Stage the tile in shared memory, in the accumulator type.
+        if (VECLOAD && count == TILE) {
 #pragma unroll
-            for (int k = 0; k < TILE / VEC / THREADS; ++k) {
+            for (int k = 0; k < NV; ++k) {
                 AV w;
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) w.v[i] = to_acc<A>(vbuf[k].v[i]);
                 reinterpret_cast<AV*>(sh)[k * THREADS + tid] = w;
             }
-        } else if (!VECLOAD) {
+        } else if (VECLOAD) {  // the ragged last tile of a row
+            for (int i = tid; i < count; i += THREADS) sh[i] = to_acc<A>(xr[t0 + i]);
+        } else {
 #pragma unroll
-            for (int k = 0; k < PER; ++k) {
+            for (int k = 0; k < NS; ++k) {
                 const int i = k * THREADS + tid;
                 if (i < count) sh[i] = to_acc<A>(sbuf[k]);
             }
-        } else {  // the ragged last tile of a vector-loaded row
-            for (int i = tid; i < count; i += THREADS) sh[i] = to_acc<A>(xr[t0 + i]);
         }
+        if (tid == 0) next_mode = CARRY_NONE;
         __syncthreads();
-        // 4. Reduce.  Item 0 is the head piece when there is one; then the owned segments.
+        if (j + 1 < j1) fetch(j + 1);  // in flight while this tile is reduced
+
+        // A finished item: the head piece joins the carried part of its segment.
+        auto emit = [&](bool is_head, i64 s, i64 begin, i64 end, A acc) {
+            if (is_head) {
+                const int mode = carry_mode == CARRY_NONE ? CARRY_FROM_BEFORE : carry_mode;
+                const A total = carry_mode == CARRY_NONE ? acc : OP::combine(carry_acc, acc);
+                if (end > t1) {  // still open: carry it on
+                    next_s = s;
+                    next_acc = total;
+                    next_mode = mode;
+                } else if (mode == CARRY_OWN) {
+                    outr[s] = finish<O, MEAN>(total, end - begin);
+                } else {
+                    head[b] = total;  // the block's whole part of a segment begun before it
+                }
+            } else if (end > t1) {
+                next_s = s;
+                next_acc = acc;
+                next_mode = CARRY_OWN;
+            } else {
+                outr[s] = finish<O, MEAN>(acc, end - begin);
+            }
+        };
+
         const i64 owned = s_last - s_first + 1;
         const i64 items = owned + (s_head >= 0 ? 1 : 0);
+        // item 0 is the head piece when there is one; then the owned segments.
         if (items <= WARPS) {
             // Few segments: WARPS / items warps per segment, partials combined in shared memory.
             const int per = WARPS / (int)items;
@@ -331,10 +380,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                 for (int p = 1; p < per; ++p) total = OP::combine(total, red[tid + p * (int)items]);
                 const bool is_head = s_head >= 0 && tid == 0;
                 const i64 s = (s_head >= 0) ? (is_head ? s_head : s_first + tid - 1) : s_first + tid;
-                const i64 end = off(s + 1);
-                if (is_head) head[t] = total;
-                else if (end > t1) tail[t] = total;
-                else out[row * a.m + s] = finish<O, MEAN>(total, end - off(s));
+                emit(is_head, s, off(s), off(s + 1), total);
             }
         } else {
             // Many segments: groups of G lanes, G a power of two from 32 down to 1.
@@ -356,35 +402,56 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                     for (i64 i = lo + gl; i < hi; i += G) acc = OP::combine(acc, sh[i]);
                 }
                 for (int o = G / 2; o > 0; o /= 2) acc = OP::combine(acc, shfl_xor(acc, o));
-                if (valid && gl == 0) {
-                    if (is_head) head[t] = acc;
-                    else if (end > t1) tail[t] = acc;
-                    else out[row * a.m + s] = finish<O, MEAN>(acc, end - begin);
-                }
+                if (valid && gl == 0) emit(is_head, s, begin, end, acc);
             }
         }
-        __syncthreads();  // sh and red are reused by the next tile
+        __syncthreads();  // sh, red and next_* are complete
+        if (tid == 0) {
+            carry_mode = next_mode;
+            carry_s = next_s;
+            carry_acc = next_acc;
+        }
+        // The next tile's staging barrier orders this update before its readers.
+    }
+    if (tid == 0) {  // thread 0 wrote the carry itself: no barrier needed
+        i64 open = -1;
+        if (carry_mode == CARRY_OWN) {
+            tail[b] = carry_acc;
+            open = carry_s;
+        } else if (carry_mode == CARRY_FROM_BEFORE) {
+            head[b] = carry_acc;  // the segment continues past this block too
+        }
+        tail_seg[b] = open;
     }
 }
 
-// One warp per tile: a segment that continues past tile t is completed from the
-// head pieces of the tiles it covers, summed in a fixed order.
-template <class T, class A, class O, class OP, bool MEAN, int TILE, class Off>
+// One warp per block: a segment that continues past block b is completed from
+// the head pieces of the blocks it covers, summed in a fixed order.
+template <class T, class A, class O, class OP, bool MEAN, int TILE, int K, class Off>
 __device__ __forceinline__ void tile_fixup(O* __restrict__ out, Off off, TileArgs a, const A* __restrict__ head,
                                            const A* __restrict__ tail, const i64* __restrict__ tail_seg) {
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
-    for (i64 t = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); t < a.num_tiles; t += warps) {
-        const i64 s = tail_seg[t];
+    for (i64 b = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); b < a.num_blocks; b += warps) {
+        const i64 s = tail_seg[b];
         if (s < 0) continue;  // uniform across the warp
-        const i64 row = t / a.tiles_per_row;
-        const i64 j = t - row * a.tiles_per_row;
+        const i64 row = b / a.blocks_per_row;
+        const i64 bj = b - row * a.blocks_per_row;
         const i64 begin = off(s), end = off(s + 1);
-        const i64 last = (end - 1) / TILE;  // the tile holding the segment's last element
-        A acc = OP::template identity<T, A>();
-        for (i64 k = j + 1 + lane; k <= last; k += 32) acc = OP::combine(acc, head[row * a.tiles_per_row + k]);
+        const i64 last = (end - 1) / ((i64)TILE * K);  // the block holding the segment's last element
+        const A* h = head + row * a.blocks_per_row;
+        A acc0 = OP::template identity<T, A>(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+        i64 k = bj + 1 + lane;
+        for (; k + 96 <= last; k += 128) {  // four independent loads in flight per lane
+            acc0 = OP::combine(acc0, h[k]);
+            acc1 = OP::combine(acc1, h[k + 32]);
+            acc2 = OP::combine(acc2, h[k + 64]);
+            acc3 = OP::combine(acc3, h[k + 96]);
+        }
+        for (; k <= last; k += 32) acc0 = OP::combine(acc0, h[k]);
+        A acc = OP::combine(OP::combine(acc0, acc1), OP::combine(acc2, acc3));
 #pragma unroll
         for (int o = 16; o > 0; o /= 2) acc = OP::combine(acc, shfl_xor(acc, o));
-        if (lane == 0) out[row * a.m + s] = finish<O, MEAN>(OP::combine(tail[t], acc), end - begin);
+        if (lane == 0) out[row * a.m + s] = finish<O, MEAN>(OP::combine(tail[b], acc), end - begin);
     }
 }

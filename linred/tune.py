@@ -1,0 +1,175 @@
+"""``linred tune``: measure the GPU backends on this GPU and cache the dispatch table.
+
+For each layout, reduction and dtype it times every GPU backend over a range of
+segment lengths (CUDA events, median after warm-up, on buffers far larger than
+the L2 cache), drops any backend whose result is wrong, and writes rules that
+order the backends fastest first.  Runs of lengths with the same order become one
+rule.  The table goes to ``$LINRED_TUNE_CACHE`` (default
+``~/.cache/linred/dispatch.json``) and takes precedence over the shipped one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+CANDIDATES = ("nvrtc", "cublas", "nvmath", "cub")
+
+#: (layout, op, dtype, log2 sizes): what a full run measures
+GRID = (
+    ("fixed", "sum", "float32", range(1, 25)),
+    ("fixed", "sum", "float16", range(1, 21)),
+    ("fixed", "sum", "float64", range(1, 21)),
+    ("fixed", "minmax", "float32", range(1, 21, 3)),
+    ("variable", "sum", "float32", range(2, 14)),
+    ("variable", "minmax", "float32", range(2, 14, 3)),
+)
+QUICK_GRID = (
+    ("fixed", "sum", "float32", range(1, 25, 2)),
+    ("variable", "sum", "float32", range(2, 14, 3)),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="fewer shapes and a smaller buffer")
+    parser.add_argument("--n", type=int, default=None, help="elements per buffer (default 2^26, 2^24 with --quick)")
+    parser.add_argument("--out", default=None, help="where to write the table (default: the tune cache)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (median)")
+
+
+def _time(fn: Any, repeats: int) -> float:
+    import cupy
+
+    for _ in range(2):
+        fn()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return float(np.median(times))
+
+
+def _offsets(n: int, mean: float, rng: np.random.Generator) -> np.ndarray:
+    lengths = rng.geometric(1.0 / mean, size=int(n / mean * 1.3) + 16)
+    off = np.concatenate([[0], np.cumsum(lengths)])
+    off = off[off < n]
+    return np.concatenate([off, [n]]).astype(np.int64)
+
+
+def measure(layout: str, op: str, dtype: str, size: int, n: int, repeats: int, rng: np.random.Generator) -> list[str]:
+    """Backends that serve the case correctly, fastest first."""
+    import cupy
+
+    import linred
+
+    fn = linred.segmented_sum if op == "sum" else linred.segmented_max
+    x = cupy.asarray(rng.standard_normal(n, dtype=np.float32)).astype(dtype)
+    if layout == "fixed":
+        L = 1 << size
+        kwargs: dict[str, Any] = {"segment_length": L}
+        ref = x.reshape(-1, L).astype(cupy.float64)
+        ref = ref.sum(1) if op == "sum" else ref.max(1)
+    else:
+        off = _offsets(n, float(1 << size), rng)
+        d_off = cupy.asarray(off)
+        kwargs = {"offsets": d_off, "check": False}
+        x64 = x.astype(cupy.float64)
+        if op == "sum":
+            cs = cupy.concatenate([cupy.zeros(1), cupy.cumsum(x64)])
+            ref = cs[d_off[1:]] - cs[d_off[:-1]]
+        else:
+            ref = cupy.asarray(np.maximum.reduceat(cupy.asnumpy(x64), off[:-1][np.diff(off) > 0]))
+            keep = cupy.asarray(np.diff(off) > 0)
+    tol = {"float16": 2e-2, "float32": 1e-4, "float64": 1e-10}[dtype]
+    timed = []
+    for backend in CANDIDATES:
+        try:
+            got = fn(x, backend=backend, **kwargs).astype(cupy.float64)
+        except linred.BackendError:
+            continue
+        if layout == "variable" and op != "sum":
+            got = got[keep]
+        err = float(cupy.linalg.norm(got - ref) / max(float(cupy.linalg.norm(ref)), 1e-30))
+        if not err <= tol:
+            print(f"  {backend}: wrong result (relative error {err:.1e}); excluded", file=sys.stderr)
+            continue
+        timed.append((_time(lambda b=backend: fn(x, backend=b, **kwargs), repeats), backend))
+    return [b for _, b in sorted(timed)]
+
+
+def build_rules(results: dict[tuple[str, str, str], list[tuple[int, list[str]]]]) -> list[dict[str, Any]]:
+    """Merge runs of sizes with the same order into rules (the last size of a run bounds it)."""
+    rules = []
+    for (layout, op, dtype), measured in results.items():
+        measured = sorted(measured)
+        for i, (size, order) in enumerate(measured):
+            last = i == len(measured) - 1
+            if not last and measured[i + 1][1] == order:
+                continue
+            rules.append(
+                {"layout": layout, "op": op, "dtypes": [dtype], "upto_log2": 64 if last else size, "order": order}
+            )
+    return rules
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() == 0:
+            raise RuntimeError("no CUDA device")
+    except Exception as e:
+        print(f"linred tune needs CuPy and a CUDA GPU: {e}", file=sys.stderr)
+        return 2
+    import linred
+    from linred import dispatch
+
+    n = args.n or (1 << 24 if args.quick else 1 << 26)
+    grid = QUICK_GRID if args.quick else GRID
+    rng = np.random.default_rng(0)
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    results: dict[tuple[str, str, str], list[tuple[int, list[str]]]] = {}
+    total = sum(len(sizes) for *_, sizes in grid)
+    done = 0
+    for layout, op, dtype, sizes in grid:
+        for size in sizes:
+            done += 1
+            order = measure(layout, op, dtype, size, n, args.repeats, rng)
+            print(f"[{done}/{total}] {layout} {op} {dtype} 2^{size}: {' > '.join(order) or 'none served'}", flush=True)
+            if order:
+                results.setdefault((layout, op, dtype), []).append((size, order))
+            linred.clear_plan_cache()
+            cupy.get_default_memory_pool().free_all_blocks()
+    table = {
+        "version": dispatch.TABLE_VERSION,
+        "device": name,
+        "date": datetime.date.today().isoformat(),
+        "n": n,
+        "rules": build_rules(results),
+    }
+    path = dispatch.tune_cache_path() if args.out is None else __import__("pathlib").Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=1))
+    dispatch.reload()
+    print(f"wrote {len(table['rules'])} rules for {name} to {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="linred tune", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
