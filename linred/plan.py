@@ -50,6 +50,7 @@ class _Call:
     x3: Any
     segments: Segments
     out_shape: tuple[int, ...]
+    stream: Any = None  #: the resolved stream handle (None on the host)
 
 
 def _prepare(
@@ -62,6 +63,7 @@ def _prepare(
     dtype: Any,
     backend: Any,
     check: bool,
+    stream: Any = None,
 ) -> _Call:
     x, adapter = as_array(x)
     x = adapter.prepare(x)
@@ -77,9 +79,13 @@ def _prepare(
     if not isinstance(check, bool):
         raise TypeError(f"check must be True or False; got {type(check).__name__} {check!r}")
     n = info.shape[axis]
-    segments = parse_segments(
-        segment_length, offsets, lengths, n=n, axis=axis, adapter=adapter, device=info.device, check=check
-    )
+    handle = adapter.resolve_stream(stream, info.device)
+    # Offsets are moved, checked and derived on the call's stream, ordered with the
+    # work that produced them there and with the reduction that reads them.
+    with adapter.on_stream(handle, info.device):
+        segments = parse_segments(
+            segment_length, offsets, lengths, n=n, axis=axis, adapter=adapter, device=info.device, check=check
+        )
     acc, out_dtype = resolve(reduction, info.dtype, None if dtype is None else dtype_name(dtype))
     batch = math.prod(info.shape[:axis])
     features = math.prod(info.shape[axis + 1 :])
@@ -101,7 +107,7 @@ def _prepare(
         offsets_dtype=None if isinstance(segments, FixedSegments) else segments.key[2],
     )
     out_shape = (*info.shape[:axis], m, *info.shape[axis + 1 :])
-    return _Call(problem, backend, adapter, x3, segments, out_shape)
+    return _Call(problem, backend, adapter, x3, segments, out_shape, handle)
 
 
 def _check_out(out: Any, call: _Call) -> None:
@@ -147,15 +153,14 @@ def _plan(call: _Call) -> tuple[str, Executor]:
     return backend.name, backend.plan(problem)
 
 
-def _execute(call: _Call, executor: Executor, out: Any, stream: Any) -> Any:
+def _execute(call: _Call, executor: Executor, out: Any) -> Any:
     adapter = call.adapter
     problem = call.problem
     if out is None:
         out = adapter.empty(call.out_shape, problem.out_dtype, problem.device)
     else:
         _check_out(out, call)
-    stream = adapter.resolve_stream(stream, problem.device)
-    executor(call.x3, adapter.reshape(out, problem.out_shape), call.segments, stream)
+    executor(call.x3, adapter.reshape(out, problem.out_shape), call.segments, call.stream)
     return out
 
 
@@ -299,9 +304,9 @@ def run(
             if fast is not None:
                 _cache.hits += 1
                 return fast(x)
-    call = _prepare(reduction, x, segment_length, offsets, lengths, axis, dtype, backend, check)
+    call = _prepare(reduction, x, segment_length, offsets, lengths, axis, dtype, backend, check, stream)
     _, executor = _cache.lookup(call)
-    result = _execute(call, executor, out, stream)
+    result = _execute(call, executor, out)
     if key is not None and _cache.maxsize:
         with _fast_lock:
             if len(_fast) >= _cache.maxsize:
@@ -424,8 +429,9 @@ class SegmentedReduction:
             raise RuntimeError("this SegmentedReduction has been freed")
         call = self._call
         call.x3 = self._check_x(x)
+        call.stream = call.adapter.resolve_stream(stream, call.problem.device)
         try:
-            return _execute(call, self._executor, out, stream)
+            return _execute(call, self._executor, out)
         finally:
             call.x3 = None
 

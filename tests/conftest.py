@@ -401,8 +401,9 @@ def segment_bounds(
     if segment_length is not None:
         return [(i * segment_length, (i + 1) * segment_length) for i in range(n // segment_length)]
     if lengths is not None:
+        lengths = to_numpy(lengths) if hasattr(lengths, "shape") else lengths
         offsets = [0, *np.cumsum(np.asarray(lengths, dtype=np.int64)).tolist()]
-    off = [int(v) for v in np.asarray(offsets).tolist()]
+    off = [int(v) for v in np.asarray(to_numpy(offsets) if hasattr(offsets, "shape") else offsets).tolist()]
     return list(itertools.pairwise(off))
 
 

@@ -255,11 +255,11 @@ def test_cache_eviction_never_frees_a_plan_in_use(monkeypatch, clean_plan_cache)
     evicted = threading.Event()
     original = plan_module._execute
 
-    def paused_execute(call, executor, out, stream):
+    def paused_execute(call, executor, out):
         if threading.current_thread().name == "A":
             looked_up.set()
             assert evicted.wait(10)
-        return original(call, executor, out, stream)
+        return original(call, executor, out)
 
     monkeypatch.setattr(plan_module, "_execute", paused_execute)
     results = {}

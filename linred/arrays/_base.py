@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +76,10 @@ class ArrayAdapter:
     def to_numpy(self, x: Any) -> Any:
         """A host NumPy copy (or view) of ``x``; synchronizes for device arrays."""
         raise NotImplementedError
+
+    def on_stream(self, stream: Any, device: int | None) -> Any:
+        """A context in which the library's own operations run on ``stream`` (a resolved handle)."""
+        return contextlib.nullcontext()
 
     def resolve_stream(self, stream: Any, device: int | None) -> Any:
         """The stream work on ``device`` runs on: ``stream`` or the library's current one."""

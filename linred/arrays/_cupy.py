@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import cupy
@@ -71,6 +72,11 @@ class CupyAdapter(ArrayAdapter):
             return current(device).ptr
 
         return _identity, empty, stream
+
+    def on_stream(self, stream: Any, device: int | None) -> Any:
+        if stream == cupy.cuda.get_current_stream(device).ptr:
+            return contextlib.nullcontext()
+        return cupy.cuda.ExternalStream(stream, device)
 
     def resolve_stream(self, stream: Any, device: int | None) -> int:
         if stream is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -83,7 +84,7 @@ class TorchAdapter(ArrayAdapter):
         return torch.empty(shape, dtype=torch_dtype(dtype), device=_device(device))
 
     def fill(self, x: torch.Tensor, value: Any, stream: Any = None) -> None:
-        if stream is None or x.device.type != "cuda":
+        if stream is None or x.device.type != "cuda" or torch.cuda.current_stream(x.device).cuda_stream == stream:
             x.fill_(value)
             return
         with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=x.device)):
@@ -117,6 +118,11 @@ class TorchAdapter(ArrayAdapter):
 
     def to_numpy(self, x: torch.Tensor) -> np.ndarray:
         return x.detach().cpu().numpy()
+
+    def on_stream(self, stream: Any, device: int | None) -> Any:
+        if device is None or torch.cuda.current_stream(device).cuda_stream == stream:
+            return contextlib.nullcontext()
+        return torch.cuda.stream(torch.cuda.ExternalStream(stream, device=_device(device)))
 
     def resolve_stream(self, stream: Any, device: int | None) -> int | None:
         if device is None:

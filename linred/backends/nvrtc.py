@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from linred._dtypes import COMPLEX, itemsize
+from linred._dtypes import COMPLEX, REAL, UNSIGNED, itemsize
 from linred.backends.base import Backend
 from linred.problem import Problem
 from linred.segments import Segments, VariableSegments
@@ -67,10 +67,19 @@ _COMPARE_IN = {
 
 
 def _acc_dtype(problem: Problem) -> str:
-    """The accumulator dtype: the problem's for sums and means; the promoted input dtype for max/min."""
-    if problem.reduction in ("max", "min"):
-        return _COMPARE_IN.get(problem.dtype, problem.dtype)
-    return problem.acc_dtype
+    """The accumulator dtype: the problem's for sums and means; for max/min, a type that
+    holds every input value and the result dtype's identity (an empty segment's value)."""
+    if problem.reduction not in ("max", "min"):
+        return problem.acc_dtype
+    compare = _COMPARE_IN.get(problem.dtype, problem.dtype)
+    out = problem.out_dtype
+    if out == problem.dtype:
+        return compare
+    if out in REAL or compare in REAL:  # conversions to and from floating point are monotone
+        return "float64" if "float64" in (out, compare) or out not in REAL else "float32"
+    if (compare in UNSIGNED) != (out in UNSIGNED):
+        return "int64"  # mixed signedness: a signed type wide enough for both ranges
+    return max((compare, _COMPARE_IN.get(out, out)), key=itemsize)
 
 
 def _acc_ctype(problem: Problem) -> str:

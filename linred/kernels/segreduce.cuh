@@ -118,8 +118,8 @@ template <> struct Limits<u64> {
     static __device__ __forceinline__ u64 highest() { return 0xffffffffffffffffull; }
 };
 
-// The identity is that of the INPUT dtype T (an empty int8 max is -128), held in
-// the accumulator type A.
+// The identity is that of the RESULT dtype (the kernels pass O: an empty int8 max
+// is -128, or the int64 minimum with dtype=int64), held in the accumulator type A.
 struct OpSum {
     template <class T, class A> static __device__ __forceinline__ A identity() { return A(0); }
     template <class A> static __device__ __forceinline__ A combine(A a, A b) { return a + b; }
@@ -189,7 +189,7 @@ __device__ __forceinline__ void fixed_small(const T* __restrict__ x, O* __restri
                 }
             } else {
                 constexpr int LANES = L / VEC;  // neighbouring lanes sharing one segment
-                A acc = OP::template identity<T, A>();
+                A acc = OP::template identity<O, A>();
                 if (valid) {
                     acc = to_acc<A>(buf[u].v[0]);
 #pragma unroll
@@ -365,7 +365,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
             // Few segments: WARPS / items warps per segment, partials combined in shared memory.
             const int per = WARPS / (int)items;
             const int item = warp % (int)items, part = warp / (int)items;
-            A acc = OP::template identity<T, A>();
+            A acc = OP::template identity<O, A>();
             if (part < per) {
                 const i64 s = (s_head >= 0) ? (item == 0 ? s_head : s_first + item - 1) : s_first + item;
                 const i64 lo = max(off(s), t0) - t0, hi = min(off(s + 1), t1) - t0;
@@ -393,7 +393,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                 const bool valid = item < items;
                 const bool is_head = valid && s_head >= 0 && item == 0;
                 i64 s = 0, begin = 0, end = 0;
-                A acc = OP::template identity<T, A>();
+                A acc = OP::template identity<O, A>();
                 if (valid) {
                     s = (s_head >= 0) ? (is_head ? s_head : s_first + item - 1) : s_first + item;
                     begin = off(s);
@@ -440,7 +440,7 @@ __device__ __forceinline__ void tile_fixup(O* __restrict__ out, Off off, TileArg
         const i64 begin = off(s), end = off(s + 1);
         const i64 last = (end - 1) / ((i64)TILE * K);  // the block holding the segment's last element
         const A* h = head + row * a.blocks_per_row;
-        A acc0 = OP::template identity<T, A>(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+        A acc0 = OP::template identity<O, A>(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
         i64 k = bj + 1 + lane;
         for (; k + 96 <= last; k += 128) {  // four independent loads in flight per lane
             acc0 = OP::combine(acc0, h[k]);
