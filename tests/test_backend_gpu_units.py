@@ -168,6 +168,56 @@ def test_cublas_plan_computes_the_segment_sums(name, length, use_gemv):
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
 
 
+COMPLEX_LAYOUTS = {
+    # name: (shape (B, n, D), strides in complex elements, buffer size in complex elements)
+    "contiguous 1-D": ((1, 64, 1), (64, 1, 1), 64),
+    "batch with gaps": ((3, 32, 1), (40, 1, 1), 120),
+    "strided segments": ((1, 32, 1), (64, 2, 1), 64),
+    "features contiguous": ((1, 32, 5), (160, 5, 1), 160),
+    "batch gaps and features": ((4, 16, 3), (50, 3, 1), 200),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPLEX_LAYOUTS))
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+def test_cublas_plans_complex_sums_as_real_parts(name, dtype):
+    shape, strides, size = COMPLEX_LAYOUTS[name]
+    B, n, D = shape
+    length = 4
+    rng = np.random.default_rng(1)
+    data = (rng.standard_normal(size) + 1j * rng.standard_normal(size)).astype(dtype)
+    # infinite parts must stay infinite (a complex product with ones makes them NaN)
+    x3 = _strided(data, shape, strides)
+    first = np.unravel_index(0, shape)
+    data[sum(i * s for i, s in zip(first, strides, strict=True))] = complex(np.inf, 1.0)
+    p = problem(dtype=dtype, shape=shape, strides=strides, length=length)
+    assert cublas.BACKEND.unsupported(p) is None
+    real = cublas.real_view(p)
+    assert real.dtype == real.out_dtype == {"complex64": "float32", "complex128": "float64"}[dtype]
+    assert real.features == 2 * D
+    calls = cublas.plan_calls(p)
+    assert not isinstance(calls, str), calls
+    m = n // length
+    got = _run_calls(calls, data.view(data.real.dtype).astype(np.float64), B * m * 2 * D).view(np.complex128)
+    expected = x3.reshape(B, m, length, D).astype(np.complex128)
+    expected = expected.real.sum(axis=2) + 1j * expected.imag.sum(axis=2)
+    got = got.reshape(B, m, D)
+    assert np.isinf(got[0, 0, 0].real) and got[0, 0, 0].imag == expected[0, 0, 0].imag
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_cublas_refuses_complex_with_strided_features():
+    p = problem(dtype="complex64", shape=(1, 32, 4), strides=(0, 1, 40))  # features down the columns
+    reason = cublas.BACKEND.unsupported(p)
+    assert reason is not None and "contiguous features" in reason and "backend='cub'" in reason
+    assert cublas.plan_calls(p) == reason
+
+
+def test_cublas_real_view_leaves_real_problems_alone():
+    p = problem(shape=(1, 32, 4))
+    assert cublas.real_view(p) is p
+
+
 def test_cublas_plan_chunks_past_int32_segments():
     m = 5 * (1 << 30)  # 5 * 2**30 segments of one element: three calls
     p = problem(shape=(1, m, 1), strides=(m, 1, 1), length=1, segments=m)
@@ -291,17 +341,33 @@ def test_cub_force_path(monkeypatch):
     assert reason is not None and "CuPy's CUB" in reason
 
 
+def test_cub_refusal_reasons():
+    reason = cub.BACKEND.unsupported(problem(device=None, kind="numpy"))
+    assert reason is not None and "on the host" in reason
+
+
 @pytest.mark.parametrize(
-    "kwargs, match",
+    "kwargs, path",
     [
-        (dict(device=None, kind="numpy"), "on the host"),
-        (dict(dtype="complex64"), "no complex addition"),
-        (dict(dtype="float32", acc="complex64", out="complex64"), "no complex addition"),
+        (dict(dtype="complex64"), "cupy-reduce"),
+        (dict(dtype="complex64", acc="complex128", out="complex128"), "cupy-reduce"),
+        (dict(dtype="complex128", reduction="mean", shape=(2, 64, 3)), "cupy-reduce"),
+        (dict(dtype="float32", acc="complex64", out="complex64"), "cupy-reduce"),  # not cuda.compute
+        (dict(dtype="complex64", length=None, offsets_dtype="int64"), "strided-kernel"),
+        (
+            dict(dtype="complex64", acc="complex128", out="complex128", length=None, offsets_dtype="int32"),
+            "strided-kernel",
+        ),
+        (dict(dtype="bfloat16", kind="torch", acc="complex64", out="complex64"), "strided-kernel"),
     ],
 )
-def test_cub_refusal_reasons(kwargs, match):
-    reason = cub.BACKEND.unsupported(problem(**kwargs))
-    assert reason is not None and match in reason
+def test_cub_serves_complex_sums(kwargs, path):
+    p = problem(**kwargs)
+    assert cub.BACKEND.unsupported(p) is None
+    assert cub.choose_path(p) == path
+    assert cub.path_unsupported(p, path) is None
+    assert cub.path_unsupported(p, "cccl") is not None
+    assert cub.path_unsupported(p, "cupy-cub") is not None
 
 
 @pytest.mark.parametrize("reduction", ["sum", "mean", "max", "min"])
@@ -368,6 +434,50 @@ def test_cub_batched_bounds_match_segments(B, m, L, stride):
 )
 def test_kernel_literals(value, ctype, expected):
     assert gpu_helpers()._literal(value, ctype) == expected
+
+
+@pytest.mark.parametrize(
+    "args, empty",
+    [
+        # an empty segment's max/min is the identity of the result dtype, not the input's
+        (("min", "int8", "int8", "int64"), "out = (Y)(((long long)9223372036854775807LL));"),
+        (("max", "int32", "int32", "float64"), "out = (Y)((-LINRED_INF_D));"),
+        (("max", "int32", "int32", "bfloat16"), "out = linred_bf16_bits((float)((-LINRED_INF_F)));"),
+        (("min", "bool", "bool", "int64"), "out = (Y)(((long long)9223372036854775807LL));"),
+        (("max", "float16", "float16", "float16"), "out = (Y)((-LINRED_INF_F));"),
+    ],
+)
+def test_strided_kernel_empty_max_min_is_the_result_identity(args, empty):
+    body = gpu_helpers().strided_kernel_body(*args)
+    assert f"else {{ {empty} }}" in body
+
+
+def test_strided_kernel_complex_sums_add_parts():
+    gpu = gpu_helpers()
+    body = gpu.strided_kernel_body("mean", "complex64", "complex64", "complex64")
+    # complex<float> / float divides each part (no complex division by a complex length)
+    assert "acc / (float)(stop - start)" in body and "(complex<float>)(LINRED_NAN_F)" in body
+    body = gpu.strided_kernel_body("sum", "complex64", "complex128", "complex128")
+    assert "complex<double> acc = (complex<double>)0;" in body and "(complex<double>)x[p]" in body
+    body = gpu.strided_kernel_body("sum", "float16", "complex64", "complex64")
+    assert "(complex<float>)((float)(float)x[p])" in body
+
+
+@pytest.mark.parametrize(
+    "value, bits",
+    [
+        (float("inf"), 0x7F80),
+        (float("-inf"), 0xFF80),
+        (float("nan"), 0x7FC0),
+        (1.0, 0x3F80),
+        (0.0, 0),
+        (1.00390625, 0x3F80),  # halfway: to even
+    ],
+)
+def test_bf16_bits(value, bits):
+    got = gpu_helpers().bf16_bits(value)
+    assert -(1 << 15) <= got < (1 << 15)
+    assert got & 0xFFFF == bits
 
 
 # --- spans and streams ---------------------------------------------------------------------

@@ -17,6 +17,8 @@ what is particular to nvmath:
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 import logging
 import subprocess
 import sys
@@ -385,8 +387,6 @@ def test_gpu_dtypes(dtype, out, ok):
 
 def test_gpu_variable_dtypes_and_strides():
     var = {"segment_length": None, "offsets_dtype": "int64", "num_segments": 5}
-    assert layouts.variable_dtype_reason(gpu(dtype="float16", out_dtype="float16", **var)) is None
-    assert "one dtype" in layouts.variable_dtype_reason(gpu(dtype="float16", out_dtype="float32", **var))
     assert layouts.sparse_dense_strides(gpu(**var)) == (1, 24)  # a column vector
     assert layouts.sparse_dense_strides(gpu(shape=(2, 24, 3), **var)) == (3, 1)  # row-major
     complex_vector = gpu(shape=(1, 24, 1), dtype="complex64", out_dtype="complex64", **var)
@@ -399,6 +399,18 @@ def test_gpu_variable_dtypes_and_strides():
 def test_gpu_batch_count_limit():
     layout = layouts.dense_layout(gpu(shape=(1, 2**33, 2), num_segments=2**32, segment_length=2), host=False)
     assert "2^31 - 1" in layouts.check_batch_count(layout)
+    assert "2^31 - 1" in layouts.check_device_extents(layout)
+
+
+def test_gpu_extent_limits():
+    """cuBLASLt has no kernel for a segment of 2^31 elements or more (measured: CUBLAS_STATUS_NOT_SUPPORTED)."""
+    big = 2**31 + 2**20
+    layout = layouts.dense_layout(gpu(shape=(1, big, 1), num_segments=1, segment_length=big), host=False)
+    assert "inner dimension K" in layouts.check_device_extents(layout)
+    features = layouts.dense_layout(gpu(shape=(1, big, 2), num_segments=1, segment_length=big), host=False)
+    assert "inner dimension K" in layouts.check_device_extents(features)
+    ok = layouts.dense_layout(gpu(shape=(1, big, 1), num_segments=big // 2**20, segment_length=2**20), host=False)
+    assert layouts.check_device_extents(ok) is None
 
 
 # ---------------------------------------------------------------------------
@@ -469,6 +481,7 @@ class CpuMatmul:
     """``nvmath.linalg.advanced.Matmul`` as the executors use it, run by the generic host Matmul."""
 
     planned: ClassVar[list[tuple[int, ...]]] = []
+    preferences: ClassVar[list[Any]] = []
 
     def __init__(self, a, b, c=None, *, alpha=1.0, beta=None, options=None, stream=None):
         from nvmath.linalg import Matmul, MatmulOptions
@@ -480,8 +493,9 @@ class CpuMatmul:
         )
         CpuMatmul.planned.append(tuple(a.shape))
 
-    def plan(self, *, stream=None):
+    def plan(self, *, preferences=None, stream=None):
         assert stream in (7, 8)
+        CpuMatmul.preferences.append(preferences)
         self._mm.plan()
 
     def reset_operands_unchecked(self, **kw):
@@ -507,6 +521,7 @@ def simulated_dense(monkeypatch):
     monkeypatch.setattr(_nvmath_device, "ops_for", lambda kind, device: NumpyOps(device))
     monkeypatch.setattr(_nvmath_device, "Matmul", CpuMatmul)
     CpuMatmul.planned = []
+    CpuMatmul.preferences = []
     return _nvmath_device
 
 
@@ -600,6 +615,23 @@ def test_simulated_dense_columns_form(simulated_dense, rng):
     check(out[..., 0], "sum", a.T, 4, axis=-1)
 
 
+def test_simulated_dense_16_bit_results_reduce_split_k_in_float32(simulated_dense):
+    """cuBLASLt may split K; for a 16-bit result only the float32 (compute type) reduction scheme is allowed."""
+    from nvmath.linalg.advanced import MatmulReductionScheme
+
+    from linred.backends.nvmath import BACKEND
+
+    for dtype, out, expected in (
+        ("float16", "float16", MatmulReductionScheme.COMPUTE_TYPE),
+        ("bfloat16", "bfloat16", MatmulReductionScheme.COMPUTE_TYPE),
+        ("float16", "float32", None),
+        ("float32", "float32", None),
+    ):
+        executor = BACKEND.plan(gpu(dtype=dtype, out_dtype=out, acc_dtype="float32"))
+        preferences = executor._preferences
+        assert (preferences and preferences.reduction_scheme_mask) == expected, (dtype, out)
+
+
 class TorchCpuOps:
     """The PyTorch operations of the executors, on CPU tensors (no streams)."""
 
@@ -616,44 +648,174 @@ class TorchCpuOps:
         return ops
 
 
-class CpuSparseMatmul:
-    """``nvmath.sparse.Matmul`` as the sparse executor uses it: ``c = a @ b`` with a torch CSR ``a``."""
+def host_array(pointer: int, dtype: Any, count: int) -> np.ndarray:
+    """``count`` elements of ``dtype`` at a host address, as a writable NumPy array."""
+    dtype = np.dtype(dtype)
+    buf = (ctypes.c_char * (count * dtype.itemsize)).from_address(pointer)
+    return np.frombuffer(buf, dtype=np.uint8).view(dtype)
 
-    def __init__(self, a, b, c=None, *, beta=None, options=None, stream=None):
-        assert beta == 0.0 and options.compute_type is not None and stream == 7
-        self.reset_operands_unchecked(a=a, b=b, c=c)
 
-    def plan(self, *, stream=None):
-        assert stream == 7
+class FakeCusparse:
+    """The cuSPARSE generic API as the sparse executor calls it, run with NumPy on host memory by address.
 
-    def reset_operands_unchecked(self, *, a, b, c):
-        assert a.layout == torch.sparse_csr and a.crow_indices().dtype == a.col_indices().dtype
-        self.a, self.b, self.c = a, b, c
+    It checks what cuSPARSE requires (types of ``S``, data, result and compute
+    type; matching index types; batch counts; leading dimensions) and computes
+    ``C = S @ B`` in float64 before storing in C's dtype, so a layout or pointer
+    mistake in the executor shows as a wrong result.
+    """
 
-    def execute(self, *, stream=None):
-        dense = self.a.to_dense().double()
-        if self.b.dim() == 3:
-            for i in range(self.b.shape[0]):
-                self.c[i].copy_(dense @ self.b[i].double())
-        else:
-            self.c.copy_(dense @ self.b.double())
+    def __init__(self) -> None:
+        from nvmath.bindings import cusparse
 
-    def release_operands(self):
-        self.a = self.b = self.c = None
+        for name in ("IndexType", "IndexBase", "Order", "Operation", "SpMMAlg", "PointerMode"):
+            setattr(self, name, getattr(cusparse, name))
+        self.objects: dict[int, dict[str, Any]] = {}
+        self.created: list[str] = []
+        self.products: list[dict[str, Any]] = []
+        self.streams: list[int] = []
 
-    def free(self):
-        pass
+    @staticmethod
+    def dtype(data_type: int) -> Any:
+        import ml_dtypes
+
+        return {2: np.float16, 14: ml_dtypes.bfloat16, 0: np.float32, 1: np.float64}[int(data_type)]
+
+    def _new(self, kind: str, **fields: Any) -> int:
+        handle = 1000 + len(self.created)
+        self.objects[handle] = {"kind": kind, "batch": 1, **fields}
+        self.created.append(kind)
+        return handle
+
+    def create(self) -> int:
+        return self._new("handle", mode=None)
+
+    def destroy(self, handle: int) -> None:
+        assert self.objects.pop(handle)["kind"] == "handle"
+
+    def set_pointer_mode(self, handle: int, mode: int) -> None:
+        self.objects[handle]["mode"] = mode
+
+    def set_stream(self, handle: int, stream: int) -> None:
+        self.streams.append(stream)
+
+    def create_csr(self, rows, cols, nnz, indptr, indices, values, indptr_type, indices_type, base, data_type):
+        assert indptr_type == indices_type and base == self.IndexBase.ZERO
+        index = np.int32 if indptr_type == self.IndexType.INDEX_32I else np.int64
+        return self._new("csr", rows=rows, cols=cols, nnz=nnz, index=index, dtype=self.dtype(data_type), ptrs=None)
+
+    def csr_set_pointers(self, descr, indptr, indices, values):
+        self.objects[descr]["ptrs"] = (indptr, indices, values)
+
+    def csr_set_strided_batch(self, descr, count, indptr_stride, values_stride):
+        assert (indptr_stride, values_stride) == (0, 0), "S is broadcast"
+        self.objects[descr]["batch"] = count
+
+    def destroy_sp_mat(self, descr):
+        assert self.objects.pop(descr)["kind"] == "csr"
+
+    def create_dn_mat(self, rows, cols, ld, values, data_type, order):
+        assert ld >= (cols if order == self.Order.ROW else rows)
+        return self._new("dense", rows=rows, cols=cols, ld=ld, ptr=values, dtype=self.dtype(data_type), order=order)
+
+    def dn_mat_set_values(self, descr, values):
+        self.objects[descr]["ptr"] = values
+
+    def dn_mat_set_strided_batch(self, descr, count, stride):
+        d = self.objects[descr]
+        assert stride >= d["ld"] * (d["rows"] if d["order"] == self.Order.ROW else d["cols"])
+        d["batch"], d["stride"] = count, stride
+
+    def destroy_dn_mat(self, descr):
+        assert self.objects.pop(descr)["kind"] == "dense"
+
+    def _check(self, handle, op_a, op_b, a, b, c, compute) -> tuple[dict, dict, dict]:
+        assert self.objects[handle]["mode"] == self.PointerMode.HOST
+        assert op_a == op_b == self.Operation.NON_TRANSPOSE
+        A, B, C = self.objects[a], self.objects[b], self.objects[c]
+        assert A["dtype"] == B["dtype"], "S and the data have one dtype"
+        half = np.dtype(B["dtype"]).itemsize == 2
+        assert C["dtype"] == B["dtype"] or (half and C["dtype"] == np.float32), (B["dtype"], C["dtype"])
+        assert self.dtype(compute) == (np.float64 if C["dtype"] == np.float64 else np.float32)
+        assert (A["rows"], A["cols"]) == (C["rows"], B["rows"]) and B["cols"] == C["cols"]
+        assert A["batch"] == B["batch"] == C["batch"]
+        return A, B, C
+
+    def sp_mm_buffer_size(self, handle, op_a, op_b, alpha, a, b, beta, c, compute, alg):
+        self._check(handle, op_a, op_b, a, b, c, compute)
+        return 64
+
+    def _matrix(self, d: dict, batch: int) -> np.ndarray:
+        rows, cols, ld = d["rows"], d["cols"], d["ld"]
+        item = np.dtype(d["dtype"]).itemsize
+        inner = (ld, 1) if d["order"] == self.Order.ROW else (1, ld)
+        span = (rows - 1) * inner[0] + (cols - 1) * inner[1] + 1 + (batch - 1) * d.get("stride", 0)
+        flat = host_array(d["ptr"], d["dtype"], span)
+        strides = (d.get("stride", 0) * item, inner[0] * item, inner[1] * item)
+        return np.lib.stride_tricks.as_strided(flat, (batch, rows, cols), strides)
+
+    def sp_mm(self, handle, op_a, op_b, alpha, a, b, beta, c, compute, alg, workspace):
+        A, B, C = self._check(handle, op_a, op_b, a, b, c, compute)
+        scalar = self.dtype(compute)
+        assert host_array(alpha, scalar, 1)[0] == 1 and host_array(beta, scalar, 1)[0] == 0
+        assert workspace != 0
+        batch = A["batch"]
+        indptr_ptr, indices_ptr, values_ptr = A["ptrs"]
+        indptr = host_array(indptr_ptr, A["index"], A["rows"] + 1).astype(np.int64)
+        indices = host_array(indices_ptr, A["index"], A["nnz"]).astype(np.int64)
+        values = host_array(values_ptr, A["dtype"], A["nnz"]).astype(np.float64)
+        data = self._matrix(B, batch).astype(np.float64)
+        result = self._matrix(C, batch)
+        for i in range(A["rows"]):
+            lo, hi = indptr[i], indptr[i + 1]
+            row = (values[lo:hi, None] * data[:, indices[lo:hi], :]).sum(axis=1)
+            result[:, i, :] = row.astype(C["dtype"])
+        self.products.append({"c_dtype": np.dtype(C["dtype"]), "c_ptr": C["ptr"], "batch": batch})
 
 
 @pytest.fixture
 def simulated_sparse(monkeypatch):
     if not HAS_TORCH:
         pytest.skip("needs torch")
+    pytest.importorskip("ml_dtypes")
     from linred.backends import _nvmath_sparse
 
+    fake = FakeCusparse()
     monkeypatch.setattr(_nvmath_sparse, "ops_for", lambda kind, device: TorchCpuOps(device))
-    monkeypatch.setattr(_nvmath_sparse.nvmath.sparse, "Matmul", CpuSparseMatmul)
-    return _nvmath_sparse
+    monkeypatch.setattr(_nvmath_sparse, "cusparse", fake)
+    monkeypatch.setattr(_nvmath_sparse, "_handles", {})
+    return fake
+
+
+def sparse_problem(x: Any, reduction: str, offsets_dtype: str, out_dtype: str | None = None, m: int = 6) -> Problem:
+    """The Problem of a (batch, n, features) tensor ``x`` with ``m`` variable-length segments."""
+    dtype = str(x.dtype).removeprefix("torch.")
+    B, n, D = x.shape
+    return problem(
+        kind="torch",
+        device=0,
+        reduction=reduction,
+        dtype=dtype,
+        acc_dtype="float32" if dtype in ("float16", "bfloat16") else dtype,
+        out_dtype=out_dtype or dtype,
+        shape=(B, n, D),
+        strides=tuple(x.stride()),
+        num_segments=m,
+        segment_length=None,
+        offsets_dtype=offsets_dtype,
+    )
+
+
+def segment_reference(x: Any, offsets: list[int], reduction: str) -> np.ndarray:
+    complex_ = x.dtype.is_complex
+    x_ref = to_numpy(x).astype(np.complex128 if complex_ else np.float64)
+    ref = np.stack([x_ref[:, a:b].sum(1) for a, b in segment_bounds(x.shape[1], offsets=offsets)], axis=1)
+    if reduction == "mean":
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ref = ref / np.diff(offsets)[None, :, None]
+    return ref
+
+
+OFFSETS_24 = [0, 0, 5, 5, 13, 24, 24]
 
 
 @pytest.mark.parametrize("strategy", ["batched", "loop"])
@@ -661,40 +823,83 @@ def simulated_sparse(monkeypatch):
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 @pytest.mark.parametrize("offsets_dtype", ["int32", "int64"])
 def test_simulated_sparse(simulated_sparse, monkeypatch, strategy, dtype, reduction, offsets_dtype, rng):
+    from linred.backends import _nvmath_sparse
     from linred.backends.nvmath import BACKEND
     from linred.segments import VariableSegments
 
-    monkeypatch.setattr(simulated_sparse, "BATCH_STRATEGY", strategy)
-    offsets = [0, 0, 5, 5, 13, 24, 24]
+    monkeypatch.setattr(_nvmath_sparse, "BATCH_STRATEGY", strategy)
+    half = dtype in ("float16", "bfloat16")
     for B, D in ((1, 1), (2, 1), (1, 3), (2, 3)):
-        x_np = data("float32" if dtype in ("float16", "bfloat16") else dtype, (B, 24, D), rng)
+        x_np = data("float32" if half else dtype, (B, 24, D), rng)
         x = torch.from_numpy(x_np).to(getattr(torch, dtype))
-        p = problem(
-            kind="torch",
-            device=0,
-            reduction=reduction,
-            dtype=dtype,
-            acc_dtype="float32" if dtype in ("float16", "bfloat16") else dtype,
-            out_dtype=dtype,
-            shape=(B, 24, D),
-            num_segments=6,
-            segment_length=None,
-            offsets_dtype=offsets_dtype,
-        )
-        executor = BACKEND.plan(p)
+        executor = BACKEND.plan(sparse_problem(x, reduction, offsets_dtype))
         for _ in range(2):  # a second call rebinds everything
-            out = torch.empty((B, 6, D), dtype=x.dtype)
-            off = torch.tensor(offsets, dtype=getattr(torch, offsets_dtype))
+            out = torch.full((B, 6, D), float("nan"), dtype=x.dtype)
+            off = torch.tensor(OFFSETS_24, dtype=getattr(torch, offsets_dtype))
             executor(x, out, VariableSegments(off, 6), 7)
-            x_ref = to_numpy(x).astype(np.complex128 if dtype.startswith("complex") else np.float64)
-            ref = np.stack([x_ref[:, a:b].sum(1) for a, b in segment_bounds(24, offsets=offsets)], axis=1)
-            if reduction == "mean":
-                with np.errstate(invalid="ignore"):
-                    ref = ref / np.diff(offsets)[None, :, None]
+            ref = segment_reference(x, OFFSETS_24, reduction)
             got = to_numpy(out).astype(ref.dtype)
-            tol = 1e-2 if dtype in ("float16", "bfloat16") else 1e-5
-            np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+            if half:  # float32 sums rounded once: within half an ulp of the 16-bit result
+                ulp = 2.0**-10 if dtype == "float16" else 2.0**-7
+                np.testing.assert_allclose(got, ref, rtol=ulp, atol=1e-6)
+            else:
+                np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
         executor.free()
+    left = [o["kind"] for o in simulated_sparse.objects.values()]
+    assert left == ["handle"], f"free() left cuSPARSE objects behind: {left}"
+    launches = {1: 1, 2: 2 if strategy == "loop" else 1}
+    assert len(simulated_sparse.products) == 2 * sum(launches[B] for B in (1, 2, 1, 2))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_simulated_sparse_16_bit_data_sums_in_float32(simulated_sparse, dtype):
+    """16-bit data is summed into a float32 buffer and rounded once: 3000 ones give 3000 (rounded)."""
+    from linred.backends.nvmath import BACKEND
+    from linred.segments import VariableSegments
+
+    x = torch.ones((2, 3000, 3), dtype=getattr(torch, dtype))
+    offsets = [0, 0, 3000]
+    off = torch.tensor(offsets)
+    out = torch.empty((2, 2, 3), dtype=x.dtype)
+    BACKEND.plan(sparse_problem(x, "sum", "int64", m=2))(x, out, VariableSegments(off, 2), 7)
+    assert simulated_sparse.products[-1]["c_dtype"] == np.float32
+    assert simulated_sparse.products[-1]["c_ptr"] != out.data_ptr(), "a float32 buffer, not the result"
+    expected = float(torch.tensor(3000.0).to(x.dtype))  # 3008 in bfloat16
+    assert to_numpy(out[:, 1].float()).tolist() == [[expected] * 3] * 2
+    assert to_numpy(out[:, 0].float()).tolist() == [[0.0] * 3] * 2
+    # dtype=float32: the sums are the result
+    out32 = torch.empty((2, 2, 3), dtype=torch.float32)
+    BACKEND.plan(sparse_problem(x, "mean", "int64", out_dtype="float32", m=2))(x, out32, VariableSegments(off, 2), 7)
+    assert simulated_sparse.products[-1]["c_ptr"] == out32.data_ptr()
+    assert np.isnan(to_numpy(out32[:, 0])).all() and (to_numpy(out32[:, 1]) == 1.0).all()
+
+
+def test_simulated_sparse_strided_data_and_offsets(simulated_sparse, rng):
+    """Sliced features, padded batches and strided offsets (converted to a contiguous indptr)."""
+    from linred.backends.nvmath import BACKEND
+    from linred.segments import VariableSegments
+
+    base = torch.from_numpy(data("float32", (2, 30, 5), rng))
+    x = base[:, 3:27, 1:4]  # (2, 24, 3) with strides (150, 5, 1)
+    every_other = torch.tensor([v for o in OFFSETS_24 for v in (o, -1)], dtype=torch.int32)[::2]
+    out = torch.empty((2, 6, 3))
+    executor = BACKEND.plan(sparse_problem(x, "mean", "int32"))
+    executor(x, out, VariableSegments(every_other, 6), 7)
+    np.testing.assert_allclose(to_numpy(out), segment_reference(x, OFFSETS_24, "mean"), rtol=1e-5)
+    assert simulated_sparse.created.count("csr") == 1
+    x2 = torch.from_numpy(data("float32", (2, 30, 5), rng))[:, 3:27, 1:4]
+    executor(x2, out, VariableSegments(torch.tensor(OFFSETS_24, dtype=torch.int32), 6), 8)
+    np.testing.assert_allclose(to_numpy(out), segment_reference(x2, OFFSETS_24, "mean"), rtol=1e-5)
+    assert simulated_sparse.created.count("csr") == 1, "descriptors are made once and rebound"
+    assert simulated_sparse.streams[-1] == 8
+    executor.free()
+    # a dropped executor destroys its descriptors; the thread's handle is shared and kept
+    executor = BACKEND.plan(sparse_problem(x, "sum", "int32"))
+    executor(x, out, VariableSegments(every_other, 6), 7)
+    del executor
+    gc.collect()
+    assert [o["kind"] for o in simulated_sparse.objects.values()] == ["handle"]
+    assert simulated_sparse.created.count("handle") == 1
 
 
 def test_simulated_sparse_conjugate_view(simulated_sparse):
@@ -718,6 +923,29 @@ def test_simulated_sparse_conjugate_view(simulated_sparse):
     np.testing.assert_array_equal(out.reshape(-1).numpy(), np.array([1 - 1j, 5 - 5j], dtype=np.complex64))
 
 
+def test_variable_dtypes_and_limits():
+    var = {"segment_length": None, "offsets_dtype": "int64", "num_segments": 5}
+    for dtype, out, ok in (("float16", "float16", True), ("bfloat16", "float32", True), ("float32", "float64", False)):
+        assert (layouts.dtype_reason(gpu(dtype=dtype, out_dtype=out, acc_dtype=out, **var)) is None) == ok
+
+
+def test_torch_stream_handle_zero_is_the_default_stream(monkeypatch):
+    """torch.cuda.ExternalStream(0) is a pooled stream, not the default one: handle 0 must not go through it."""
+    if not HAS_TORCH:
+        pytest.skip("needs torch")
+    from linred.backends import _nvmath_gpu_arrays
+    from linred.backends._nvmath_gpu_arrays import TorchOps
+
+    made = []
+    monkeypatch.setattr(_nvmath_gpu_arrays, "_torch_streams", {})
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: made.append(("default", device)) or "d")
+    monkeypatch.setattr(torch.cuda, "ExternalStream", lambda h, device=None: made.append(("external", h)) or f"e{h}")
+    ops = TorchOps(0)
+    assert ops.stream(0) == "d" and ops.stream(0) == "d"
+    assert ops.stream(1234) == "e1234"
+    assert made == [("default", torch.device("cuda", 0)), ("external", 1234)], "streams are cached"
+
+
 # ---------------------------------------------------------------------------
 # On a GPU
 # ---------------------------------------------------------------------------
@@ -732,20 +960,59 @@ GPU_KINDS = [k for k, ok in (("cupy", HAS_CUPY_GPU), ("torch-cuda", HAS_TORCH_CU
 def test_gpu_fixed_and_variable(kind, dtype, reduction, rng):
     x_np = data("float32" if dtype == "float16" else dtype, (48, 3), rng).astype(dtype)
     x = to_kind(x_np, kind)
-    for view, axis, L in ((lambda a: a, 0, 4), (lambda a: a[:, 0], 0, 8), (lambda a: a.T, -1, 6)):
+    views = [(lambda a: a, 0, 4), (lambda a: a[::2], 0, 4)]  # features; rows with a step
+    if not dtype.startswith("complex"):  # complex columns have no real form
+        views.append((lambda a: a.T, -1, 6))  # the columns form
+    for view, axis, L in views:
         got = fixed(reduction, view(x), L, axis)
         check(got, reduction, view(x_np), L, axis, like=view(x))
-    offsets = [0, 0, 5, 5, 13, 48, 48]
+    if not dtype.startswith("complex"):  # a strided real vector: BLAS would need a copy
+        with pytest.raises(linred.BackendError, match="no unit stride"):
+            fixed(reduction, x[:, 0], 8)
     fn = linred.segmented_sum if reduction == "sum" else linred.segmented_mean
-    got = fn(x, offsets=offsets, backend="nvmath")
-    assert_reduction(got, reduction, x_np, segments=segment_bounds(48, offsets=offsets), like=x)
+    # features; sliced features; a batch (axis=1) with features
+    cases = ((x, x_np, 0), (x[:, 1:], x_np[:, 1:], 0), (x.reshape(2, 24, 3), x_np.reshape(2, 24, 3), 1))
+    for arr, arr_np, axis in cases:
+        n = arr_np.shape[axis]
+        offsets = [0, 0, 5, 5, 13, n, n]
+        got = fn(arr, offsets=offsets, axis=axis, backend="nvmath")
+        assert_reduction(got, reduction, arr_np, segments=segment_bounds(n, offsets=offsets), axis=axis, like=arr)
+    if not dtype.startswith("complex"):  # complex parts are adjacent: a strided complex vector is (n, 2) real
+        with pytest.raises(linred.BackendError, match="unit-stride segment axis"):
+            fn(x[:, 0], offsets=[0, 5, 48], backend="nvmath")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs a CUDA torch")
-def test_gpu_torch_bfloat16(rng):
-    x = torch.ones(3000, dtype=torch.bfloat16, device="cuda")
+def test_gpu_torch_handle_zero_is_the_default_stream():
+    from linred.backends._nvmath_gpu_arrays import TorchOps
+
+    stream = TorchOps(0).stream(0)
+    assert stream.cuda_stream == 0 and stream == torch.cuda.default_stream(0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", GPU_KINDS)
+def test_gpu_variable_result_prefilled_with_nan(kind):
+    """beta = 0: cuSPARSE must not read the result, so NaN in an unused out does not leak."""
+    x = to_kind(np.ones((40, 2), np.float32), kind)
+    out = to_kind(np.full((4, 2), np.nan, np.float32), kind)
+    got = linred.segmented_sum(x, offsets=[0, 0, 10, 10, 40], out=out, backend="nvmath")
+    np.testing.assert_array_equal(to_numpy(got), [[0, 0], [10, 10], [0, 0], [30, 30]])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs a CUDA torch")
+@pytest.mark.parametrize("features", [None, 3])
+def test_gpu_torch_bfloat16(features):
+    """bfloat16 accumulates in float32: 1000 ones give 1000, 3000 give 3000 rounded to bfloat16 (3008)."""
+    shape = (3000,) if features is None else (3000, features)
+    x = torch.ones(shape, dtype=torch.bfloat16, device="cuda")
+    rounded = float(torch.tensor(3000.0).bfloat16())
     got = linred.segmented_sum(x, 3000, backend="nvmath")
-    assert got.dtype == torch.bfloat16 and float(got[0]) == 3000.0
-    got = linred.segmented_sum(x, offsets=[0, 3000], backend="nvmath")
-    assert float(got[0]) == 3000.0
+    assert got.dtype == torch.bfloat16 and (got.float() == rounded).all()
+    got = linred.segmented_sum(x, offsets=[0, 1000, 3000], backend="nvmath")
+    assert got.dtype == torch.bfloat16
+    assert got[0].float().eq(1000).all() and got[1].float().eq(2000).all()
+    got = linred.segmented_sum(x, offsets=[0, 3000], dtype="float32", backend="nvmath")
+    assert got.dtype == torch.float32 and got.eq(3000).all()

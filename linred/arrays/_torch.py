@@ -35,6 +35,15 @@ def torch_dtype(name: str) -> torch.dtype:
     return _TORCH_DTYPES[name]
 
 
+def torch_stream(handle: int, device: torch.device) -> torch.cuda.Stream:
+    """A torch stream object for a raw handle.  Handle 0 is the legacy default stream, which
+    torch calls its default stream: ``ExternalStream(0)`` would instead hand out another
+    stream from torch's pool."""
+    if handle == 0:
+        return torch.cuda.default_stream(device)
+    return torch.cuda.ExternalStream(handle, device=device)
+
+
 def _device(device: int | None) -> torch.device:
     return torch.device("cpu") if device is None else torch.device("cuda", device)
 
@@ -87,7 +96,7 @@ class TorchAdapter(ArrayAdapter):
         if stream is None or x.device.type != "cuda" or torch.cuda.current_stream(x.device).cuda_stream == stream:
             x.fill_(value)
             return
-        with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=x.device)):
+        with torch.cuda.stream(torch_stream(stream, x.device)):
             x.fill_(value)
 
     def index_array(self, obj: Any, device: int | None, name: str) -> torch.Tensor:
@@ -122,7 +131,7 @@ class TorchAdapter(ArrayAdapter):
     def on_stream(self, stream: Any, device: int | None) -> Any:
         if device is None or torch.cuda.current_stream(device).cuda_stream == stream:
             return contextlib.nullcontext()
-        return torch.cuda.stream(torch.cuda.ExternalStream(stream, device=_device(device)))
+        return torch.cuda.stream(torch_stream(stream, _device(device)))
 
     def resolve_stream(self, stream: Any, device: int | None) -> int | None:
         if device is None:

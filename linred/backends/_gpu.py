@@ -15,7 +15,7 @@ from typing import Any
 import cupy
 import numpy as np
 
-from linred._dtypes import identity
+from linred._dtypes import COMPLEX, HALF, identity
 
 #: the largest count a 32-bit ``int`` argument of cuBLAS, CUB or CuPy's CUB wrappers takes
 INT32_MAX = (1 << 31) - 1
@@ -251,16 +251,31 @@ _fill_empty = cupy.ElementwiseKernel(
 )
 
 
+def bf16_bits(value: float) -> int:
+    """The bfloat16 bit pattern (as a signed 16-bit int) of ``value``, rounded to nearest even."""
+    u = int(np.array(value, dtype=np.float32).view(np.uint32))
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    # a NaN stays a quiet NaN with its sign; anything else rounds to nearest even
+    h = ((u >> 16) | 0x40) if nan else (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF)
+    return h - 0x10000 if h & 0x8000 else h
+
+
 def fill_empty(out: Any, offsets: Any, reduction: str, stream: int) -> None:
     """Set the empty segments of ``out`` (``(batch, m, features)``) to the reduction's identity.
 
-    ``out`` is a CuPy array or a CUDA tensor other than bfloat16.
+    ``out`` is a CuPy array or a CUDA tensor (bfloat16 included); the identity is
+    that of ``out``'s dtype.
     """
     _, m, d = out.shape
+    name = dtype_name_of(out)
     device = out.device.id if isinstance(out, cupy.ndarray) else out.device.index
     with on_stream(stream, device):
-        target = as_cupy(out)
-        value = target.dtype.type(identity(reduction, target.dtype.name))
+        if name == "bfloat16":
+            target = as_cupy(bits16(out))
+            value = np.int16(bf16_bits(identity(reduction, name)))
+        else:
+            target = as_cupy(out)
+            value = target.dtype.type(identity(reduction, name))
         _fill_empty(as_cupy(offsets), m, d, value, target)
 
 
@@ -307,43 +322,70 @@ def _literal(value: float | int, ctype: str) -> str:
     return f"(({ctype}){value}{suffix})"
 
 
-def _strided_kernel(reduction: str, in_dtype: str, acc_dtype: str, out_dtype: str) -> cupy.ElementwiseKernel:
-    """A kernel reducing ``(batch, m, features)`` outputs of any strided input, fixed or variable segments.
+def _literal_ctype(name: str) -> str:
+    """The C type a literal of dtype ``name`` is written in (16-bit floats as float)."""
+    if name in ("float16", "bfloat16", "float32"):
+        return "float"
+    if name == "float64":
+        return "double"
+    return CTYPE[name]
 
-    Each thread walks one segment of one feature; neighbouring threads handle
-    neighbouring features, so reads coalesce when the features are contiguous.
-    It serves the layouts CUB's segmented reduction cannot read (strided
-    segments, feature dimensions) and bfloat16 (as int16 bits).
+
+def _store(expr: str, out_dtype: str) -> str:
+    if out_dtype == "bfloat16":
+        return f"out = linred_bf16_bits((float)({expr}));"
+    return f"out = (Y)({expr});"
+
+
+def strided_kernel_body(reduction: str, in_dtype: str, acc_dtype: str, out_dtype: str) -> str:
+    """The CUDA body of the strided kernel (see :func:`strided_reduce`); pure, for tests.
+
+    ``i`` is the flat (batch, segment, feature) index of the result element
+    ``out`` (type ``Y``); the input ``x`` (type ``X``) is read through the
+    strides.  bfloat16 data and results are int16 bits.
     """
-    half_in = in_dtype in ("float16", "bfloat16")
     # max/min compare in the input type (16-bit floats widened exactly); sums use linred's accumulator
-    compare_c = "float" if half_in else CTYPE[in_dtype]
+    compare_c = "float" if in_dtype in HALF else CTYPE[in_dtype]
     acc_c = compare_c if reduction in ("max", "min") else CTYPE[acc_dtype]
-    load = "linred_bf16_value(x[p])" if in_dtype == "bfloat16" else f"({acc_c})x[p]"
+    complex_acc = acc_c.startswith("complex")
+    # the real type of the accumulator's parts (complex sums add real and imaginary parts
+    # separately, which is what complex<T>::operator+= does)
+    part_c = ("double" if "double" in acc_c else "float") if complex_acc else acc_c
+    if in_dtype == "bfloat16":
+        raw = "linred_bf16_value(x[p])"
+    elif in_dtype == "float16":
+        raw = "(float)x[p]"
+    else:
+        raw = "x[p]"
+    # a real value becomes complex through its part type: one conversion, no ambiguity
+    load = f"({acc_c})(({part_c}){raw})" if complex_acc and in_dtype not in COMPLEX else f"({acc_c}){raw}"
     floating = acc_c in ("float", "double")
-    if reduction == "sum" or reduction == "mean":
+    if reduction in ("sum", "mean"):
         init = f"({acc_c})0"
         combine = "acc += v;"
     else:
         init = _literal(identity(reduction, "float64" if floating else acc_dtype), acc_c)
-        if floating:
-            cmp = ">" if reduction == "max" else "<"
-            combine = f"acc = (acc != acc || acc {cmp} v) ? acc : v;"  # NaN propagates
-        else:
-            cmp = ">" if reduction == "max" else "<"
-            combine = f"acc = (acc {cmp} v) ? acc : v;"
+        cmp = ">" if reduction == "max" else "<"
+        nan_first = "acc != acc || " if floating else ""  # NaN propagates
+        combine = f"acc = ({nan_first}acc {cmp} v) ? acc : v;"
     if reduction == "mean":
-        real = "double" if not floating or acc_c == "double" else "float"
-        nan = "LINRED_NAN_F" if real == "float" else "LINRED_NAN_D"
-        if acc_c.startswith("complex"):
-            real = "double" if "double" in acc_c else "float"
-            result = f"(stop > start ? acc / ({real})(stop - start) : ({acc_c})({nan}))"
+        if complex_acc:
+            nan = "LINRED_NAN_F" if part_c == "float" else "LINRED_NAN_D"
+            # complex / real divides each part: no cross terms that would turn inf into NaN
+            result = f"(stop > start ? acc / ({part_c})(stop - start) : ({acc_c})({nan}))"
         else:
+            real = "double" if not floating or acc_c == "double" else "float"
+            nan = "LINRED_NAN_F" if real == "float" else "LINRED_NAN_D"
             result = f"(stop > start ? ({real})acc / ({real})(stop - start) : {nan})"
+        store = _store(result, out_dtype)
+    elif reduction in ("max", "min"):
+        # An empty segment gets the identity of the result dtype (dtype= may widen it),
+        # not the input's identity converted.
+        empty = _literal(identity(reduction, out_dtype), _literal_ctype(out_dtype))
+        store = f"if (stop > start) {{ {_store('acc', out_dtype)} }} else {{ {_store(empty, out_dtype)} }}"
     else:
-        result = "acc"
-    store = f"out = linred_bf16_bits((float){result});" if out_dtype == "bfloat16" else f"out = (Y){result};"
-    body = f"""
+        store = _store("acc", out_dtype)
+    return f"""
     const long long j = i % d;
     const long long r = i / d;
     const long long seg = r % m;
@@ -360,6 +402,17 @@ def _strided_kernel(reduction: str, in_dtype: str, acc_dtype: str, out_dtype: st
     }}
     {store}
     """
+
+
+def _strided_kernel(reduction: str, in_dtype: str, acc_dtype: str, out_dtype: str) -> cupy.ElementwiseKernel:
+    """A kernel reducing ``(batch, m, features)`` outputs of any strided input, fixed or variable segments.
+
+    Each thread walks one segment of one feature; neighbouring threads handle
+    neighbouring features, so reads coalesce when the features are contiguous.
+    It serves the layouts CUB's segmented reduction cannot read (strided
+    segments, feature dimensions), bfloat16 (as int16 bits) and complex sums.
+    """
+    body = strided_kernel_body(reduction, in_dtype, acc_dtype, out_dtype)
     name = f"linred_strided_{reduction}_{in_dtype}_{acc_dtype}_{out_dtype}"
 
     def make() -> cupy.ElementwiseKernel:

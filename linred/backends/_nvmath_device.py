@@ -4,7 +4,9 @@ The compute type is always given explicitly, so TF32 (``COMPUTE_32F_FAST_TF32``)
 is never chosen, whatever the environment or a framework's TF32 switch says:
 float32, float16, bfloat16 and complex64 multiply with ``COMPUTE_32F``, float64
 and complex128 with ``COMPUTE_64F``.  Every product is in place (``inplace=True``,
-``c`` = the result, ``beta = 0``), so the result lands in ``out3``.
+``c`` = the result, ``beta = 0``), so the result lands in ``out3``.  For a
+float16/bfloat16 result, split-K algorithms are limited to those that add their
+partial sums in the float32 compute type: the result is rounded once.
 
 Planning needs operands, so the ``Matmul`` objects are built on the first call
 (cuBLASLt's heuristic query synchronizes that stream once) and rebound with
@@ -20,8 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 from nvmath.linalg import ComputeType
-from nvmath.linalg.advanced import Matmul, MatmulOptions
+from nvmath.linalg.advanced import Matmul, MatmulOptions, MatmulPlanPreferences, MatmulReductionScheme
 
+from linred._dtypes import HALF
 from linred.backends._nvmath_gpu_arrays import StreamOrder, alignment, ops_for, physical
 from linred.backends._nvmath_layout import Layout, View
 from linred.problem import Problem
@@ -48,6 +51,13 @@ class DenseExecutor:
         self._alpha = 1.0 / problem.segment_length if problem.reduction == "mean" else 1.0
         self._out_size = problem.batch * problem.num_segments * problem.features
         self._options = MatmulOptions(compute_type=compute_type(problem.dtype), inplace=True, logger=logger)
+        # split-K partial sums must be added in the float32 compute type, not in a 16-bit result type
+        # (the "output type" and "in place" reduction schemes), so that a 16-bit result is rounded once
+        self._preferences = (
+            MatmulPlanPreferences(reduction_scheme_mask=MatmulReductionScheme.COMPUTE_TYPE)
+            if problem.out_dtype in HALF
+            else None
+        )
         self._constants: dict[str, Any] | None = None
         self._fixed: list[dict[str, Any]] = []  # per product: views of the constants, made once
         # per product: the Matmul and the alignments (a, b, c) it was planned for
@@ -102,7 +112,7 @@ class DenseExecutor:
                         entry[0].free()
                     alpha = self._alpha if product.scaled else 1.0
                     mm = Matmul(a, b, c=c, alpha=alpha, beta=0.0, options=self._options, stream=stream)
-                    mm.plan(stream=stream)
+                    mm.plan(preferences=self._preferences, stream=stream)
                     self._plans[i] = (mm, aligned)
                 else:
                     mm = entry[0]
@@ -118,6 +128,7 @@ class DenseExecutor:
             self._order.end(stream)
 
     def free(self) -> None:
+        self._order.wait_idle()  # the constants and workspaces go back to the pool
         for entry in self._plans:
             if entry is not None:
                 entry[0].free()

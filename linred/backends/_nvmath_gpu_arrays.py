@@ -3,6 +3,12 @@
 Each operation runs on a given ``cudaStream_t`` handle and device.  nvmath is
 given native arrays of the caller's library (PyTorch tensors, bfloat16
 included, or CuPy arrays), so the results land in the caller's ``out`` directly.
+
+A handle becomes a stream object of the array library: for PyTorch, handle 0
+(the legacy default stream, which is PyTorch's default stream) must not go
+through ``torch.cuda.ExternalStream``, which reads 0 as "no handle given" and
+returns a stream from PyTorch's pool instead: work enqueued there is not
+ordered with the default stream nvmath's kernels run on.
 """
 
 from __future__ import annotations
@@ -69,9 +75,25 @@ class CupyOps:
     def astype(self, a: Any, dtype: str) -> Any:
         return a.astype(dtype)
 
+    def contiguous(self, a: Any, dtype: str) -> Any:
+        """``a`` itself if it is C-contiguous of ``dtype``, else a contiguous converted copy."""
+        if a.dtype.name == dtype and a.flags.c_contiguous:
+            return a
+        return self._cupy.ascontiguousarray(a, dtype=dtype)
+
     @staticmethod
     def copy(dst: Any, src: Any) -> None:
         dst[...] = src
+
+    def cast(self, dst: Any, src: Any) -> None:
+        """``dst[...] = src`` converting the dtype (rounded to nearest)."""
+        self._cupy.copyto(dst, src, casting="unsafe")
+
+    def divide_by_lengths(self, sums: Any, offsets: Any, out: Any, stream: int) -> None:
+        """``out = sums / lengths`` per segment, NaN for an empty one; ``sums`` may be ``out``."""
+        from linred.backends._gpu import divide_by_lengths
+
+        divide_by_lengths(sums, offsets, out, stream)
 
     @staticmethod
     def dtype_name(a: Any) -> str:
@@ -92,11 +114,18 @@ class TorchOps:
         self._device = torch.device("cuda", device)
 
     def stream(self, handle: int) -> Any:
+        """The PyTorch stream object of a raw handle (cached); 0 is the device's default stream."""
         key = (handle, self.device)
         s = _torch_streams.get(key)
         if s is None:
+            cuda = self._torch.cuda
+            if handle == 0:
+                # ExternalStream(0) would be a pooled stream, unordered with the default stream
+                made = cuda.default_stream(self._device)
+            else:
+                made = cuda.ExternalStream(handle, device=self._device)
             with _torch_streams_lock:
-                s = _torch_streams.setdefault(key, self._torch.cuda.ExternalStream(handle, device=self._device))
+                s = _torch_streams.setdefault(key, made)
         return s
 
     @contextlib.contextmanager
@@ -139,9 +168,28 @@ class TorchOps:
     def astype(self, a: Any, dtype: str) -> Any:
         return a.to(self._torch_dtype(dtype))
 
+    def contiguous(self, a: Any, dtype: str) -> Any:
+        """``a`` itself if it is contiguous of ``dtype``, else a contiguous converted copy."""
+        return a.to(self._torch_dtype(dtype)).contiguous()
+
     @staticmethod
     def copy(dst: Any, src: Any) -> None:
         dst.copy_(src)
+
+    @staticmethod
+    def cast(dst: Any, src: Any) -> None:
+        dst.copy_(src)
+
+    def divide_by_lengths(self, sums: Any, offsets: Any, out: Any, stream: int) -> None:
+        """``out = sums / lengths`` per segment (0 / 0 = NaN for an empty one), in the sums' precision.
+
+        ``sums`` and ``out`` are ``(batch, m, features)``; float32 sums of float16 or
+        bfloat16 data are divided in float32 and rounded once into ``out``.
+        """
+        torch = self._torch
+        double = sums.dtype in (torch.float64, torch.complex128)
+        lengths = torch.diff(offsets).to(torch.float64 if double else torch.float32)
+        torch.div(sums, lengths.view(1, -1, 1), out=out)
 
     @staticmethod
     def dtype_name(a: Any) -> str:
@@ -171,6 +219,11 @@ class StreamOrder:
             self._event = self._ops.event()
         self._ops.record(self._event, stream)
         self._last = stream
+
+    def wait_idle(self) -> None:
+        """Block until the last call's work is done: its buffers may then be released to any stream."""
+        if self._event is not None:
+            self._event.synchronize()
 
 
 def ops_for(kind: str, device: int) -> CupyOps | TorchOps:

@@ -320,6 +320,29 @@ def check_batch_count(layout: Layout) -> str | None:
     return None
 
 
+def check_device_extents(layout: Layout) -> str | None:
+    """Why cuBLASLt cannot run a layout's products (batch count, matrix extents), or None.
+
+    cuBLASLt's heuristic finds no kernel (``CUBLAS_STATUS_NOT_SUPPORTED``) for a
+    product whose inner dimension reaches 2^31 (measured on an H100: one segment
+    of 2^31 + 2^20 float32 elements); the outer dimensions are held to the same
+    limit.
+    """
+    reason = check_batch_count(layout)
+    if reason is not None:
+        return reason
+    for product in layout.products:
+        M, K = product.a.shape[-2:]
+        N = product.b.shape[-1]
+        for name, value in (("segment length (inner dimension K)", K), ("rows (M)", M), ("columns (N)", N)):
+            if value > INT32_MAX:
+                return (
+                    f"its product has {name} = {value}, beyond the 2^31 - 1 cuBLASLt finds kernels for "
+                    "(CUBLAS_STATUS_NOT_SUPPORTED); backend='cub' serves it"
+                )
+    return None
+
+
 # ---------------------------------------------------------------------------
 # dtypes
 # ---------------------------------------------------------------------------
@@ -361,16 +384,6 @@ def dtype_reason(problem: Problem) -> str | None:
         return (
             f"nvmath's host Matmul needs one dtype for the data and the result ({dtype} input, dtype={out}); "
             "backend='numpy' serves dtype="
-        )
-    return None
-
-
-def variable_dtype_reason(problem: Problem) -> str | None:
-    """cuSPARSE SpMM through nvmath takes one dtype for the segment matrix, the data and the result."""
-    if problem.out_dtype != problem.dtype:
-        return (
-            f"cuSPARSE SpMM needs one dtype for the segment matrix, the data and the result "
-            f"({problem.dtype} input, {problem.out_dtype} result); backend='cub' serves it"
         )
     return None
 

@@ -1,33 +1,44 @@
-"""The nvmath backend on the GPU, variable-length segments: cuSPARSE SpMM through ``nvmath.sparse.Matmul``.
+"""The nvmath backend on the GPU, variable-length segments: cuSPARSE SpMM through ``nvmath.bindings.cusparse``.
 
 A segmented sum is ``out3[b] = S @ x3[b]`` with ``S`` the ``(m, n)`` segment
 indicator matrix, in CSR form exactly the segment description: ``indptr`` is the
 offsets, ``indices = arange(n)`` and ``data = ones(n)``.  ``indices`` and ``data``
-depend on ``n`` alone and are built once per executor; ``indptr`` is each call's
-offsets (converted to the index dtype when they differ: int32 for ``n < 2^31``,
-int64 beyond).  A batch (``axis > 0``) is one batched SpMM with ``S`` broadcast.
+depend on ``n`` alone and are built once per executor (``n`` elements each:
+memory that a cached plan keeps); ``indptr`` is each call's offsets (converted
+when their dtype is not the index dtype, int32 for ``n < 2^31`` and int64
+beyond, or when they are strided).  A batch (``axis > 0``) is one batched SpMM
+with ``S`` broadcast, or one SpMM per batch slice (:data:`BATCH_STRATEGY`).
 
-The sparse operand is a ``cupyx.scipy.sparse.csr_matrix`` for CuPy data and a
-PyTorch sparse CSR tensor for PyTorch data (nvmath pairs each with dense
-operands of its own library).  The CuPy matrix is built once as an empty shell
-and its three arrays are set directly: its constructor would synchronize to
-check ``indptr`` and refuses float16 data, which cuSPARSE accepts.
+cuSPARSE is driven directly: the descriptors are made on the first call and
+only their pointers are rebound afterwards, whatever the array library (CuPy
+arrays and CUDA PyTorch tensors alike, by address); the executors of a thread
+share one cuSPARSE handle per device.  ``nvmath.sparse.Matmul``
+is not used because it requires one dtype for ``S``, the data and the result:
+cuSPARSE's SpMM adds partial sums of long rows in the result's dtype (on an
+H100, float16 and bfloat16 sums of rows of about 100 elements came out several
+units in the last place off when the product had several columns or a batch),
+so float16 and bfloat16 data is summed into a float32 buffer instead (cuSPARSE's
+mixed precision: float16/bfloat16 ``S`` and data, float32 result and compute
+type) and then divided (a mean) and rounded once into the result.  float32
+data accumulates in float32 and float64 data in float64.
 
-cuSPARSE adds every product into a float32 (float64 for float64) accumulator,
-also for float16/bfloat16 data; empty segments come out as 0.  Complex data is
-multiplied as its real and imaginary parts side by side (a complex product
-would turn ``inf + 0j`` into ``inf + nan*j``).  A
-mean divides the sums by the segment lengths afterwards (NaN for an empty
-segment).  Planning on the first call synchronizes its stream once (the index
-arrays are built then); later calls enqueue their work without synchronizing.
+Empty segments come out as 0 (their rows of ``S`` are empty); a mean divides by
+the segment lengths afterwards, 0 / 0 giving NaN.  Complex data is multiplied as
+its real and imaginary parts side by side (a complex product would turn
+``inf + 0j`` into ``inf + nan*j``).  The first call synchronizes its stream once
+(the index arrays are built then); later calls enqueue their work without
+synchronizing.
 """
 
 from __future__ import annotations
 
-import warnings
+import threading
+import weakref
 from typing import Any
 
-import nvmath.sparse
+import numpy as np
+from nvmath import CudaDataType
+from nvmath.bindings import cusparse
 
 from linred._dtypes import HALF
 from linred.backends._nvmath_gpu_arrays import StreamOrder, ops_for, physical
@@ -39,143 +50,193 @@ from linred.segments import Segments, VariableSegments
 #: "loop": one SpMM per batch slice (more launches, no batched-SpMM requirement)
 BATCH_STRATEGY = "batched"
 
+DATA_TYPE = {
+    "float16": CudaDataType.CUDA_R_16F,
+    "bfloat16": CudaDataType.CUDA_R_16BF,
+    "float32": CudaDataType.CUDA_R_32F,
+    "float64": CudaDataType.CUDA_R_64F,
+}
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+INDEX_TYPE = {"int32": cusparse.IndexType.INDEX_32I, "int64": cusparse.IndexType.INDEX_64I}
 
-def sparse_compute_type(dtype: str) -> nvmath.sparse.ComputeType:
-    ct = nvmath.sparse.ComputeType
-    return {
-        "float16": ct.CUDA_R_32F,
-        "bfloat16": ct.CUDA_R_32F,
-        "float32": ct.CUDA_R_32F,
-        "float64": ct.CUDA_R_64F,
-        "complex64": ct.CUDA_C_32F,
-        "complex128": ct.CUDA_C_64F,
-    }[dtype]
+
+#: one cuSPARSE handle per (device, thread): executors of a thread share it and set its stream per call
+_handles: dict[tuple[int, int], int] = {}
+
+
+def _handle(device: int) -> int:
+    """This thread's cuSPARSE handle for ``device``, which is current (made on first use, kept)."""
+    key = (device, threading.get_ident())
+    handle = _handles.get(key)
+    if handle is None:
+        handle = cusparse.create()
+        cusparse.set_pointer_mode(handle, cusparse.PointerMode.HOST)
+        _handles[key] = handle
+    return handle
+
+
+def _destroy(library: Any, descriptors: dict[str, int]) -> None:
+    """Destroy the descriptors left in ``descriptors`` (host objects: no GPU work is waited for)."""
+    if "a" in descriptors:
+        library.destroy_sp_mat(descriptors.pop("a"))
+    for key in ("b", "c"):
+        if key in descriptors:
+            library.destroy_dn_mat(descriptors.pop(key))
+
+
+def sums_dtype(dtype: str) -> str:
+    """The dtype cuSPARSE writes the sums of (real) ``dtype`` data in: float32 for 16-bit data."""
+    return "float32" if dtype in HALF else dtype
 
 
 class SparseExecutor:
-    """``out3 = S @ x3`` (and a division by the segment lengths for a mean)."""
+    """``out3 = S @ x3`` (and a division by the segment lengths for a mean).
+
+    ``problem`` is the real problem: complex data as its real and imaginary
+    parts (:func:`linred.backends._nvmath_layout.as_real`).
+    """
 
     def __init__(self, problem: Problem, logger: Any, *, complex_as_real: bool = False) -> None:
         self._ops = ops_for(problem.kind, problem.device)
         self._order = StreamOrder(self._ops)
-        self._real = complex_as_real
-        self._kind = problem.kind
-        self._dtype = problem.dtype
+        self._logger = logger
         self._mean = problem.reduction == "mean"
+        self._dtype = problem.dtype
+        self._sums_dtype = sums_dtype(problem.dtype)
+        # 16-bit results are rounded from a float32 buffer; a float32 (dtype=) or wider result takes the sums
+        self._buffered = problem.out_dtype != self._sums_dtype
+        assert not (complex_as_real and self._buffered), "complex sums are written into the result directly"
         self._batch, self._n, self._features = problem.in_shape
         self._m = problem.num_segments
         self._index_dtype = "int32" if problem.n <= INT32_MAX else "int64"
         strides = sparse_dense_strides(problem)
         assert not isinstance(strides, str), strides
-        self._dense_strides = strides
-        self._batch_stride = problem.strides[0]
+        self._row_stride = strides[0]
         self._loop = self._batch > 1 and BATCH_STRATEGY == "loop"
-        self._options = nvmath.sparse.MatmulOptions(compute_type=sparse_compute_type(problem.dtype), logger=logger)
+        self._batch_stride = problem.strides[0]
+        # a batch slice's step in bytes, for the per-slice loop
+        self._x_step = self._batch_stride * ITEMSIZE[self._dtype]
+        self._sums_step = self._m * self._features * ITEMSIZE[self._sums_dtype]
+        self._compute = DATA_TYPE["float64" if self._sums_dtype == "float64" else "float32"]
+        scalar = np.float64 if self._sums_dtype == "float64" else np.float32
+        # read by cuSPARSE on the host (pointer mode HOST) when each product is enqueued
+        self._alpha = np.ones(1, dtype=scalar)
+        self._beta = np.zeros(1, dtype=scalar)
+        self._device = problem.device
+        self._handle = 0
+        self._descriptors: dict[str, int] = {}
+        # an executor dropped without free() (an evicted plan) still destroys its descriptors
+        self._finalizer = weakref.finalize(self, _destroy, cusparse, self._descriptors)
+        self._finalizer.atexit = False
         self._indices: Any = None
         self._values: Any = None
-        self._shell: Any = None  # the cupyx csr_matrix whose arrays are set per call
-        self._mm: Any = None
+        self._workspace: Any = None
+        self._workspace_ptr = 0
 
-    def _prepare(self, stream: int) -> None:
+    def _plan(self, indptr: int, x: int, sums: int, stream: int) -> None:
+        """Make the handle, the descriptors and the workspace for the first call's pointers."""
         ops = self._ops
-        self._indices = ops.arange(self._n, self._index_dtype)
-        self._values = ops.ones(self._n, self._dtype)
-        if self._kind == "cupy":
-            import cupyx.scipy.sparse
-
-            # (m, n) shape-only construction allocates an empty matrix without synchronizing
-            shell = cupyx.scipy.sparse.csr_matrix((self._m, self._n), dtype="float32")
-            shell.indices = self._indices
-            shell.data = self._values
-            self._shell = shell
+        B, n, D, m = self._batch, self._n, self._features, self._m
+        self._indices = ops.arange(n, self._index_dtype)
+        self._values = ops.ones(n, self._dtype)
+        self._handle = _handle(self._device)
+        cusparse.set_stream(self._handle, stream)
+        index = INDEX_TYPE[self._index_dtype]
+        d = self._descriptors
+        d["a"] = cusparse.create_csr(
+            m,
+            n,
+            n,
+            indptr,
+            ops.pointer(self._indices),
+            ops.pointer(self._values),
+            index,
+            index,
+            cusparse.IndexBase.ZERO,
+            DATA_TYPE[self._dtype],
+        )
+        if D == 1:  # vectors, column-major
+            d["b"] = cusparse.create_dn_mat(n, 1, n, x, DATA_TYPE[self._dtype], cusparse.Order.COL)
+            d["c"] = cusparse.create_dn_mat(m, 1, m, sums, DATA_TYPE[self._sums_dtype], cusparse.Order.COL)
+        else:  # row-major: unit stride along the features, the result C-contiguous
+            d["b"] = cusparse.create_dn_mat(n, D, self._row_stride, x, DATA_TYPE[self._dtype], cusparse.Order.ROW)
+            d["c"] = cusparse.create_dn_mat(m, D, D, sums, DATA_TYPE[self._sums_dtype], cusparse.Order.ROW)
+        if B > 1 and not self._loop:
+            cusparse.csr_set_strided_batch(d["a"], B, 0, 0)  # S broadcast over the batch
+            cusparse.dn_mat_set_strided_batch(d["b"], B, self._batch_stride)
+            cusparse.dn_mat_set_strided_batch(d["c"], B, m * D)
+        size = cusparse.sp_mm_buffer_size(*self._arguments())
+        if size:
+            self._workspace = ops.empty((size,), "uint8")
+            self._workspace_ptr = ops.pointer(self._workspace)
+        self._logger.debug(
+            "cuSPARSE SpMM planned: S (%d, %d) %s, data %s, sums %s, batch %d%s, workspace %d bytes",
+            m,
+            n,
+            self._index_dtype,
+            self._dtype,
+            self._sums_dtype,
+            B,
+            " (loop)" if self._loop else "",
+            size,
+        )
         ops.synchronize(stream)  # the index arrays are then valid on any stream
 
-    def _segment_matrix(self, offsets: Any) -> Any:
-        if self._shell is not None:
-            self._shell.indptr = offsets
-            return self._shell
-        import torch
+    def _arguments(self) -> tuple:
+        """The arguments cusparseSpMM_bufferSize takes (cusparseSpMM adds the workspace)."""
+        d = self._descriptors
+        op = cusparse.Operation.NON_TRANSPOSE
+        return (
+            self._handle,
+            op,
+            op,
+            self._alpha.ctypes.data,
+            d["a"],
+            d["b"],
+            self._beta.ctypes.data,
+            d["c"],
+            self._compute,
+            cusparse.SpMMAlg.DEFAULT,
+        )
 
-        with warnings.catch_warnings():
-            # PyTorch warns once per process that sparse CSR tensors are in beta; nothing for users to act on
-            warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
-            return torch.sparse_csr_tensor(
-                offsets, self._indices, self._values, size=(self._m, self._n), check_invariants=False
-            )
-
-    def _operands(self, x: Any, out: Any) -> tuple[Any, list[tuple[Any, Any]]]:
-        """The result as ``(B, m, D)`` and the (data, result) operand pairs of the products.
-
-        One pair for the batched SpMM, or one per batch slice.  Complex arrays are
-        taken as their real and imaginary parts (``.real`` views, twice the features).
-        """
-        ops = self._ops
-        if self._real:
-            x, out = x.real, out.real
-        B, n, D, m = self._batch, self._n, self._features, self._m
-        s_n, s_d = self._dense_strides
-        result = ops.view(out, (B, m, D), (m * D, D, 1))
-        if B == 1:
-            return result, [(ops.view(x, (n, D), (s_n, s_d)), result[0])]
-        if self._loop:
-            sB = self._batch_stride
-            slices = [ops.view(x, (B, n, D), (sB, s_n, s_d))[b] for b in range(B)]
-            return result, [(data, result[b]) for b, data in enumerate(slices)]
-        return result, [(ops.view(x, (B, n, D), (self._batch_stride, s_n, s_d)), result)]
+    def _multiply(self, indptr: int, x: int, sums: int, stream: int) -> None:
+        d = self._descriptors
+        cusparse.set_stream(self._handle, stream)
+        cusparse.csr_set_pointers(d["a"], indptr, self._ops.pointer(self._indices), self._ops.pointer(self._values))
+        arguments = self._arguments()
+        for b in range(self._batch) if self._loop else (0,):
+            cusparse.dn_mat_set_values(d["b"], x + b * self._x_step)
+            cusparse.dn_mat_set_values(d["c"], sums + b * self._sums_step)
+            cusparse.sp_mm(*arguments, self._workspace_ptr)
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: int) -> None:
         assert isinstance(segments, VariableSegments)
         ops = self._ops
         with ops.on(stream):
-            if self._indices is None:
-                self._prepare(stream)
             self._order.begin(stream)
-            offsets = segments.offsets
-            if ops.dtype_name(offsets) != self._index_dtype:
-                offsets = ops.astype(offsets, self._index_dtype)
-            matrix = self._segment_matrix(offsets)
             x, conjugate = physical(x)
-            result, pairs = self._operands(x, out)
-            for data, res in pairs:
-                if self._mm is None:
-                    self._mm = nvmath.sparse.Matmul(matrix, data, c=res, beta=0.0, options=self._options, stream=stream)
-                    self._mm.plan(stream=stream)
-                else:
-                    self._mm.reset_operands_unchecked(a=matrix, b=data, c=res)
-                self._mm.execute(stream=stream)
-                self._mm.release_operands()  # keep no reference to the caller's arrays
-            if self._shell is not None:
-                self._shell.indptr = None
+            # cuSPARSE reads the offsets as indptr: contiguous, of the index dtype
+            indptr = ops.contiguous(segments.offsets, self._index_dtype)
+            sums = ops.empty(tuple(out.shape), self._sums_dtype) if self._buffered else out
+            pointers = (ops.pointer(indptr), ops.pointer(x), ops.pointer(sums))
+            if not self._descriptors:
+                try:
+                    self._plan(*pointers, stream)
+                except Exception:
+                    self.free()
+                    raise
+            self._multiply(*pointers, stream)
             if self._mean:
-                self._divide(result, segments.offsets, stream)
+                ops.divide_by_lengths(sums, indptr, out, stream)
+            elif self._buffered:
+                ops.cast(out, sums)
             if conjugate:  # a lazily conjugated tensor, summed as stored
                 out.imag.neg_()
             self._order.end(stream)
 
-    def _divide(self, out: Any, offsets: Any, stream: int) -> None:
-        """``out /= lengths`` in float32 or wider arithmetic; 0/0 gives NaN for empty segments."""
-        m = self._m
-        if self._kind == "cupy":
-            if self._dtype in HALF:
-                import cupy
-
-                lengths = cupy.diff(offsets).astype(cupy.float32)
-                cupy.divide(out, lengths.reshape(1, m, 1), out=out)
-            else:
-                from linred.backends._gpu import divide_by_lengths
-
-                divide_by_lengths(out, offsets, out, stream)
-            return
-        import torch
-
-        lengths = torch.diff(offsets)
-        if self._dtype in HALF:
-            out.copy_(out.float() / lengths.to(torch.float32).view(1, m, 1))
-        else:
-            out.div_(lengths.to(out.dtype).view(1, m, 1))
-
     def free(self) -> None:
-        if self._mm is not None:
-            self._mm.free()
-            self._mm = None
-        self._shell = self._indices = self._values = None
+        self._order.wait_idle()  # the workspace and index arrays go back to the pool
+        _destroy(cusparse, self._descriptors)
+        self._handle = 0
+        self._workspace = self._indices = self._values = None
+        self._workspace_ptr = 0

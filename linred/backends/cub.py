@@ -1,6 +1,6 @@
 """The CUB backend: ``DeviceSegmentedReduce`` through cuda.compute, and CuPy's CUB.
 
-It serves every GPU reduction cuBLAS cannot: max and min, integer sums,
+It serves every GPU reduction: max and min, integer sums, complex sums,
 variable-length segments, and any layout.  One of four paths runs each problem,
 chosen once per plan by :func:`choose_path`:
 
@@ -21,7 +21,9 @@ chosen once per plan by :func:`choose_path`:
     result type (``h_init`` is int64/uint64, CUB's accumulator type).  max and
     min of floating data use operators that propagate NaN (CUB's ``MAXIMUM`` is
     ``a < b ? b : a``, which drops a NaN depending on the order it meets it).
-    Empty segments get ``h_init``: 0, or the identity of max/min.  More than
+    Empty segments get ``h_init``: 0, or the identity of max/min (of the
+    accumulator's dtype; when ``dtype=`` asks for another result dtype, its
+    identity is written over the empty segments after the conversion).  More than
     ``2**31 - 1`` segments are reduced in several launches.  The reduction object
     and its temporary storage belong to the plan and are reused across calls
     (cuda.compute also caches the compiled reduction across plans).
@@ -33,11 +35,14 @@ chosen once per plan by :func:`choose_path`:
 ``"cupy-reduce"``
     CuPy's reduction over the segment axis of the ``(batch, m, L, features)``
     view, for fixed lengths whose layout CUB's segmented reduction cannot read
-    (feature dimensions, strided segments).
+    (feature dimensions, strided segments), and for complex data (CuPy adds
+    complex values part by part; means divide each part by ``L``).
 ``"strided-kernel"``
     A small kernel with one thread per (batch, segment, feature), for variable
-    lengths with feature dimensions or strided segments, and bfloat16 in those
-    layouts.  Neighbouring threads read neighbouring features.
+    lengths with feature dimensions or strided segments, bfloat16 in those
+    layouts, and complex sums of variable lengths (real and imaginary parts
+    added, and divided by the length, separately).  Neighbouring threads read
+    neighbouring features.
 
 All work runs on the resolved stream; nothing waits on the host.
 """
@@ -49,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from linred._dtypes import HALF, identity
+from linred._dtypes import COMPLEX, HALF, identity
 from linred.backends.base import Backend
 from linred.problem import Problem
 from linred.segments import FixedSegments, Segments
@@ -113,15 +118,25 @@ def cupy_cub_eligible(problem: Problem) -> bool:
     return False
 
 
+def is_complex(problem: Problem) -> bool:
+    """Whether the data or the accumulator is complex (cuda.compute has no complex addition)."""
+    return problem.dtype in COMPLEX or problem.acc_dtype in COMPLEX
+
+
+def _cupy_reducible(problem: Problem) -> bool:
+    """Fixed lengths of dtypes CuPy has (not bfloat16)."""
+    return problem.fixed and "bfloat16" not in (problem.dtype, problem.out_dtype)
+
+
 def choose_path(problem: Problem) -> str:
     """The path that serves ``problem`` (see the module docstring)."""
     if FORCE_PATH is not None:
         return FORCE_PATH
-    if cccl_layout(problem) and problem.dtype in _CCCL_DTYPES:
+    if cccl_layout(problem) and problem.dtype in _CCCL_DTYPES and not is_complex(problem):
         if cupy_cub_eligible(problem) and problem.segment_length <= CUPY_CUB_MAX_LENGTH:
             return "cupy-cub"
         return "cccl"
-    if problem.fixed and "bfloat16" not in (problem.dtype, problem.out_dtype):
+    if _cupy_reducible(problem):
         return "cupy-reduce"
     return "strided-kernel"
 
@@ -131,13 +146,13 @@ def path_unsupported(problem: Problem, path: str) -> str | None:
     if path == "cccl":
         if not cccl_layout(problem):
             return "CUB's segmented reduction needs one feature and contiguous segments"
-        if problem.dtype not in _CCCL_DTYPES:
-            return f"cuda.compute cannot add {problem.dtype}"
+        if problem.dtype not in _CCCL_DTYPES or is_complex(problem):
+            return f"cuda.compute cannot add {problem.dtype} into {problem.acc_dtype}"
     elif path == "cupy-cub":
         if not cupy_cub_eligible(problem):
             return "CuPy's CUB reduction needs fixed contiguous segments of one dtype"
     elif path == "cupy-reduce":
-        if not problem.fixed or "bfloat16" in (problem.dtype, problem.out_dtype):
+        if not _cupy_reducible(problem):
             return "CuPy's reduction serves fixed lengths of CuPy dtypes"
     elif path != "strided-kernel":
         return f"unknown path {path!r}"
@@ -527,11 +542,15 @@ class CcclExecutor:
             self._finish(target, out, out_flat, segments, stream)
 
     def _finish(self, target: Any, out: Any, out_flat: Any, segments: Segments, stream: int) -> None:
-        from linred.backends._gpu import cast_into, divide_by_lengths
+        from linred.backends._gpu import cast_into, divide_by_lengths, fill_empty
 
         problem = self._problem
         if problem.reduction != "mean":
             cast_into(target, out_flat)
+            if problem.reduction in ("max", "min") and not problem.fixed:
+                # Empty segments hold h_init, the identity of the accumulator (the input
+                # dtype); the result dtype's identity differs (int8 -> int64, int32 -> -inf).
+                fill_empty(out, segments.offsets, problem.reduction, stream)
         elif problem.fixed:
             cast_into(self._cupy.true_divide(target, self._length), out_flat)
         else:
@@ -584,7 +603,14 @@ class CupyCubExecutor:
 
 
 class CupyReduceExecutor:
-    """CuPy's reduction over axis 2 of the ``(batch, m, L, features)`` strided view."""
+    """CuPy's reduction over axis 2 of the ``(batch, m, L, features)`` strided view.
+
+    CuPy's reductions are called without ``out=``: CuPy 14's ``ndarray.min``
+    hands ``out`` and ``dtype`` to its CUB dispatcher in swapped order, which then
+    compares the output array with a dtype and raises.  The reduction goes into a
+    fresh array (``m`` times ``features`` elements per batch, ``1/L`` of the
+    data) that is copied into the result.
+    """
 
     def __init__(self, problem: Problem) -> None:
         self._problem = problem
@@ -593,6 +619,7 @@ class CupyReduceExecutor:
         self._shape4 = (B, problem.num_segments, L, D)
         sB, sN, sD = problem.strides
         self._strides4 = (sB, sN * L, sN, sD)
+        self._part = {"complex64": "float32", "complex128": "float64"}.get(problem.acc_dtype)
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
         import cupy
@@ -605,21 +632,19 @@ class CupyReduceExecutor:
             xc = as_cupy(x)
             size = xc.dtype.itemsize
             x4 = as_strided(xc, self._shape4, tuple(s * size for s in self._strides4))
-            direct = p.out_dtype != "bfloat16" and p.reduction != "mean"
-            target = as_cupy(out) if direct else None
             if p.reduction in ("max", "min"):
                 f = cupy.amax if p.reduction == "max" else cupy.amin
-                if direct and p.out_dtype == p.dtype:
-                    f(x4, axis=2, out=target)
-                else:
-                    cast_into(f(x4, axis=2), out)
-                return
-            if direct and p.out_dtype == p.acc_dtype:
-                cupy.sum(x4, axis=2, dtype=p.acc_dtype, out=target)
+                cast_into(f(x4, axis=2), out)
                 return
             total = cupy.sum(x4, axis=2, dtype=p.acc_dtype)
             if p.reduction == "mean":
-                total = cupy.true_divide(total, p.segment_length)
+                if self._part is not None:
+                    # Each part on its own: a complex division by L would turn an infinite
+                    # part into NaN (Smith's algorithm multiplies it by 0).
+                    parts = total.view(self._part)
+                    parts /= p.segment_length
+                else:
+                    total = cupy.true_divide(total, p.segment_length)
             cast_into(total, out)
 
     def free(self) -> None:
@@ -694,11 +719,6 @@ class CubBackend(Backend):
             return (
                 f"it runs on CUDA devices and the data is a {problem.kind} array on the host; "
                 "backend='numpy' serves host data"
-            )
-        if problem.dtype.startswith("complex") or problem.acc_dtype.startswith("complex"):
-            return (
-                "cuda.compute has no complex addition (complex values are opaque to it); "
-                "backend='cublas' (fixed lengths) or 'nvmath' serve complex sums"
             )
         if FORCE_PATH is not None:
             return path_unsupported(problem, FORCE_PATH)

@@ -27,7 +27,13 @@ uses its own cuBLAS handle (one per device and thread) in
 the handle settings of other libraries (CuPy's ``CUPY_TF32``, PyTorch's
 ``allow_tf32``) nor cuBLAS's TF32 or emulation switches can lower the
 precision.  float16 and bfloat16 are read as they are and accumulated in float32
-(``cublasGemmEx``).  Complex sums use the complex GEMV.
+(``cublasGemmEx``).
+
+Complex data is summed as real data: the ``(batch, n, features)`` complex view
+is the ``(batch, n, 2 * features)`` real view of its interleaved real and
+imaginary parts, when the features are contiguous (always, for one feature).
+A complex GEMV with ones would multiply each part by the ``0`` of ``1 + 0j``,
+so an infinite real or imaginary part would turn the other into NaN.
 
 PyTorch's ``torch.mv``/``torch.matmul`` are not used: they copy operands whose
 strides BLAS cannot take, without saying so, and their float32 precision
@@ -37,6 +43,7 @@ follows ``torch.backends.cuda.matmul.allow_tf32``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +57,7 @@ from linred.segments import Segments
 
 #: the most cuBLAS calls one reduction may take (layouts needing more are refused)
 MAX_CALLS = 256
-#: use the legacy ``?gemv`` for one-feature float32/float64/complex problems
+#: use the legacy ``?gemv`` for one-feature float32/float64 problems
 #: (``cublasGemmEx`` otherwise); both are exact, the faster is kept
 USE_GEMV = True
 
@@ -94,11 +101,44 @@ def _chunks(total: int, limit: int = _INT32_MAX) -> list[tuple[int, int]]:
     return [(start, min(start + limit, total)) for start in range(0, total, limit)]
 
 
+_PARTS = {"complex64": "float32", "complex128": "float64"}
+
+
+def real_view(problem: Problem) -> Problem | str:
+    """A complex problem as the real problem over its interleaved (real, imaginary) parts.
+
+    The ``(batch, n, features)`` complex data is the ``(batch, n, 2 * features)``
+    real data at twice the strides, and the result likewise, when the features
+    are contiguous; otherwise the reason there is no such view.  Real problems
+    are returned as they are.
+    """
+    real = _PARTS.get(problem.dtype)
+    if real is None:
+        return problem
+    sB, sN, sD = problem.strides
+    D = problem.features
+    if D > 1 and sD != 1:
+        return (
+            f"complex data is summed as its real and imaginary parts, which needs contiguous features "
+            f"(the feature stride is {sD}); backend='cub' serves this layout"
+        )
+    if problem.n == 1:
+        sN = D  # never stepped over; any value a library gave a length-1 dimension
+    return dataclasses.replace(
+        problem, dtype=real, acc_dtype=real, out_dtype=real, features=2 * D, strides=(2 * sB, 2 * sN, 1)
+    )
+
+
 def plan_calls(problem: Problem, use_gemv: bool | None = None) -> list[Call] | str:
     """The cuBLAS calls that compute ``problem`` (fixed length), or why there are none.
 
-    Pure index arithmetic: it runs without a GPU.
+    Pure index arithmetic: it runs without a GPU.  Complex problems are planned
+    as their :func:`real_view`; the offsets are then in real elements.
     """
+    real = real_view(problem)
+    if isinstance(real, str):
+        return real
+    problem = real
     if use_gemv is None:
         use_gemv = USE_GEMV
     B, _, D = problem.in_shape
@@ -117,11 +157,7 @@ def plan_calls(problem: Problem, use_gemv: bool | None = None) -> list[Call] | s
         return (
             f"cuBLAS's 32-bit dimensions cannot hold a segment of {L} elements or {D} features; backend='cub' serves it"
         )
-    gemv_ok = (
-        use_gemv
-        and problem.dtype == problem.out_dtype
-        and problem.dtype in ("float32", "float64", "complex64", "complex128")
-    )
+    gemv_ok = use_gemv and problem.dtype == problem.out_dtype and problem.dtype in ("float32", "float64")
     calls: list[Call] = []
     if D == 1:
         # Each segment is a column of a column-major (L, m) matrix: unit stride along
@@ -240,6 +276,7 @@ class _Library:
         from cupy_backends.cuda.libs import cublas
 
         self.cublas = cublas
+        self.get_device = runtime.getDevice
         self.op_n = getattr(cublas, "CUBLAS_OP_N", 0)
         self.op_t = getattr(cublas, "CUBLAS_OP_T", 1)
         self.algo = getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1)
@@ -250,14 +287,10 @@ class _Library:
             "bfloat16": runtime.CUDA_R_16BF,
             "float32": runtime.CUDA_R_32F,
             "float64": runtime.CUDA_R_64F,
-            "complex64": runtime.CUDA_C_32F,
-            "complex128": runtime.CUDA_C_64F,
         }
         self.gemv = {
             "float32": cublas.sgemv,
             "float64": cublas.dgemv,
-            "complex64": cublas.cgemv,
-            "complex128": cublas.zgemv,
         }
 
 
@@ -276,8 +309,6 @@ _SCALAR = {
     "bfloat16": np.float32,
     "float32": np.float32,
     "float64": np.float64,
-    "complex64": np.complex64,
-    "complex128": np.complex128,
 }
 
 
@@ -299,7 +330,7 @@ class CublasExecutor:
         self._beta = np.zeros(1, dtype=scalar)
         self._a_type = lib.data_type[problem.dtype]
         self._c_type = lib.data_type[problem.out_dtype]
-        self._compute = lib.compute_64f if problem.acc_dtype in ("float64", "complex128") else lib.compute_32f
+        self._compute = lib.compute_64f if problem.acc_dtype == "float64" else lib.compute_32f
         self._gemv = lib.gemv.get(problem.dtype)
         self._ones: Any = None
 
@@ -310,42 +341,58 @@ class CublasExecutor:
             return cupy.full(self._length, 0x3F80, dtype=cupy.int16)  # bfloat16 1.0
         return cupy.ones(self._length, dtype=self._in_dtype)
 
-    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
-        from linred.backends._gpu import cupy_stream, data_ptr, on_stream
+    def _first_call(self, stream: int) -> None:
+        from linred.backends._gpu import cupy_stream, on_stream
 
-        lib = self._lib
-        cublas = lib.cublas
         with on_stream(stream, self._device):
-            if self._ones is None:
-                # Read-only from now on: once it is complete, any stream may read it, so
-                # the first call waits for it once and no call orders streams after that.
-                self._ones = self._make_ones()
-                cupy_stream(stream, self._device).synchronize()
-            handle = _handle(self._device)
-            cublas.setStream(handle, stream)
-            xp = data_ptr(x)
-            op = data_ptr(out)
-            ones = self._ones.data.ptr
-            alpha = self._alpha.ctypes.data
-            beta = self._beta.ctypes.data
-            xs, os = self._in_size, self._out_size
-            for c in self._calls:
-                a = xp + c.x_offset * xs
-                y = op + c.out_offset * os
-                trans = lib.op_t if c.trans else lib.op_n
-                if c.kind == "gemv":
-                    self._gemv(handle, trans, c.rows, c.cols, alpha, a, c.lda, ones, 1, beta, y, 1)
-                elif c.kind == "gemm":
-                    cublas.gemmEx(
-                        handle, trans, lib.op_n, c.rows, 1, c.cols, alpha, a, self._a_type, c.lda,
-                        ones, self._a_type, c.cols, beta, y, self._c_type, c.rows, self._compute, lib.algo,
-                    )  # fmt: skip
-                else:
-                    cublas.gemmStridedBatchedEx(
-                        handle, trans, lib.op_n, c.rows, 1, c.cols, alpha, a, self._a_type, c.lda, c.stride_a,
-                        ones, self._a_type, c.cols, 0, beta, y, self._c_type, c.rows, c.stride_c, c.batch,
-                        self._compute, lib.algo,
-                    )  # fmt: skip
+            # Read-only from now on: once it is complete, any stream may read it, so
+            # the first call waits for it once and no call orders streams after that.
+            self._ones = self._make_ones()
+            self._ones_ptr = self._ones.data.ptr
+            cupy_stream(stream, self._device).synchronize()
+        # The scalars' addresses are fixed for the plan's life: taken once, not per call.
+        self._alpha_ptr = self._alpha.ctypes.data
+        self._beta_ptr = self._beta.ctypes.data
+
+    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
+        if self._ones is None:
+            self._first_call(stream)
+        lib = self._lib
+        if lib.get_device() != self._device:  # cuBLAS handles belong to a device
+            from linred.backends._gpu import on_stream
+
+            with on_stream(stream, self._device):
+                self._run(lib, x, out, stream)
+            return
+        self._run(lib, x, out, stream)
+
+    def _run(self, lib: _Library, x: Any, out: Any, stream: int) -> None:
+        from linred.backends._gpu import data_ptr
+
+        cublas = lib.cublas
+        handle = _handle(self._device)
+        cublas.setStream(handle, stream)
+        xp = data_ptr(x)
+        op = data_ptr(out)
+        ones, alpha, beta = self._ones_ptr, self._alpha_ptr, self._beta_ptr
+        xs, os = self._in_size, self._out_size
+        for c in self._calls:
+            a = xp + c.x_offset * xs
+            y = op + c.out_offset * os
+            trans = lib.op_t if c.trans else lib.op_n
+            if c.kind == "gemv":
+                self._gemv(handle, trans, c.rows, c.cols, alpha, a, c.lda, ones, 1, beta, y, 1)
+            elif c.kind == "gemm":
+                cublas.gemmEx(
+                    handle, trans, lib.op_n, c.rows, 1, c.cols, alpha, a, self._a_type, c.lda,
+                    ones, self._a_type, c.cols, beta, y, self._c_type, c.rows, self._compute, lib.algo,
+                )  # fmt: skip
+            else:
+                cublas.gemmStridedBatchedEx(
+                    handle, trans, lib.op_n, c.rows, 1, c.cols, alpha, a, self._a_type, c.lda, c.stride_a,
+                    ones, self._a_type, c.cols, 0, beta, y, self._c_type, c.rows, c.stride_c, c.batch,
+                    self._compute, lib.algo,
+                )  # fmt: skip
 
     def free(self) -> None:
         self._ones = None
@@ -395,7 +442,9 @@ class CublasBackend(Backend):
     def plan(self, problem: Problem) -> CublasExecutor:
         calls = plan_calls(problem)
         assert not isinstance(calls, str), calls
-        return CublasExecutor(problem, calls)
+        real = real_view(problem)
+        assert not isinstance(real, str), real
+        return CublasExecutor(real, calls)
 
 
 BACKEND = CublasBackend()

@@ -13,10 +13,12 @@
   float32 and return their own dtype (or float32 with ``dtype=float32``).
 - **Device data, offsets or lengths**: the segment indicator matrix ``S`` (CSR:
   ``data = ones(n)``, ``indices = arange(n)``, ``indptr = offsets``) times the data,
-  through ``nvmath.sparse.Matmul`` (cuSPARSE SpMM); a batch (``axis > 0``) is one
-  batched SpMM with ``S`` broadcast.  ``data`` and ``indices`` depend on ``n`` only
-  and are built once per plan (``n`` elements each: memory that a cached plan
-  keeps); ``indptr`` is each call's offsets.
+  by cuSPARSE SpMM driven through ``nvmath.bindings.cusparse``; a batch
+  (``axis > 0``) is one batched SpMM with ``S`` broadcast.  ``data`` and
+  ``indices`` depend on ``n`` only and are built once per plan (``n`` elements
+  each: memory that a cached plan keeps); ``indptr`` is each call's offsets.
+  float16/bfloat16 data is summed into float32 (cuSPARSE's mixed precision) and
+  rounded once into the result (or returned as float32 with ``dtype=float32``).
 - A mean multiplies by ``alpha = 1/L`` (fixed length) or divides by the segment
   lengths after the product (offsets; an empty segment's mean is NaN).
 - Complex data is multiplied as real data with its real and imaginary parts as
@@ -31,7 +33,9 @@ the input.
 Refused, with a reason: max/min (not linear), integer data (no integer matrix
 products), offsets on the host (nvmath's sparse matmul runs on the GPU only),
 float16/bfloat16 and ``dtype=`` changes on the host (MKL would need a converted
-copy), and layouts BLAS cannot address without copying the input.
+copy), layouts BLAS cannot address without copying the input, and matrix
+extents beyond 2^31 - 1 on the GPU (cuBLASLt has no kernel for a segment of
+2^31 elements or more).
 
 nvmath logs every planning and execution step at INFO level; it is given the
 logger ``"linred.nvmath"``, set to WARNING unless configured otherwise, so that an
@@ -122,21 +126,11 @@ def _device_error() -> str | None:
 @functools.cache
 def _sparse_error() -> str | None:
     try:
-        import nvmath.sparse  # noqa: F401  (needs cuda.core)
         from nvmath.bindings import cusparse
 
         cusparse.get_property(0)
     except Exception as e:
-        return f"nvmath's sparse matmul is not usable ({type(e).__name__}: {e})"
-    return None
-
-
-@functools.cache
-def _cupy_error() -> str | None:
-    try:
-        import cupyx.scipy.sparse  # noqa: F401
-    except Exception as e:
-        return f"cupyx.scipy.sparse cannot be imported ({type(e).__name__}: {e})"
+        return f"nvmath cannot load cuSPARSE ({type(e).__name__}: {e}); install nvmath-python[cu12] or [cu13]"
     return None
 
 
@@ -176,15 +170,17 @@ class NvmathBackend(Backend):
             layout = layouts.dense_layout(problem, host=False)
             if isinstance(layout, str):
                 return f"{layout}; a contiguous copy of the data or backend='cub' serves it"
-            return layouts.check_batch_count(layout)
-        reason = _sparse_error() or layouts.variable_dtype_reason(problem)
-        if reason is None and problem.kind == "cupy":
-            reason = _cupy_error()
+            return layouts.check_device_extents(layout)
+        reason = _sparse_error()
         if reason is not None:
             return reason
         strides = layouts.sparse_dense_strides(problem)
         if isinstance(strides, str):
             return f"{strides}; backend='cub' serves it"
+        if problem.batch > layouts.INT32_MAX:
+            return (
+                f"it needs a batch of {problem.batch} products, more than cuSPARSE's 2^31 - 1; backend='cub' serves it"
+            )
         return None
 
     @staticmethod

@@ -37,7 +37,7 @@ class Tuning:
     """Launch shapes of the kernels (fixed per plan; see docs/performance.md for how they were chosen)."""
 
     threads: int = 256  #: threads per block
-    unroll: int = 4  #: 16-byte vectors per thread in fixed_small
+    unroll: int = 8  #: 16-byte vectors per thread in fixed_small
     tile: int = 4096  #: elements per tile in tile_reduce
     min_blocks: int = 4  #: resident blocks per SM that tile_reduce's registers must allow
     max_tiles_per_block: int = 16  #: consecutive tiles one block reduces (fewer when the data is small)
@@ -99,6 +99,12 @@ def _flat(problem: Problem) -> bool:
     b, n, _ = problem.in_shape
     s0, s1, _ = problem.strides
     return s1 == 1 and (b == 1 or s0 == n)
+
+
+def _cuda_launch() -> Any:
+    from cuda.core import launch
+
+    return launch
 
 
 class _Launcher:
@@ -187,6 +193,7 @@ class _FixedSmallExecutor:
         self._nvec = b * n // _vec(problem)
         # One chunk per block: the block scheduler overlaps finishing blocks with new ones.
         self._blocks = max(1, -(-self._nvec // (self._tuning.threads * self._tuning.unroll)))
+        self._config = None
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
         launch = self._launch
@@ -201,11 +208,11 @@ class _FixedSmallExecutor:
 
             wrapper = _fixed_small_wrapper(self._problem, self._tuning)
             (self._kernel,) = get_kernels(launch.device, wrapper, ("linred_fixed_small",))
-        from cuda.core import LaunchConfig
-        from cuda.core import launch as cuda_launch
+        if self._config is None:
+            from cuda.core import LaunchConfig
 
-        config = LaunchConfig(grid=self._blocks, block=self._tuning.threads)
-        cuda_launch(launch.stream(stream), config, self._kernel, xp, launch.ptr(out), self._nvec)
+            self._config = LaunchConfig(grid=self._blocks, block=self._tuning.threads)
+        _cuda_launch()(launch.stream(stream), self._config, self._kernel, xp, launch.ptr(out), self._nvec)
 
     def free(self) -> None:
         if self._tiles is not None:
@@ -236,6 +243,7 @@ class _TileExecutor:
         # Offsets: the first segment of every tile, found once per call by linred_bounds.
         self._bounds = None if problem.fixed else self._launch.empty(self._tiles_per_row + 1, "int64")
         self._kernels: dict[tuple[bool, str], tuple[Any, Any, Any]] = {}
+        self._configs: tuple[Any, Any, Any] | None = None
         self._fix_blocks = max(1, -(-self._num_blocks // (tuning.threads // 32)))
         self._bound_blocks = max(1, -(-(self._tiles_per_row + 1) // tuning.threads))
         L = problem.segment_length
@@ -264,9 +272,15 @@ class _TileExecutor:
             wrapper = _tile_wrapper(problem, vecload, index, self._tuning, self._k)
             kernels = get_kernels(launch.device, wrapper, ("linred_tile", "linred_fixup", "linred_bounds"))
             self._kernels[key] = kernels
-        from cuda.core import LaunchConfig
-        from cuda.core import launch as cuda_launch
+        if self._configs is None:
+            from cuda.core import LaunchConfig
 
+            self._configs = (
+                LaunchConfig(grid=self._bound_blocks, block=threads),
+                LaunchConfig(grid=self._num_blocks, block=threads),
+                LaunchConfig(grid=self._fix_blocks, block=threads),
+            )
+        cuda_launch = _cuda_launch()
         s = launch.stream(stream)
         L = problem.segment_length or 0
         bounds = 0 if self._bounds is None else launch.ptr(self._bounds)
@@ -274,12 +288,12 @@ class _TileExecutor:
                   self._num_blocks, bounds)  # fmt: skip
         head, tail, ts = launch.ptr(self._head), launch.ptr(self._tail), launch.ptr(self._tail_seg)
         op = launch.ptr(out)
+        bounds_config, tile_config, fixup_config = self._configs
         if self._bounds is not None:
-            cuda_launch(s, LaunchConfig(grid=self._bound_blocks, block=threads), kernels[2], *common)
-        config = LaunchConfig(grid=self._num_blocks, block=threads)
-        cuda_launch(s, config, kernels[0], xp, op, *common, head, tail, ts)
+            cuda_launch(s, bounds_config, kernels[2], *common)
+        cuda_launch(s, tile_config, kernels[0], xp, op, *common, head, tail, ts)
         if self._needs_fixup:
-            cuda_launch(s, LaunchConfig(grid=self._fix_blocks, block=threads), kernels[1], op, *common, head, tail, ts)
+            cuda_launch(s, fixup_config, kernels[1], op, *common, head, tail, ts)
 
     def free(self) -> None:
         self._kernels.clear()

@@ -251,12 +251,60 @@ struct TileArgs {
 // The open segment a block carries from one of its tiles to the next.
 enum { CARRY_NONE = 0, CARRY_FROM_BEFORE = 1, CARRY_OWN = 2 };
 
+// Segmented inclusive scan over the block's threads of (flag, value): a set flag
+// starts a new segment.  Returns the thread's inclusive value; *exclusive gets
+// the value of the threads before it since the last flag (identity if none).
+template <class A, class OP, int THREADS>
+__device__ __forceinline__ A block_segmented_scan(bool flag, A value, A identity, A* exclusive, A* warp_val,
+                                                  int* warp_flag) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int f = flag;
+    A v = value;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+        const A v_up = __shfl_up_sync(0xffffffffu, v, d);
+        const int f_up = __shfl_up_sync(0xffffffffu, f, d);
+        if (lane >= d) {
+            if (!f) v = OP::combine(v_up, v);
+            f |= f_up;
+        }
+    }
+    if (lane == 31) {
+        warp_val[warp] = v;
+        warp_flag[warp] = f;
+    }
+    __syncthreads();
+    // The carry into this warp: the warps before it, back to the last one with a flag.
+    A carry = identity;
+    for (int w = warp - 1; w >= 0; --w) {
+        carry = OP::combine(warp_val[w], carry);
+        if (warp_flag[w]) break;
+    }
+    if (!f) v = OP::combine(carry, v);
+    // Exclusive: the previous thread's inclusive value, unless this thread starts a segment.
+    A prev = __shfl_up_sync(0xffffffffu, v, 1);
+    if (lane == 0) prev = carry;
+    *exclusive = prev;
+    __syncthreads();  // warp_val is reused by the next call
+    return v;
+}
+
 // A block reduces K consecutive tiles of one row, staging each in shared memory
 // while the loads of the next are in flight.  A segment that continues into the
 // block's next tile is carried in shared memory, so partials leave the block only
 // at its two ends: head[b] is the block's part of a segment that began before
 // it; tail[b] the part of the last segment that began in it and continues past
 // it, whose index is tail_seg[b] (-1 when there is none).
+//
+// Within a tile, three ways to share the work, by how many segments meet it:
+//  - a few (at most one per warp): several warps per segment;
+//  - many, with their boundaries fitting in shared memory: every thread takes 16
+//    consecutive elements whatever the segment lengths, finishes the segments
+//    inside them, and a block-wide segmented scan joins the pieces of those that
+//    cross threads ("balanced": no thread waits for another's long segment);
+//  - more boundaries than that (mostly empty segments): one segment per lane group.
+// Shared memory is padded (16 bytes every 16 elements) so that threads reading
+// their 16 consecutive elements hit distinct banks.
 template <class T, class A, class O, class OP, bool MEAN, int THREADS, int TILE, int K, bool VECLOAD, class Off>
 __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, TileArgs a,
                                             const i64* __restrict__ bounds, A* __restrict__ head, A* __restrict__ tail,
@@ -266,13 +314,19 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
     constexpr int VEC = VecOf<T>::N;
     constexpr int NV = VECLOAD ? TILE / VEC / THREADS : 1;  // vectors per thread per tile
     constexpr int NS = VECLOAD ? 1 : TILE / THREADS;        // scalars per thread per tile
+    constexpr int ITEMS = TILE / THREADS;                   // elements per thread in balanced mode
+    constexpr int PAD = 16 / (int)sizeof(A) > 0 ? 16 / (int)sizeof(A) : 1;
+    constexpr int CAP = 2 * THREADS;                        // boundaries balanced mode can hold
     struct __align__(16) AV { A v[VecOf<T>::N]; };
-    __shared__ __align__(16) A sh[TILE];
+    __shared__ __align__(16) A sh[TILE + TILE / 16 * PAD];
+    __shared__ int sb[CAP + 1];
     __shared__ A red[WARPS];
+    __shared__ int red_flag[WARPS];
     __shared__ A carry_acc, next_acc;
     __shared__ i64 carry_s, next_s;
     __shared__ int carry_mode, next_mode;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    auto at = [](int e) { return e + (e >> 4) * PAD; };  // padded position of element e
 
     const i64 b = blockIdx.x;
     const i64 row = b / a.blocks_per_row;
@@ -313,6 +367,9 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
         const i64 s_last = (t1 == a.n) ? a.m - 1 : segment_at_or_after(off, bounds, j + 1, a.m, t1) - 1;
         // off(m) == n > t0, so s_first == m also means the tile continues an earlier segment.
         const i64 s_head = (s_first > 0 && off(s_first) > t0) ? s_first - 1 : -1;
+        const i64 owned = s_last - s_first + 1;
+        const i64 items = owned + (s_head >= 0 ? 1 : 0);
+        const bool balanced = items > WARPS && owned + 1 <= CAP;
         // Stage the tile in shared memory, in the accumulator type.
         if (VECLOAD && count == TILE) {
 #pragma unroll
@@ -320,15 +377,21 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                 AV w;
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) w.v[i] = to_acc<A>(vbuf[k].v[i]);
-                reinterpret_cast<AV*>(sh)[k * THREADS + tid] = w;
+                *reinterpret_cast<AV*>(sh + at((k * THREADS + tid) * VEC)) = w;
             }
         } else if (VECLOAD) {  // the ragged last tile of a row
-            for (int i = tid; i < count; i += THREADS) sh[i] = to_acc<A>(xr[t0 + i]);
+            for (int i = tid; i < count; i += THREADS) sh[at(i)] = to_acc<A>(xr[t0 + i]);
         } else {
 #pragma unroll
             for (int k = 0; k < NS; ++k) {
                 const int i = k * THREADS + tid;
-                if (i < count) sh[i] = to_acc<A>(sbuf[k]);
+                if (i < count) sh[at(i)] = to_acc<A>(sbuf[k]);
+            }
+        }
+        if (balanced) {  // the owned segments' starts, then the end of the last, relative to t0
+            for (i64 k = tid; k <= owned; k += THREADS) {
+                const i64 v = off(s_first + k) - t0;
+                sb[k] = (int)(v < (i64)count ? v : (i64)count + 1);  // past the tile: count + 1
             }
         }
         if (tid == 0) next_mode = CARRY_NONE;
@@ -358,9 +421,6 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
             }
         };
 
-        const i64 owned = s_last - s_first + 1;
-        const i64 items = owned + (s_head >= 0 ? 1 : 0);
-        // item 0 is the head piece when there is one; then the owned segments.
         if (items <= WARPS) {
             // Few segments: WARPS / items warps per segment, partials combined in shared memory.
             const int per = WARPS / (int)items;
@@ -368,8 +428,8 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
             A acc = OP::template identity<O, A>();
             if (part < per) {
                 const i64 s = (s_head >= 0) ? (item == 0 ? s_head : s_first + item - 1) : s_first + item;
-                const i64 lo = max(off(s), t0) - t0, hi = min(off(s + 1), t1) - t0;
-                for (i64 i = lo + part * 32 + lane; i < hi; i += per * 32) acc = OP::combine(acc, sh[i]);
+                const int lo = (int)(max(off(s), t0) - t0), hi = (int)(min(off(s + 1), t1) - t0);
+                for (int i = lo + part * 32 + lane; i < hi; i += per * 32) acc = OP::combine(acc, sh[at(i)]);
             }
 #pragma unroll
             for (int o = 16; o > 0; o /= 2) acc = OP::combine(acc, shfl_xor(acc, o));
@@ -381,6 +441,57 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                 const bool is_head = s_head >= 0 && tid == 0;
                 const i64 s = (s_head >= 0) ? (is_head ? s_head : s_first + tid - 1) : s_first + tid;
                 emit(is_head, s, off(s), off(s + 1), total);
+            }
+        } else if (balanced) {
+            // Thread tid walks elements [r0, r1); owned segment k starts at sb[k] and
+            // ends at sb[k + 1]; k = -1 is the head segment, which began before the tile.
+            const A identity = OP::template identity<O, A>();
+            const int r0 = tid * ITEMS, r1 = min(r0 + ITEMS, count);
+            const bool active = r0 < count;
+            int lo = 0, hi = (int)owned + 1;  // the segment holding r0: the last k with sb[k] <= r0
+            while (lo < hi) {
+                const int mid = (lo + hi) >> 1;
+                if (sb[mid] <= r0) lo = mid + 1; else hi = mid;
+            }
+            const int k0 = lo - 1;
+            const bool first_open = k0 < 0 || sb[k0] < r0;  // it began before this thread's elements
+            int cur = k0, end = sb[k0 + 1];
+            A acc = identity, first = identity;
+            bool first_closed = false;
+            for (int e = r0; e < r1; ++e) {
+                while (e >= end) {  // segment cur ended before e
+                    if (cur == k0 && first_open) {
+                        first = acc;  // to be joined with the earlier threads' pieces
+                        first_closed = true;
+                    } else if (sb[cur] < end) {  // began and ended in this thread
+                        outr[s_first + cur] = finish<O, MEAN>(acc, end - sb[cur]);
+                    }
+                    acc = identity;
+                    ++cur;
+                    end = sb[cur + 1];
+                }
+                acc = OP::combine(acc, sh[at(e)]);
+            }
+            // Join each thread's open segment (the one holding r1 - 1) with that
+            // segment's pieces in the threads before it.
+            const bool starts_here = !active || first_closed || !first_open;
+            A before;
+            const A total = block_segmented_scan<A, OP, THREADS>(starts_here, acc, identity, &before, red, red_flag);
+            if (active) {
+                if (first_closed) {  // the segment at r0 ended inside this thread
+                    const i64 s = k0 < 0 ? s_head : s_first + k0;
+                    emit(k0 < 0, s, off(s), off(s + 1), OP::combine(before, first));
+                }
+                // The last thread holding the open segment finishes or carries it: the
+                // segment ends at r1, or this is the tile's last thread.
+                if (end <= r1 || r1 == count) {
+                    const i64 s = cur < 0 ? s_head : s_first + cur;
+                    emit(cur < 0, s, off(s), off(s + 1), total);
+                }
+            }
+            // Empty owned segments hold no element: they get the identity here.
+            for (i64 k = tid; k < owned; k += THREADS) {
+                if (sb[k] == sb[k + 1]) outr[s_first + k] = finish<O, MEAN>(identity, 0);
             }
         } else {
             // Many segments: groups of G lanes, G a power of two from 32 down to 1.
@@ -398,14 +509,14 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                     s = (s_head >= 0) ? (is_head ? s_head : s_first + item - 1) : s_first + item;
                     begin = off(s);
                     end = off(s + 1);
-                    const i64 lo = max(begin, t0) - t0, hi = min(end, t1) - t0;
-                    for (i64 i = lo + gl; i < hi; i += G) acc = OP::combine(acc, sh[i]);
+                    const int lo = (int)(max(begin, t0) - t0), hi = (int)(min(end, t1) - t0);
+                    for (int i = lo + gl; i < hi; i += G) acc = OP::combine(acc, sh[at(i)]);
                 }
                 for (int o = G / 2; o > 0; o /= 2) acc = OP::combine(acc, shfl_xor(acc, o));
                 if (valid && gl == 0) emit(is_head, s, begin, end, acc);
             }
         }
-        __syncthreads();  // sh, red and next_* are complete
+        __syncthreads();  // sh, sb, red and next_* are complete
         if (tid == 0) {
             carry_mode = next_mode;
             carry_s = next_s;
