@@ -193,6 +193,10 @@ def _divide_kernel(sums_dtype: str, out_dtype: str, out_is_bf16: bool) -> cupy.E
     # integer and float16 sums are converted first; float32/float64/complex ones divide in their own type
     convert = sums_dtype not in ("float32", "float64", "complex64", "complex128")
     value = f"(({real})sums[i] / ({real})len)" if convert else f"(sums[i] / ({real})len)"
+    if sums_dtype.startswith("complex"):
+        # Real and imaginary parts divided separately: a complex division would turn an
+        # infinite part into NaN (inf * 0 in the cross terms).
+        value = f"T(sums[i].real() / ({real})len, sums[i].imag() / ({real})len)"
     if out_is_bf16:
         body = f"out = linred_bf16_bits(len > 0 ? (float){value} : LINRED_NAN_F);"
     else:

@@ -277,6 +277,9 @@ class _Library:
 
         self.cublas = cublas
         self.get_device = runtime.getDevice
+        import cupy
+
+        self.current_stream = cupy.cuda.get_current_stream
         self.op_n = getattr(cublas, "CUBLAS_OP_N", 0)
         self.op_t = getattr(cublas, "CUBLAS_OP_T", 1)
         self.algo = getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1)
@@ -358,7 +361,9 @@ class CublasExecutor:
         if self._ones is None:
             self._first_call(stream)
         lib = self._lib
-        if lib.get_device() != self._device:  # cuBLAS handles belong to a device
+        # CuPy's cuBLAS wrappers point the handle at CuPy's current stream before every
+        # call, and handles belong to a device: run under the call's stream and device.
+        if lib.get_device() != self._device or lib.current_stream().ptr != stream:
             from linred.backends._gpu import on_stream
 
             with on_stream(stream, self._device):

@@ -342,10 +342,10 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
         const i64 t0 = j * (i64)TILE;
         const int count = (int)(min(t0 + (i64)TILE, a.n) - t0);
         if (VECLOAD) {
-            if (count == TILE) {
+            if (count == TILE) {  // blocked: each thread its own ITEMS consecutive elements
                 const V* xv = reinterpret_cast<const V*>(xr + t0);
 #pragma unroll
-                for (int k = 0; k < NV; ++k) vbuf[k] = xv[k * THREADS + tid];
+                for (int k = 0; k < NV; ++k) vbuf[k] = xv[tid * NV + k];
             }
         } else {
 #pragma unroll
@@ -370,18 +370,22 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
         const i64 owned = s_last - s_first + 1;
         const i64 items = owned + (s_head >= 0 ? 1 : 0);
         const bool balanced = items > WARPS && owned + 1 <= CAP;
+        // A full vector-loaded tile is already in registers, ITEMS consecutive elements
+        // per thread: the balanced mode reduces it there; the others need it staged.
+        const bool in_regs = VECLOAD && count == TILE;
+        const bool stage = !(balanced && in_regs);
         // Stage the tile in shared memory, in the accumulator type.
-        if (VECLOAD && count == TILE) {
+        if (stage && in_regs) {
 #pragma unroll
             for (int k = 0; k < NV; ++k) {
                 AV w;
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) w.v[i] = to_acc<A>(vbuf[k].v[i]);
-                *reinterpret_cast<AV*>(sh + at((k * THREADS + tid) * VEC)) = w;
+                *reinterpret_cast<AV*>(sh + at(tid * ITEMS + k * VEC)) = w;
             }
-        } else if (VECLOAD) {  // the ragged last tile of a row
+        } else if (stage && VECLOAD) {  // the ragged last tile of a row
             for (int i = tid; i < count; i += THREADS) sh[at(i)] = to_acc<A>(xr[t0 + i]);
-        } else {
+        } else if (stage) {
 #pragma unroll
             for (int k = 0; k < NS; ++k) {
                 const int i = k * THREADS + tid;
@@ -396,7 +400,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
         }
         if (tid == 0) next_mode = CARRY_NONE;
         __syncthreads();
-        if (j + 1 < j1) fetch(j + 1);  // in flight while this tile is reduced
+        if (stage && j + 1 < j1) fetch(j + 1);  // in flight while this tile is reduced
 
         // A finished item: the head piece joins the carried part of its segment.
         auto emit = [&](bool is_head, i64 s, i64 begin, i64 end, A acc) {
@@ -458,20 +462,26 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
             int cur = k0, end = sb[k0 + 1];
             A acc = identity, first = identity;
             bool first_closed = false;
-            for (int e = r0; e < r1; ++e) {
-                while (e >= end) {  // segment cur ended before e
-                    if (cur == k0 && first_open) {
-                        first = acc;  // to be joined with the earlier threads' pieces
-                        first_closed = true;
-                    } else if (sb[cur] < end) {  // began and ended in this thread
-                        outr[s_first + cur] = finish<O, MEAN>(acc, end - sb[cur]);
+#pragma unroll
+            for (int i = 0; i < ITEMS; ++i) {
+                const int e = r0 + i;
+                if (e < r1) {
+                    while (e >= end) {  // segment cur ended before e
+                        if (cur == k0 && first_open) {
+                            first = acc;  // to be joined with the earlier threads' pieces
+                            first_closed = true;
+                        } else if (sb[cur] < end) {  // began and ended in this thread
+                            outr[s_first + cur] = finish<O, MEAN>(acc, end - sb[cur]);
+                        }
+                        acc = identity;
+                        ++cur;
+                        end = sb[cur + 1];
                     }
-                    acc = identity;
-                    ++cur;
-                    end = sb[cur + 1];
+                    const A v = stage ? sh[at(e)] : to_acc<A>(vbuf[i / VEC].v[i % VEC]);
+                    acc = OP::combine(acc, v);
                 }
-                acc = OP::combine(acc, sh[at(e)]);
             }
+            if (!stage && j + 1 < j1) fetch(j + 1);  // the registers are free again
             // Join each thread's open segment (the one holding r1 - 1) with that
             // segment's pieces in the threads before it.
             const bool starts_here = !active || first_closed || !first_open;
