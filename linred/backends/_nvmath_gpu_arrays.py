@@ -188,8 +188,12 @@ class TorchOps:
         """
         torch = self._torch
         double = sums.dtype in (torch.float64, torch.complex128)
-        lengths = torch.diff(offsets).to(torch.float64 if double else torch.float32)
-        torch.div(sums, lengths.view(1, -1, 1), out=out)
+        lengths = torch.diff(offsets).to(torch.float64 if double else torch.float32).view(1, -1, 1)
+        if sums.is_complex():
+            # Parts divided separately: a complex division turns an infinite part into NaN.
+            torch.div(torch.view_as_real(sums), lengths.unsqueeze(-1), out=torch.view_as_real(out))
+        else:
+            torch.div(sums, lengths, out=out)
 
     @staticmethod
     def dtype_name(a: Any) -> str:

@@ -336,16 +336,22 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
     O* outr = out + row * a.m;
     if (tid == 0) carry_mode = CARRY_NONE;
 
+    // Vector loads are blocked (each thread its own ITEMS consecutive elements, what the
+    // balanced mode reduces in registers) where the block's tiles hold many segments,
+    // and warp-striped (fully coalesced, for staging) where they hold few.
+    const i64 seg_j0 = segment_at_or_after(off, bounds, j0, a.m, j0 * (i64)TILE);
+    const i64 seg_j1 = segment_at_or_after(off, bounds, j1, a.m, min(j1 * (i64)TILE, a.n));
+    const bool blocked = VECLOAD && seg_j1 - seg_j0 > (i64)WARPS * (j1 - j0);
     V vbuf[NV];
     T sbuf[NS];
     auto fetch = [&](i64 j) {  // issue the loads of tile j (no use yet)
         const i64 t0 = j * (i64)TILE;
         const int count = (int)(min(t0 + (i64)TILE, a.n) - t0);
         if (VECLOAD) {
-            if (count == TILE) {  // blocked: each thread its own ITEMS consecutive elements
+            if (count == TILE) {
                 const V* xv = reinterpret_cast<const V*>(xr + t0);
 #pragma unroll
-                for (int k = 0; k < NV; ++k) vbuf[k] = xv[tid * NV + k];
+                for (int k = 0; k < NV; ++k) vbuf[k] = xv[blocked ? tid * NV + k : k * THREADS + tid];
             }
         } else {
 #pragma unroll
@@ -373,7 +379,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
         // A full vector-loaded tile is already in registers, ITEMS consecutive elements
         // per thread: the balanced mode reduces it there; the others need it staged.
         const bool in_regs = VECLOAD && count == TILE;
-        const bool stage = !(balanced && in_regs);
+        const bool stage = !(balanced && in_regs && blocked);
         // Stage the tile in shared memory, in the accumulator type.
         if (stage && in_regs) {
 #pragma unroll
@@ -381,7 +387,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                 AV w;
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) w.v[i] = to_acc<A>(vbuf[k].v[i]);
-                *reinterpret_cast<AV*>(sh + at(tid * ITEMS + k * VEC)) = w;
+                *reinterpret_cast<AV*>(sh + at(blocked ? tid * ITEMS + k * VEC : (k * THREADS + tid) * VEC)) = w;
             }
         } else if (stage && VECLOAD) {  // the ragged last tile of a row
             for (int i = tid; i < count; i += THREADS) sh[at(i)] = to_acc<A>(xr[t0 + i]);
