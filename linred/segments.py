@@ -30,12 +30,14 @@ class FixedSegments:
 class VariableSegments:
     """Segments ``[offsets[i], offsets[i + 1])``; ``offsets`` is 1-D int32/int64 on the data's device.
 
-    ``max_length`` is known when the offsets were checked (``check=True``), else None.
+    ``max_length`` and ``min_length`` are known when the offsets were checked
+    (``check=True``), else None.
     """
 
     offsets: Any
     count: int
     max_length: int | None = None
+    min_length: int | None = None
 
     @property
     def key(self) -> tuple:
@@ -77,7 +79,7 @@ def _offsets(value: Any, n: int, axis: int, adapter: ArrayAdapter, device: int |
         raise ValueError(f"offsets must be non-decreasing: offsets[{at + 1}]={after} < offsets[{at}]={before}")
     if last != n:
         raise ValueError(f"offsets[-1] must equal the length of axis {axis} (n={n}); got {last}")
-    return VariableSegments(off, count, hi)
+    return VariableSegments(off, count, hi, lo if count else None)
 
 
 def _lengths(value: Any, n: int, axis: int, adapter: ArrayAdapter, device: int | None, check: bool) -> VariableSegments:
@@ -91,7 +93,8 @@ def _lengths(value: Any, n: int, axis: int, adapter: ArrayAdapter, device: int |
         if total != n:
             raise ValueError(f"lengths must sum to the length of axis {axis} (n={n}); got {total}")
     off = adapter.lengths_to_offsets(lengths)
-    return VariableSegments(off, lengths.shape[0], max_length)
+    min_length = lo if check and lengths.shape[0] else None
+    return VariableSegments(off, lengths.shape[0], max_length, min_length)
 
 
 def parse_segments(

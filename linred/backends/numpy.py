@@ -137,22 +137,36 @@ def _variable(problem: Problem):
         x3 = host_view(x)
         out3 = host_view(out)
         off = np.asarray(segments.offsets, dtype=np.intp)
-        lengths = np.diff(off)
-        nonempty = lengths > 0
-        starts = off[:-1][nonempty]
-        all_nonempty = starts.shape[0] == lengths.shape[0]
+        if segments.min_length:  # checked: no empty segment, so no mask to build
+            lengths = nonempty = None
+            starts = off[:-1]
+            all_nonempty = True
+        else:
+            lengths = np.diff(off)
+            nonempty = lengths > 0
+            starts = off[:-1][nonempty]
+            all_nonempty = starts.shape[0] == lengths.shape[0]
         if not all_nonempty:
             out3[:, ~nonempty, :] = fill
         if starts.shape[0] == 0:
             return
+        # With no empty segment and the result dtype as computed, reduce straight into out.
+        direct = all_nonempty and reduction != "mean"
         if reduction in ("max", "min"):
             ufunc = np.maximum if reduction == "max" else np.minimum
+            if direct and out3.dtype == x3.dtype:
+                ufunc.reduceat(x3, starts, axis=1, out=out3)
+                return
             result = ufunc.reduceat(x3, starts, axis=1)
+        elif direct and out3.dtype == acc:
+            np.add.reduceat(x3, starts, axis=1, dtype=acc, out=out3)
+            return
         else:
             result = np.add.reduceat(x3, starts, axis=1, dtype=acc)
             if reduction == "mean":
                 quotient = np.empty(result.shape, dtype=np.result_type(acc, np.float32))
-                _divide(result, lengths[nonempty][None, :, None], quotient)
+                counts = np.diff(off) if lengths is None else lengths[nonempty]
+                _divide(result, counts[None, :, None], quotient)
                 result = quotient
         if all_nonempty:
             np.copyto(out3, result, casting="unsafe")
