@@ -23,6 +23,22 @@ SUPPORTED = (*INTEGER, *FLOATING)
 
 REDUCTIONS = ("sum", "mean", "max", "min")
 
+#: the C type of every dtype that CUDA C spells one way; each kernel source adds its own
+#: spelling of float16, bfloat16 and complex
+C_TYPES = {
+    "bool": "bool",
+    "int8": "signed char",
+    "int16": "short",
+    "int32": "int",
+    "int64": "long long",
+    "uint8": "unsigned char",
+    "uint16": "unsigned short",
+    "uint32": "unsigned int",
+    "uint64": "unsigned long long",
+    "float32": "float",
+    "float64": "double",
+}
+
 
 def dtype_name(dtype: Any) -> str:
     """Return the canonical name of a NumPy, CuPy or PyTorch dtype (or dtype-like).

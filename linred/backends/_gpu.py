@@ -15,7 +15,7 @@ from typing import Any
 import cupy
 import numpy as np
 
-from linred._dtypes import COMPLEX, HALF, identity
+from linred._dtypes import C_TYPES, COMPLEX, HALF, identity
 
 #: the largest count a 32-bit ``int`` argument of cuBLAS, CUB or CuPy's CUB wrappers takes
 INT32_MAX = (1 << 31) - 1
@@ -133,19 +133,9 @@ def segment_chunks(total: int, limit: int = INT32_MAX) -> Iterator[tuple[int, in
 
 #: CUDA C type of each dtype as CuPy kernels spell it; bfloat16 data is passed as int16 bits
 CTYPE = {
-    "bool": "bool",
-    "int8": "signed char",
-    "int16": "short",
-    "int32": "int",
-    "int64": "long long",
-    "uint8": "unsigned char",
-    "uint16": "unsigned short",
-    "uint32": "unsigned int",
-    "uint64": "unsigned long long",
+    **C_TYPES,
     "float16": "float16",
     "bfloat16": "short",
-    "float32": "float",
-    "float64": "double",
     "complex64": "complex<float>",
     "complex128": "complex<double>",
 }

@@ -59,6 +59,19 @@ class Backend:
         raise NotImplementedError
 
 
+def cupy_gpu_unavailable() -> str | None:
+    """Why CuPy cannot reach a CUDA device here, or None: shared by the CuPy-based backends."""
+    try:
+        import cupy
+    except Exception as e:  # a broken CUDA install raises more than ImportError
+        return f"CuPy is not importable ({type(e).__name__}: {e}); install linred[cu12] or linred[cu13]"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        return f"no CUDA device ({type(e).__name__}: {e})"
+    return "no CUDA device" if count == 0 else None
+
+
 class FunctionExecutor:
     """An executor made of a plain function, for backends with nothing to free."""
 

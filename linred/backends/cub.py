@@ -54,8 +54,8 @@ from typing import Any
 
 import numpy as np
 
-from linred._dtypes import COMPLEX, HALF, identity
-from linred.backends.base import Backend
+from linred._dtypes import C_TYPES, COMPLEX, HALF, identity
+from linred.backends.base import Backend, cupy_gpu_unavailable
 from linred.problem import Problem
 from linred.segments import FixedSegments, Segments
 
@@ -263,20 +263,6 @@ extern "C" __device__ void linred_scale_f64(void* state, void* in, void* out) {
 }""",
 }
 
-_C_TYPES = {
-    "bool": "bool",
-    "int8": "signed char",
-    "int16": "short",
-    "int32": "int",
-    "int64": "long long",
-    "uint8": "unsigned char",
-    "uint16": "unsigned short",
-    "uint32": "unsigned int",
-    "uint64": "unsigned long long",
-    "float32": "float",
-    "float64": "double",
-}
-
 
 def op_source(name: str) -> str:
     """The C++ source of operator ``name`` (``linred_cvt_<src>_<dst>`` are generated)."""
@@ -284,7 +270,7 @@ def op_source(name: str) -> str:
         src, dst = name.removeprefix("linred_cvt_").split("_")
         body = (
             f'extern "C" __device__ void {name}(void* in, void* out) {{\n'
-            f"    *({_C_TYPES[dst]}*)out = ({_C_TYPES[dst]})*(const {_C_TYPES[src]}*)in;\n}}"
+            f"    *({C_TYPES[dst]}*)out = ({C_TYPES[dst]})*(const {C_TYPES[src]}*)in;\n}}"
         )
     else:
         body = _SOURCES[name]
@@ -685,16 +671,9 @@ class CubBackend(Backend):
     summary = "CUB DeviceSegmentedReduce (cuda.compute) and CuPy's CUB: every reduction, dtype and layout on the GPU"
 
     def unavailable(self) -> str | None:
-        try:
-            import cupy
-        except Exception as e:
-            return f"CuPy is not importable ({type(e).__name__}: {e}); install linred[cu12] or linred[cu13]"
-        try:
-            count = cupy.cuda.runtime.getDeviceCount()
-        except Exception as e:
-            return f"no CUDA device ({type(e).__name__}: {e})"
-        if count == 0:
-            return "no CUDA device"
+        reason = cupy_gpu_unavailable()
+        if reason is not None:
+            return reason
         try:
             import cuda.compute
 

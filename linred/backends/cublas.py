@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from linred._dtypes import INTEGER, itemsize
-from linred.backends.base import Backend
+from linred.backends.base import Backend, cupy_gpu_unavailable
 from linred.problem import Problem
 from linred.segments import Segments
 
@@ -408,16 +408,9 @@ class CublasBackend(Backend):
     summary = "cuBLAS GEMV/strided-batched GEMM on the data in place: fixed-length sum and mean, float and complex"
 
     def unavailable(self) -> str | None:
-        try:
-            import cupy
-        except Exception as e:
-            return f"CuPy is not importable ({type(e).__name__}: {e}); install linred[cu12] or linred[cu13]"
-        try:
-            count = cupy.cuda.runtime.getDeviceCount()
-        except Exception as e:
-            return f"no CUDA device ({type(e).__name__}: {e})"
-        if count == 0:
-            return "no CUDA device"
+        reason = cupy_gpu_unavailable()
+        if reason is not None:
+            return reason
         try:
             from cupy_backends.cuda.libs import cublas  # noqa: F401
         except Exception as e:

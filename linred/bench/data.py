@@ -28,6 +28,21 @@ def is_out_of_memory(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or "OutOfMemory" in type(e).__name__ or "out of memory" in str(e).lower()
 
 
+def _rel_error(xp: Any, out: Any, ref: Any, to_float64: Any) -> tuple[float | None, str | None]:
+    """``(||out - ref|| / ||ref||, None)`` computed with ``xp`` (NumPy or CuPy), or ``(None, why)``
+    for a result of the wrong kind or shape or with non-finite values."""
+    if out is None or not hasattr(out, "shape"):
+        return None, f"returned {type(out).__name__}, not an array"
+    if tuple(out.shape) != tuple(ref.shape):
+        return None, f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
+    o = to_float64(out)
+    num = float(xp.linalg.norm((o - ref).ravel()))
+    den = float(xp.linalg.norm(ref.ravel()))
+    if not np.isfinite(num):
+        return None, "non-finite values in the result"
+    return (num / den if den > 0 else num), None
+
+
 @dataclass
 class Inputs:
     """One case's data, shared by all of its methods.
@@ -156,16 +171,7 @@ class HostData:
 
     def rel_error(self, out: Any, ref: Any) -> tuple[float | None, str | None]:
         """``(||out - ref|| / ||ref||, None)``, or ``(None, why)`` for a wrong shape or non-finite values."""
-        if out is None or not hasattr(out, "shape"):
-            return None, f"returned {type(out).__name__}, not an array"
-        if tuple(out.shape) != tuple(ref.shape):
-            return None, f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
-        o = self.to_float64(out)
-        num = float(np.linalg.norm((o - ref).ravel()))
-        den = float(np.linalg.norm(ref.ravel()))
-        if not np.isfinite(num):
-            return None, "non-finite values in the result"
-        return (num / den if den > 0 else num), None
+        return _rel_error(np, out, ref, self.to_float64)
 
     def _overlaps(self, a: Any, inp: Inputs) -> bool:
         return any(np.may_share_memory(a, b) for b in inp.arrays() if isinstance(b, np.ndarray))
@@ -264,16 +270,7 @@ class DeviceData(HostData):
     def rel_error(self, out: Any, ref: Any) -> tuple[float | None, str | None]:
         import cupy
 
-        if out is None or not hasattr(out, "shape"):
-            return None, f"returned {type(out).__name__}, not an array"
-        if tuple(out.shape) != tuple(ref.shape):
-            return None, f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
-        o = self.to_float64(out)
-        num = float(cupy.linalg.norm((o - ref).ravel()))
-        den = float(cupy.linalg.norm(ref.ravel()))
-        if not np.isfinite(num):
-            return None, "non-finite values in the result"
-        return (num / den if den > 0 else num), None
+        return _rel_error(cupy, out, ref, self.to_float64)
 
     @staticmethod
     def _span(a: Any) -> tuple[int, int] | None:

@@ -17,24 +17,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from linred._dtypes import C_TYPES
+
 logger = logging.getLogger("linred.kernels")
 
-#: C++ type of each dtype name in the kernels
-CTYPES = {
-    "bool": "bool",
-    "int8": "signed char",
-    "int16": "short",
-    "int32": "int",
-    "int64": "long long",
-    "uint8": "unsigned char",
-    "uint16": "unsigned short",
-    "uint32": "unsigned int",
-    "uint64": "unsigned long long",
-    "float16": "half_t",
-    "bfloat16": "bf16_t",
-    "float32": "float",
-    "float64": "double",
-}
+#: C++ type of each dtype name in the kernels (their own 16-bit float types)
+CTYPES = {**C_TYPES, "float16": "half_t", "bfloat16": "bf16_t"}
 
 _SOURCE: str | None = None
 _modules: dict[tuple, Any] = {}
