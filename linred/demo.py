@@ -6,8 +6,6 @@ result that is wrong is reported as wrong, never with a speed.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +13,11 @@ from typing import Any
 import numpy as np
 
 import linred
+from linred.bench.timing import time_device, time_host
 from linred.cli import backend_status
+
+#: most seconds spent timing one method (the demo should take seconds, not minutes)
+_BUDGET_S = 1.0
 
 __all__ = ["run"]
 
@@ -63,27 +65,12 @@ def _seed_example() -> None:
 
 
 def _time_host(f: Callable[[], Any], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return time_host(f, warmup=0, repeats=repeat, budget_s=_BUDGET_S).seconds
 
 
-def _time_cupy(f: Callable[[], Any], repeat: int, inner: int = 10) -> float:
-    import cupy
-
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    times = []
-    for _ in range(repeat):
-        start.record()
-        for _ in range(inner):  # back to back, so launch latency overlaps as in real use
-            f()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end) * 1e-3 / inner)
-    return statistics.median(times)
+def _time_cupy(f: Callable[[], Any], repeat: int) -> float:
+    # CUDA events; calls run back to back, so launch latency overlaps as in real use
+    return time_device(f, lib="cupy", warmup=0, repeats=repeat, budget_s=_BUDGET_S).seconds
 
 
 def _host_peers(x: np.ndarray, case: _Case) -> list[tuple[str, Callable[[Any], Any]]]:
@@ -238,9 +225,9 @@ def run(
     x = rng.random(n, dtype=np.float32)
     x += 1  # values in [1, 2): every segment sum is far from 0, so relative errors mean something
     print(
-        f"\nA large array: n = {n:,} float32 values ({x.nbytes / 2**20:.0f} MiB); median of {repeat} runs after a "
-        "warm-up.\nGB/s = (bytes read + bytes written) / time; error = max relative error against a float64 "
-        "reference."
+        f"\nA large array: n = {n:,} float32 values ({x.nbytes / 2**20:.0f} MiB); "
+        f"median of up to {repeat} samples after a warm-up.\n"
+        "GB/s = (bytes read + bytes written) / time; error = max relative error against a float64 reference."
     )
     cases = _cases(x, segment_lengths or DEFAULT_SEGMENT_LENGTHS, mean_length, rng)
     targets = [t for t in (_host_target(x), _cupy_target(x)) if t is not None]
