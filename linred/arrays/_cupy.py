@@ -10,7 +10,7 @@ import numpy as np
 
 from linred._dtypes import dtype_name
 from linred.arrays._base import ArrayAdapter, ArrayInfo, fast_keys
-from linred.arrays._numpy import _int_array, _lengths_summary, _lengths_to_offsets, _offsets_summary
+from linred.arrays._numpy import _identity, _int_array, _lengths_summary, _lengths_to_offsets, _offsets_summary
 from linred.arrays._streams import stream_handle
 
 __all__ = ["CUPY", "CupyAdapter", "stream_handle"]
@@ -96,10 +96,6 @@ class CupyAdapter(ArrayAdapter):
     def lengths_to_offsets(self, lengths: cupy.ndarray) -> cupy.ndarray:
         with lengths.device:
             return _lengths_to_offsets(cupy, lengths)
-
-
-def _identity(x: Any) -> Any:
-    return x
 
 
 CUPY = CupyAdapter()

@@ -133,15 +133,10 @@ class _Launcher:
 
     def empty(self, count: int, dtype: str) -> Any:
         if self.kind == "cupy":
-            import cupy
-
-            with cupy.cuda.Device(self.device):
-                return cupy.empty(count, dtype=dtype)
-        import torch
-
-        from linred.arrays._torch import torch_dtype
-
-        return torch.empty(count, dtype=torch_dtype(dtype), device=f"cuda:{self.device}")
+            from linred.arrays._cupy import CUPY as adapter
+        else:
+            from linred.arrays._torch import TORCH as adapter
+        return adapter.empty((count,), dtype, self.device)
 
 
 def _fixed_small_wrapper(problem: Problem, tuning: Tuning) -> str:
