@@ -121,6 +121,16 @@ def preference(problem: Problem) -> tuple[str, ...]:
     return GPU_ORDER
 
 
+def _serve(name: str, problem: Problem) -> tuple[Backend | None, str | None]:
+    """``(backend, None)`` if backend ``name`` can serve ``problem``, else ``(None, why not)``."""
+    reason = unavailable(name)
+    if reason is not None:
+        return None, reason
+    backend = get_backend(name)
+    reason = backend.unsupported(problem)
+    return (backend, None) if reason is None else (None, reason)
+
+
 def select(problem: Problem, name: str) -> Backend:
     """The backend that serves ``problem``: ``name`` itself, or the choice of ``"auto"``.
 
@@ -130,20 +140,14 @@ def select(problem: Problem, name: str) -> Backend:
         If the named backend (or, for ``"auto"``, every candidate) cannot serve it.
     """
     if name != "auto":
-        reason = unavailable(name)
-        if reason is None:
-            backend = get_backend(name)
-            reason = backend.unsupported(problem)
-            if reason is None:
-                return backend
-        raise BackendError(name, reason)
+        backend, reason = _serve(name, problem)
+        if backend is None:
+            raise BackendError(name, reason)
+        return backend
     reasons = []
     for candidate in preference(problem):
-        reason = unavailable(candidate)
-        if reason is None:
-            backend = get_backend(candidate)
-            reason = backend.unsupported(problem)
-            if reason is None:
-                return backend
+        backend, reason = _serve(candidate, problem)
+        if backend is not None:
+            return backend
         reasons.append(f"{candidate}: {reason}")
     raise BackendError("auto", "no backend can serve " + problem.describe() + " (" + "; ".join(reasons) + ")")
