@@ -10,6 +10,7 @@ checked directly.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -548,3 +549,53 @@ def test_problem_helper_is_consistent():
     p = problem(shape=(2, 64, 3), length=8)
     assert p.out_shape == (2, 8, 3)
     assert math.prod(p.in_shape) == 2 * 64 * 3
+
+
+# --- nvrtc: which problems its kernels take, and the C++ they are built from ---
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"dtype": "complex64"}, "real and integer data"),
+        ({"kind": "numpy", "device": None}, "runs on CUDA devices"),
+        ({"shape": (1, 64, 8), "strides": (512, 1, 64)}, "contiguous feature columns"),
+    ],
+)
+def test_nvrtc_refusal_reasons(kwargs, match):
+    from linred.backends.nvrtc import BACKEND
+
+    assert re.search(match, BACKEND.unsupported(problem(**kwargs)))
+
+
+@pytest.mark.parametrize("shape", [(1, 64, 8), (3, 64, 16)])
+@pytest.mark.parametrize("length", [8, None])
+def test_nvrtc_serves_contiguous_feature_columns(shape, length):
+    from linred.backends.nvrtc import BACKEND
+
+    kwargs = {"offsets_dtype": "int64"} if length is None else {}
+    assert BACKEND.unsupported(problem(shape=shape, length=length, **kwargs)) is None
+
+
+@pytest.mark.parametrize("width", [1, 4])
+@pytest.mark.parametrize("length", [8, None])
+def test_nvrtc_features_wrapper(width, length):
+    """The feature kernel's C++ wrapper names the types, the operation, the width and the offsets."""
+    from linred.backends.nvrtc import TUNING, _features_wrapper, _index_ctype
+
+    kwargs = {"offsets_dtype": "int32"} if length is None else {}
+    p = problem("mean", "float16", shape=(1, 64, 8), length=length, **kwargs)
+    src = _features_wrapper(p, _index_ctype(p), TUNING, width)
+    assert 'extern "C" __global__' in src and "linred_features" in src
+    assert f"features_reduce<half_t, float, half_t, OpSum, true, {width}, {TUNING.unroll}>" in src
+    assert ("ArrayOffsets<int>{offsets}" if length is None else "FixedOffsets{L}") in src
+
+
+def test_nvrtc_refuses_bfloat16_before_sm80(monkeypatch):
+    from linred.backends import nvrtc
+
+    monkeypatch.setattr(nvrtc, "_compute_capability", lambda device: (7, 5))
+    assert "compute capability 8.0" in nvrtc.BACKEND.unsupported(problem(dtype="bfloat16"))
+    assert nvrtc.BACKEND.unsupported(problem(dtype="float16")) is None
+    monkeypatch.setattr(nvrtc, "_compute_capability", lambda device: (9, 0))
+    assert nvrtc.BACKEND.unsupported(problem(dtype="bfloat16")) is None

@@ -2,27 +2,31 @@
 
 It serves what the libraries leave below memory bandwidth (see
 docs/performance.md): short fixed-length segments, where a GEMV with a tiny
-inner dimension or CUB's segment-per-warp mapping waste most of each load, and
+inner dimension or CUB's segment-per-warp mapping waste most of each load,
 variable-length segments, where cuSPARSE's indicator SpMV reads an index per
-element and CUB balances poorly.  Two kernels (``linred/kernels/segreduce.cuh``):
+element and CUB balances poorly, and short segments of feature rows.  The
+kernels (``linred/kernels/segreduce.cuh``):
 
 - ``fixed_small`` for fixed lengths that are powers of two up to 32 vectors of 16
   bytes, on contiguous data: 16-byte loads, segments reduced in registers and
   warp shuffles;
 - ``tile_reduce`` + ``tile_fixup`` for everything else with one feature column:
-  tiles of 4096 elements staged in shared memory, every segment in a tile
-  reduced by a group of lanes sized to the tile's segment count, and segments
-  that span tiles completed from per-tile partials in a fixed order, so results
-  are deterministic.
+  tiles of 4096 elements, every segment in a tile reduced by a group of lanes
+  sized to the tile's segment count (or, where a tile holds many segments, every
+  thread reducing its own 16 consecutive elements and a block-wide segmented
+  scan joining the pieces), and segments that span blocks completed from
+  per-block partials in a fixed order, so results are deterministic;
+- ``features_reduce`` for segments of rows of several contiguous feature columns:
+  one thread per segment and 16 bytes of features.
 
 Sums accumulate in float32 for float16/bfloat16, in the data's own precision for
 float32/float64 (never TF32: these are plain FMA-free adds), and in int64/uint64
-for integers.  Complex data and feature dimensions are left to the
-linear-algebra backends.
+for integers.  Complex data is left to the linear-algebra backends.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +105,13 @@ def _flat(problem: Problem) -> bool:
     return s1 == 1 and (b == 1 or s0 == n)
 
 
+@functools.cache
+def _compute_capability(device: int) -> tuple[int, int]:
+    from cuda.core import Device
+
+    return tuple(Device(device).compute_capability)
+
+
 def _cuda_launch() -> Any:
     from cuda.core import launch
 
@@ -150,28 +161,58 @@ def _fixed_small_wrapper(problem: Problem, tuning: Tuning) -> str:
     )
 
 
-def _tile_wrapper(problem: Problem, vecload: bool, index_ctype: str, tuning: Tuning, k: int) -> str:
-    t, o, a = _ctype(problem.dtype), _ctype(problem.out_dtype), _acc_ctype(problem)
+def _kernel_types(problem: Problem) -> tuple[str, str, str, str, str]:
+    """C types of the data, result and accumulator, the operation, and MEAN."""
     mean = "true" if problem.reduction == "mean" else "false"
-    op = _OPS[problem.reduction]
-    threads, tile = tuning.threads, tuning.tile
-    offsets = "FixedOffsets{L}" if problem.fixed else f"ArrayOffsets<{index_ctype}>{{offsets}}"
-    common = (
-        f"const {index_ctype}* offsets, long long L, long long n, long long m, long long rs, long long es, "
-        "long long tpr, long long bpr, long long nb, const long long* bounds"
+    return _ctype(problem.dtype), _ctype(problem.out_dtype), _acc_ctype(problem), _OPS[problem.reduction], mean
+
+
+#: the arguments every tile kernel takes, and the TileArgs they make
+_COMMON = (
+    "const {i}* offsets, long long L, long long n, long long m, long long rs, long long es, "
+    "long long tpr, long long bpr, long long nb, long long tpb, const long long* bounds"
+)
+_ARGS = "TileArgs a{n, m, rs, es, tpr, bpr, nb, tpb};"
+
+
+def _offsets(problem: Problem, index_ctype: str) -> str:
+    return "FixedOffsets{L}" if problem.fixed else f"ArrayOffsets<{index_ctype}>{{offsets}}"
+
+
+def _fixup_and_bounds(problem: Problem, index_ctype: str, threads: int, tile: int) -> str:
+    t, o, a, op, mean = _kernel_types(problem)
+    common, offsets = _COMMON.format(i=index_ctype), _offsets(problem, index_ctype)
+    return (
+        f'extern "C" __global__ void __launch_bounds__({threads}) linred_fixup({o}* out, {common}, '
+        f"const {a}* head, const {a}* tail, const long long* ts) {{\n    {_ARGS}\n"
+        f"    tile_fixup<{t}, {a}, {o}, {op}, {mean}, {tile}>(out, {offsets}, a, head, tail, ts);\n}}\n"
+        f'extern "C" __global__ void __launch_bounds__({threads}) linred_bounds({common}) {{\n'
+        f"    tile_bounds<{tile}>({offsets}, m, n, tpr, const_cast<long long*>(bounds));\n}}\n"
     )
-    args = "TileArgs a{n, m, rs, es, tpr, bpr, nb};"
+
+
+def _tile_wrapper(problem: Problem, vecload: bool, index_ctype: str, tuning: Tuning, k: int) -> str:
+    t, o, a, op, mean = _kernel_types(problem)
+    threads, tile = tuning.threads, tuning.tile
+    common, offsets = _COMMON.format(i=index_ctype), _offsets(problem, index_ctype)
     vl = "true" if vecload else "false"
     return (
         f'extern "C" __global__ void __launch_bounds__({threads}, {tuning.min_blocks}) '
-        f"linred_tile(const {t}* x, {o}* out, {common}, {a}* head, {a}* tail, long long* ts) {{\n    {args}\n"
+        f"linred_tile(const {t}* x, {o}* out, {common}, {a}* head, {a}* tail, long long* ts) {{\n    {_ARGS}\n"
         f"    tile_reduce<{t}, {a}, {o}, {op}, {mean}, {threads}, {tile}, {k}, {vl}>"
         f"(x, out, {offsets}, a, bounds, head, tail, ts);\n}}\n"
-        f'extern "C" __global__ void __launch_bounds__({threads}) linred_fixup({o}* out, {common}, '
-        f"const {a}* head, const {a}* tail, const long long* ts) {{\n    {args}\n"
-        f"    tile_fixup<{t}, {a}, {o}, {op}, {mean}, {tile}, {k}>(out, {offsets}, a, head, tail, ts);\n}}\n"
-        f'extern "C" __global__ void __launch_bounds__({threads}) linred_bounds({common}) {{\n'
-        f"    tile_bounds<{tile}>({offsets}, m, n, tpr, const_cast<long long*>(bounds));\n}}\n"
+    ) + _fixup_and_bounds(problem, index_ctype, threads, tile)
+
+
+def _features_wrapper(problem: Problem, index_ctype: str, tuning: Tuning, width: int) -> str:
+    t, o, a, op, mean = _kernel_types(problem)
+    return (
+        f'extern "C" __global__ void __launch_bounds__({tuning.threads}) '
+        f"linred_features(const {t}* x, {o}* out, const {index_ctype}* offsets, long long L, long long n, "
+        "long long m, long long bs, long long rs, long long d, long long groups, long long total) {\n"
+        "    FeatureArgs a{n, m, bs, rs, d, groups, total};\n"
+        f"    features_reduce<{t}, {a}, {o}, {op}, {mean}, {width}, {tuning.unroll}>"
+        f"(x, out, {_offsets(problem, index_ctype)}, a);\n}}\n"
     )
 
 
@@ -215,84 +256,138 @@ class _FixedSmallExecutor:
         self._kernel = self._tiles = None
 
 
+class _Tiles:
+    """What the tile kernels share: the split of every row into tiles and of the tiles
+    among blocks, the per-block partials, the offsets' tile bounds, and the launches."""
+
+    def __init__(self, problem: Problem, launch: _Launcher, tile: int, threads: int, tiles_per_block: int) -> None:
+        self.problem, self.launch, self.threads = problem, launch, threads
+        b, n, _ = problem.in_shape
+        self.tiles_per_row = -(-n // tile)
+        self.tiles_per_block = tiles_per_block
+        self.blocks_per_row = -(-self.tiles_per_row // tiles_per_block)
+        self.num_blocks = b * self.blocks_per_row
+        acc = _acc_dtype(problem)
+        self.head = launch.empty(self.num_blocks, acc)
+        self.tail = launch.empty(self.num_blocks, acc)
+        self.tail_seg = launch.empty(self.num_blocks, "int64")
+        # Offsets: the first segment of every tile, found once per call by linred_bounds.
+        self.bounds = None if problem.fixed else launch.empty(self.tiles_per_row + 1, "int64")
+        self.fix_blocks = max(1, -(-self.num_blocks // (threads // 32)))
+        self.bound_blocks = max(1, -(-(self.tiles_per_row + 1) // threads))
+        L = problem.segment_length
+        # Fixed lengths dividing the tile never span two tiles: no partials to combine.
+        self.needs_fixup = not (problem.fixed and tile >= L and tile % L == 0)
+        self.configs: tuple[Any, Any, Any] | None = None
+
+    def run(self, kernels: tuple[Any, Any, Any], x: Any, out: Any, segments: Segments, stream: int) -> None:
+        """Launch bounds (for offsets), the tile kernel and the fix-up on ``stream``."""
+        problem, launch = self.problem, self.launch
+        if self.configs is None:
+            from cuda.core import LaunchConfig
+
+            self.configs = (
+                LaunchConfig(grid=self.bound_blocks, block=self.threads),
+                LaunchConfig(grid=self.num_blocks, block=self.threads),
+                LaunchConfig(grid=self.fix_blocks, block=self.threads),
+            )
+        _, n, _ = problem.in_shape
+        s0, s1, _ = problem.strides
+        offsets = launch.ptr(segments.offsets) if isinstance(segments, VariableSegments) else 0
+        bounds = 0 if self.bounds is None else launch.ptr(self.bounds)
+        common = (offsets, problem.segment_length or 0, n, problem.num_segments, s0, s1, self.tiles_per_row,
+                  self.blocks_per_row, self.num_blocks, self.tiles_per_block, bounds)  # fmt: skip
+        partials = (launch.ptr(self.head), launch.ptr(self.tail), launch.ptr(self.tail_seg))
+        out_ptr = launch.ptr(out)
+        s = launch.stream(stream)
+        cuda_launch = _cuda_launch()
+        bounds_config, tile_config, fixup_config = self.configs
+        if self.bounds is not None:
+            cuda_launch(s, bounds_config, kernels[2], *common)
+        cuda_launch(s, tile_config, kernels[0], launch.ptr(x), out_ptr, *common, *partials)
+        if self.needs_fixup:
+            cuda_launch(s, fixup_config, kernels[1], out_ptr, *common, *partials)
+
+    def free(self) -> None:
+        self.head = self.tail = self.tail_seg = self.bounds = None
+
+
+def _index_ctype(problem: Problem) -> str:
+    return "long long" if problem.fixed else _ctype(problem.offsets_dtype)
+
+
 class _TileExecutor:
     """Any segments (fixed or offsets) with one feature column, any strides."""
 
-    def __init__(self, problem: Problem) -> None:
+    def __init__(self, problem: Problem, launch: _Launcher | None = None) -> None:
         self._problem = problem
         self._tuning = tuning = TUNING
-        self._launch = _Launcher(problem)
+        launch = launch or _Launcher(problem)
         b, n, _ = problem.in_shape
-        self._tiles_per_row = -(-n // tuning.tile)
+        tiles_per_row = -(-n // tuning.tile)
         # Tiles per block: as many as keep every SM busy with a few waves of blocks.
         k = tuning.max_tiles_per_block
-        while k > 1 and b * -(-self._tiles_per_row // k) < 4 * tuning.min_blocks * self._launch.sms:
+        while k > 1 and b * -(-tiles_per_row // k) < 4 * tuning.min_blocks * launch.sms:
             k //= 2
         self._k = k
-        self._blocks_per_row = -(-self._tiles_per_row // k)
-        self._num_blocks = b * self._blocks_per_row
-        acc = _acc_dtype(problem)
-        self._head = self._launch.empty(self._num_blocks, acc)
-        self._tail = self._launch.empty(self._num_blocks, acc)
-        self._tail_seg = self._launch.empty(self._num_blocks, "int64")
-        # Offsets: the first segment of every tile, found once per call by linred_bounds.
-        self._bounds = None if problem.fixed else self._launch.empty(self._tiles_per_row + 1, "int64")
-        self._kernels: dict[tuple[bool, str], tuple[Any, Any, Any]] = {}
-        self._configs: tuple[Any, Any, Any] | None = None
-        self._fix_blocks = max(1, -(-self._num_blocks // (tuning.threads // 32)))
-        self._bound_blocks = max(1, -(-(self._tiles_per_row + 1) // tuning.threads))
-        L = problem.segment_length
-        # Fixed lengths dividing the tile never span two tiles: no partials to combine.
-        self._needs_fixup = not (problem.fixed and tuning.tile >= L and tuning.tile % L == 0)
+        self._tiles = _Tiles(problem, launch, tuning.tile, tuning.threads, k)
+        self._kernels: dict[bool, tuple[Any, Any, Any]] = {}
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
-        problem = self._problem
-        launch = self._launch
-        threads = self._tuning.threads
-        xp = launch.ptr(x)
-        b, n, _ = problem.in_shape
+        problem, launch = self._problem, self._tiles.launch
+        b, _, _ = problem.in_shape
         s0, s1, _ = problem.strides
-        size = itemsize(problem.dtype)
-        vecload = s1 == 1 and xp % 16 == 0 and (b == 1 or (s0 * size) % 16 == 0)
-        if isinstance(segments, VariableSegments):
-            offsets_ptr = launch.ptr(segments.offsets)
-            index = _ctype(problem.offsets_dtype)
-        else:
-            offsets_ptr, index = 0, "long long"
-        key = (vecload, index)
-        kernels = self._kernels.get(key)
+        vecload = s1 == 1 and launch.ptr(x) % 16 == 0 and (b == 1 or (s0 * itemsize(problem.dtype)) % 16 == 0)
+        kernels = self._kernels.get(vecload)
         if kernels is None:
             from linred.kernels.compiler import get_kernels
 
-            wrapper = _tile_wrapper(problem, vecload, index, self._tuning, self._k)
+            wrapper = _tile_wrapper(problem, vecload, _index_ctype(problem), self._tuning, self._k)
             kernels = get_kernels(launch.device, wrapper, ("linred_tile", "linred_fixup", "linred_bounds"))
-            self._kernels[key] = kernels
-        if self._configs is None:
-            from cuda.core import LaunchConfig
-
-            self._configs = (
-                LaunchConfig(grid=self._bound_blocks, block=threads),
-                LaunchConfig(grid=self._num_blocks, block=threads),
-                LaunchConfig(grid=self._fix_blocks, block=threads),
-            )
-        cuda_launch = _cuda_launch()
-        s = launch.stream(stream)
-        L = problem.segment_length or 0
-        bounds = 0 if self._bounds is None else launch.ptr(self._bounds)
-        common = (offsets_ptr, L, n, problem.num_segments, s0, s1, self._tiles_per_row, self._blocks_per_row,
-                  self._num_blocks, bounds)  # fmt: skip
-        head, tail, ts = launch.ptr(self._head), launch.ptr(self._tail), launch.ptr(self._tail_seg)
-        op = launch.ptr(out)
-        bounds_config, tile_config, fixup_config = self._configs
-        if self._bounds is not None:
-            cuda_launch(s, bounds_config, kernels[2], *common)
-        cuda_launch(s, tile_config, kernels[0], xp, op, *common, head, tail, ts)
-        if self._needs_fixup:
-            cuda_launch(s, fixup_config, kernels[1], op, *common, head, tail, ts)
+            self._kernels[vecload] = kernels
+        self._tiles.run(kernels, x, out, segments, stream)
 
     def free(self) -> None:
         self._kernels.clear()
-        self._head = self._tail = self._tail_seg = self._bounds = None
+        self._tiles.free()
+
+
+class _FeaturesExecutor:
+    """Segments of rows of several contiguous feature columns: one thread per segment
+    and group of features (16 bytes of them where the rows are 16-byte aligned)."""
+
+    def __init__(self, problem: Problem, launch: _Launcher) -> None:
+        self._problem, self._launch, self._tuning = problem, launch, TUNING
+        self._kernels: dict[int, Any] = {}
+        self._configs: dict[int, Any] = {}
+
+    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
+        problem, launch = self._problem, self._launch
+        b, n, d = problem.in_shape
+        s0, s1, _ = problem.strides
+        size = itemsize(problem.dtype)
+        aligned = launch.ptr(x) % 16 == 0 and all((v * size) % 16 == 0 for v in (s1, d, s0 if b > 1 else 0))
+        width = _vec(problem) if aligned else 1
+        kernel = self._kernels.get(width)
+        if kernel is None:
+            from cuda.core import LaunchConfig
+
+            from linred.kernels.compiler import get_kernels
+
+            wrapper = _features_wrapper(problem, _index_ctype(problem), self._tuning, width)
+            (kernel,) = get_kernels(launch.device, wrapper, ("linred_features",))
+            self._kernels[width] = kernel
+            total = b * problem.num_segments * (d // width)
+            # Grid-stride: enough blocks to fill the device many times over, no more.
+            blocks = max(1, min(-(-total // self._tuning.threads), 64 * launch.sms))
+            self._configs[width] = (LaunchConfig(grid=blocks, block=self._tuning.threads), total)
+        config, total = self._configs[width]
+        offsets = launch.ptr(segments.offsets) if isinstance(segments, VariableSegments) else 0
+        _cuda_launch()(launch.stream(stream), config, kernel, launch.ptr(x), launch.ptr(out), offsets,
+                       problem.segment_length or 0, n, problem.num_segments, s0, s1, d, d // width, total)  # fmt: skip
+
+    def free(self) -> None:
+        self._kernels.clear()
 
 
 class NvrtcBackend(Backend):
@@ -319,10 +414,12 @@ class NvrtcBackend(Backend):
             return f"it runs on CUDA devices and the data is a host {problem.kind} array"
         if problem.dtype in COMPLEX or problem.out_dtype in COMPLEX:
             return "its kernels handle real and integer data; 'nvmath' and 'cublas' serve complex sums"
-        if problem.features != 1:
+        if "bfloat16" in (problem.dtype, problem.out_dtype) and _compute_capability(problem.device) < (8, 0):
+            return "its bfloat16 conversions need compute capability 8.0 or newer; 'cub' serves bfloat16 here"
+        if problem.features != 1 and problem.strides[2] != 1:
             return (
-                f"its kernels reduce one column (the data has {problem.features} features after the segment axis); "
-                "'nvmath', 'cublas' and 'cub' serve feature dimensions"
+                f"its feature kernel reads contiguous feature columns (their stride is {problem.strides[2]} elements); "
+                "'nvmath', 'cublas' and 'cub' serve strided features"
             )
         return None
 
@@ -331,7 +428,10 @@ class NvrtcBackend(Backend):
         short = problem.fixed and _is_pow2(L) and 32 * vec >= L
         if short and _flat(problem) and (problem.batch * problem.n) % vec == 0:
             return _FixedSmallExecutor(problem)
-        return _TileExecutor(problem)
+        launch = _Launcher(problem)
+        if problem.features != 1:
+            return _FeaturesExecutor(problem, launch)
+        return _TileExecutor(problem, launch)
 
 
 BACKEND = NvrtcBackend()

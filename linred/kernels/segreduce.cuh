@@ -1,6 +1,6 @@
 // Segmented reductions at memory bandwidth, compiled at run time with NVRTC.
 //
-// Two kernels and a fix-up:
+// Three kernels and a fix-up:
 //  - fixed_small: fixed-length segments whose length L is a power of two no
 //    longer than 32 vectors.  Each thread loads 16-byte vectors; a segment lies
 //    inside one vector (L <= VEC) or across L / VEC neighbouring lanes, reduced
@@ -11,6 +11,8 @@
 //    sub-warp groups when the tile holds many segments, several warps per
 //    segment when it holds few.  A segment open at the end of a tile is carried
 //    to the next; one still open at the end of the block leaves a partial.
+//  - features_reduce: segments of rows of several feature columns, one thread
+//    per segment and group of consecutive features.
 //  - tile_bounds: for offsets, the first segment of every tile (binary search).
 //  - tile_fixup: one warp per block whose last segment continues into later
 //    blocks sums that segment's partials in a fixed order (deterministic) and
@@ -244,8 +246,9 @@ struct TileArgs {
     i64 row_stride;     // elements between rows of x
     i64 elem_stride;    // elements between consecutive elements of a row
     i64 tiles_per_row;
-    i64 blocks_per_row; // each block reduces K consecutive tiles of one row
+    i64 blocks_per_row; // each block reduces tiles_per_block consecutive tiles of one row
     i64 num_blocks;     // rows * blocks_per_row
+    i64 tiles_per_block;
 };
 
 // The open segment a block carries from one of its tiles to the next.
@@ -552,9 +555,62 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
     }
 }
 
+// ---- features: segments of rows of D feature columns -----------------------------
+// out[r, s, f] = reduce over rows i in [off(s), off(s + 1)) of x[r, i, f], for data
+// whose feature columns are contiguous.  One thread per (row of the batch, segment,
+// group of W consecutive features), walking the segment's rows with UNROLL loads in
+// flight; neighbouring lanes read neighbouring feature groups of the same row, so
+// every load is coalesced.  W = 16 bytes of features where rows are 16-byte aligned,
+// else 1.
+template <class T, int W> struct Group { struct __align__(W * sizeof(T) >= 16 ? 16 : sizeof(T)) type { T v[W]; }; };
+
+struct FeatureArgs {
+    i64 n;            // rows per batch row
+    i64 m;            // segments per batch row
+    i64 batch_stride; // elements between batch rows of x
+    i64 row_stride;   // elements between rows of x
+    i64 features;     // D
+    i64 groups;       // feature groups per row: D / W
+    i64 total;        // batch * m * groups threads
+};
+
+template <class T, class A, class O, class OP, bool MEAN, int W, int UNROLL, class Off>
+__device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, FeatureArgs a) {
+    typedef typename Group<T, W>::type G;
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < a.total; t += stride) {
+        const i64 g = t % a.groups, rs = t / a.groups;  // rs: batch row * m + segment
+        const i64 r = rs / a.m, s = rs - r * a.m;
+        const i64 begin = off(s), end = off(s + 1);
+        const T* p = x + r * a.batch_stride + g * W;
+        A acc[W];
+#pragma unroll
+        for (int k = 0; k < W; ++k) acc[k] = OP::template identity<O, A>();
+        i64 i = begin;
+        for (; i + UNROLL <= end; i += UNROLL) {
+            G buf[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) buf[u] = *reinterpret_cast<const G*>(p + (i + u) * a.row_stride);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+#pragma unroll
+                for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(buf[u].v[k]));
+            }
+        }
+        for (; i < end; ++i) {
+            const G v = *reinterpret_cast<const G*>(p + i * a.row_stride);
+#pragma unroll
+            for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(v.v[k]));
+        }
+        O* o = out + rs * a.features + g * W;
+#pragma unroll
+        for (int k = 0; k < W; ++k) o[k] = finish<O, MEAN>(acc[k], end - begin);
+    }
+}
+
 // One warp per block: a segment that continues past block b is completed from
 // the head pieces of the blocks it covers, summed in a fixed order.
-template <class T, class A, class O, class OP, bool MEAN, int TILE, int K, class Off>
+template <class T, class A, class O, class OP, bool MEAN, int TILE, class Off>
 __device__ __forceinline__ void tile_fixup(O* __restrict__ out, Off off, TileArgs a, const A* __restrict__ head,
                                            const A* __restrict__ tail, const i64* __restrict__ tail_seg) {
     const int lane = threadIdx.x & 31;
@@ -565,7 +621,7 @@ __device__ __forceinline__ void tile_fixup(O* __restrict__ out, Off off, TileArg
         const i64 row = b / a.blocks_per_row;
         const i64 bj = b - row * a.blocks_per_row;
         const i64 begin = off(s), end = off(s + 1);
-        const i64 last = (end - 1) / ((i64)TILE * K);  // the block holding the segment's last element
+        const i64 last = (end - 1) / ((i64)TILE * a.tiles_per_block);  // the block holding the segment's last element
         const A* h = head + row * a.blocks_per_row;
         A acc0 = OP::template identity<O, A>(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
         i64 k = bj + 1 + lane;
