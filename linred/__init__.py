@@ -3,8 +3,9 @@
 A segmented sum splits an array into contiguous segments and sums each.  linred
 computes it as a matrix product: the data viewed as a matrix with one row per
 segment, times a vector of ones, run through NVIDIA's math libraries (cuBLASLt
-through nvmath-python, cuBLAS) on the GPU and BLAS on the CPU, with CUB for the
-reductions that are not linear.
+through nvmath-python, cuBLAS) on the GPU and BLAS on the CPU.  linred's own
+CUDA kernels and CUB serve what a matrix product does not do well or at all:
+short and variable-length segments, integer sums, max and min.
 
 >>> import numpy as np
 >>> import linred

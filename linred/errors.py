@@ -17,13 +17,23 @@ class BackendError(RuntimeError):
 
     Raised when a backend is not installed, needs a GPU that is absent, or cannot
     handle the call's array type, device, dtype, reduction or segment layout.
+    A subclass of :class:`RuntimeError`; it pickles, so it crosses process
+    boundaries intact.
 
-    Attributes
+    Parameters
     ----------
     backend : str
         The backend's name (``"auto"`` when no backend could serve the call).
     reason : str
-        Why the backend cannot serve it.
+        Why the backend cannot serve it; for ``"auto"``, every candidate's
+        reason.
+
+    Attributes
+    ----------
+    backend : str
+        As given.
+    reason : str
+        As given.
 
     Examples
     --------
@@ -34,6 +44,8 @@ class BackendError(RuntimeError):
     ... except linred.BackendError as e:
     ...     print(e.backend)
     cublas
+    >>> linred.BackendError("cub", "no CUDA device")
+    BackendError("backend 'cub' cannot serve this call: no CUDA device")
     """
 
     def __init__(self, backend: str, reason: str) -> None:

@@ -212,7 +212,26 @@ _cache = _PlanCache(64)
 
 
 def set_plan_cache_size(maxsize: int) -> None:
-    """Set how many plans the functions keep (default 64); 0 disables caching of new plans.
+    """Set how many plans the functions keep (default 64).
+
+    The cache is shared by ``segmented_sum``, ``segmented_mean``,
+    ``segmented_max`` and ``segmented_min``; the least recently used plans beyond
+    ``maxsize`` are dropped.
+
+    Parameters
+    ----------
+    maxsize : int
+        The most plans to keep, ``>= 0``; 0 keeps none (every call plans again).
+
+    Raises
+    ------
+    ValueError
+        If ``maxsize`` is not a non-negative integer.
+
+    See Also
+    --------
+    plan_cache_info : The cache's size, limit, hits and misses.
+    clear_plan_cache : Drop every cached plan.
 
     Examples
     --------
@@ -228,14 +247,61 @@ def set_plan_cache_size(maxsize: int) -> None:
 
 
 def clear_plan_cache() -> None:
-    """Drop every cached plan (its resources are released once no running call uses it)."""
+    """Drop every cached plan.
+
+    A dropped plan's resources (library handles, workspaces, scratch buffers)
+    are released once no running call uses it.  The hit and miss counters are
+    kept.
+
+    See Also
+    --------
+    plan_cache_info : The cache's size, limit, hits and misses.
+    set_plan_cache_size : How many plans to keep.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linred
+    >>> _ = linred.segmented_sum(np.ones(8), 4)
+    >>> linred.plan_cache_info()["size"] > 0
+    True
+    >>> linred.clear_plan_cache()
+    >>> linred.plan_cache_info()["size"]
+    0
+    """
     maxsize = _cache.maxsize
     _cache.resize(0)
     _cache.resize(maxsize)
 
 
 def plan_cache_info() -> dict[str, int]:
-    """``{"size", "maxsize", "hits", "misses"}`` of the functions' plan cache."""
+    """The state of the functions' plan cache.
+
+    Returns
+    -------
+    dict
+        ``{"size": plans held, "maxsize": the limit, "hits": calls that found
+        their plan, "misses": calls that had to plan}``; the counters count
+        since the process started.
+
+    See Also
+    --------
+    set_plan_cache_size : How many plans to keep.
+    clear_plan_cache : Drop every cached plan.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linred
+    >>> linred.clear_plan_cache()
+    >>> before = linred.plan_cache_info()
+    >>> x = np.arange(12.0)
+    >>> _ = linred.segmented_sum(x, 4)  # plans
+    >>> _ = linred.segmented_sum(x, 4)  # reuses the plan
+    >>> after = linred.plan_cache_info()
+    >>> after["size"], after["misses"] - before["misses"], after["hits"] - before["hits"]
+    (1, 1, 1)
+    """
     return {"size": len(_cache._plans), "maxsize": _cache.maxsize, "hits": _cache.hits, "misses": _cache.misses}
 
 
@@ -321,28 +387,56 @@ class SegmentedReduction:
     The plan is built from an example array (its array type, device, shape,
     strides and dtype), the segments, the reduction and the backend; planning
     chooses the backend, validates the segments once and builds the backend's
-    own plan (a cuBLASLt matmul, a CUB reduction).  Calling it runs the reduction
-    on a new array of the same layout.  Use it as a context manager, or call
-    :meth:`free`, to release its resources.
+    own plan (a cuBLASLt matmul, a CUB reduction, a compiled kernel).  Calling
+    it (or :meth:`execute`) runs the reduction on a new array of the same
+    layout.  Use it as a context manager, or call :meth:`free`, to release its
+    resources.
 
     Parameters
     ----------
     x : array
         An example of the arrays the plan will run on (NumPy, CuPy or PyTorch).
         Only its properties are used; the plan keeps no reference to it.
-    segment_length, offsets, lengths, axis, dtype, backend, check
-        As in :func:`linred.segmented_sum`.  Offsets or lengths are bound to the
-        plan and checked once, when it is built.
-    reduction : {"sum", "mean", "max", "min"}
+    segment_length : int, optional
+        Fixed segment length, as in :func:`linred.segmented_sum`.
+    offsets : array_like of int, optional
+        Segment offsets, as in :func:`linred.segmented_sum`.  They are copied
+        into the plan and checked once, when it is built.
+    lengths : array_like of int, optional
+        Segment lengths, as in :func:`linred.segmented_sum`; checked once and
+        kept by the plan as offsets.
+    axis : int, default 0
+        The axis along which segments run.
+    reduction : {"sum", "mean", "max", "min"}, default "sum"
         The reduction to plan.
+    dtype : dtype, optional
+        Accumulation and result dtype, as in :func:`linred.segmented_sum`.
+    backend : str, default "auto"
+        A backend name or ``"auto"``, resolved once, when the plan is built.
+    check : bool, default True
+        Whether to validate ``offsets`` or ``lengths``.
 
     Attributes
     ----------
     backend : str
         The backend that serves the plan (``"auto"`` resolved).
     reduction : str
+        The planned reduction.
     out_shape : tuple of int
+        The shape of every result.
     out_dtype : str
+        The dtype of every result, by name (``"float32"``, ``"int64"``, ...).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For bad arguments, as :func:`linred.segmented_sum`.
+    linred.BackendError
+        If the requested backend cannot serve the problem.
+
+    See Also
+    --------
+    segmented_sum : The same reduction as a function, with its plans cached.
 
     Notes
     -----
@@ -359,6 +453,13 @@ class SegmentedReduction:
     ...     plan(2 * x)
     array([10., 26., 42.], dtype=float32)
     array([20., 52., 84.], dtype=float32)
+
+    What the plan chose and returns:
+
+    >>> plan = linred.SegmentedReduction(x, offsets=[0, 3, 12], reduction="max")
+    >>> plan.backend, plan.out_shape, plan.out_dtype
+    ('numpy', (2,), 'float32')
+    >>> plan.free()
     """
 
     def __init__(
@@ -410,13 +511,16 @@ class SegmentedReduction:
         return adapter.reshape(x, self._call.problem.in_shape)
 
     def execute(self, x: Any, *, out: Any = None, stream: Any = None) -> Any:
-        """Reduce ``x`` (same type, shape, strides and dtype as the plan's example).
+        """Reduce ``x``; calling the plan does the same.
 
         Parameters
         ----------
         x : array
+            Of the same array type, device, shape, strides and dtype as the
+            array the plan was built for.
         out : array, optional
-            Where to write the result; returned when given.
+            Where to write the result (C-contiguous, of the plan's
+            ``out_shape`` and ``out_dtype``); returned when given.
         stream : optional
             As in :func:`linred.segmented_sum`.
 
@@ -424,6 +528,27 @@ class SegmentedReduction:
         -------
         array
             The result, of ``x``'s array type and device.
+
+        Raises
+        ------
+        TypeError, ValueError
+            If ``x`` or ``out`` does not match the plan (the message names the
+            field that differs).
+        RuntimeError
+            If the plan has been freed.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import linred
+        >>> x = np.arange(8.0)
+        >>> plan = linred.SegmentedReduction(x, 2, reduction="mean")
+        >>> out = np.empty(plan.out_shape)
+        >>> plan.execute(x + 1, out=out) is out
+        True
+        >>> out
+        array([1.5, 3.5, 5.5, 7.5])
+        >>> plan.free()
         """
         if self._executor is None:
             raise RuntimeError("this SegmentedReduction has been freed")
@@ -438,7 +563,21 @@ class SegmentedReduction:
     __call__ = execute
 
     def free(self) -> None:
-        """Release the plan's resources; the plan cannot run afterwards."""
+        """Release the plan's resources; the plan cannot run afterwards.
+
+        Leaving a ``with`` block frees the plan; freeing twice does nothing.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import linred
+        >>> plan = linred.SegmentedReduction(np.ones(4), 2)
+        >>> plan.free()
+        >>> plan(np.ones(4))
+        Traceback (most recent call last):
+            ...
+        RuntimeError: this SegmentedReduction has been freed
+        """
         if self._executor is not None:
             self._executor.free()
             self._executor = None

@@ -17,27 +17,29 @@ x : array_like
     anything :func:`numpy.asarray` accepts.  Any layout; it is never modified.
 segment_length : int, optional
     Fixed segment length ``L >= 1``, dividing ``n = x.shape[axis]``: segment
-    ``i`` is ``[i*L, (i+1)*L)`` and ``m = n // L``.
+    ``i`` is ``[i*L, (i+1)*L)`` and ``m = n // L``.  No offsets array is built.
 offsets : array_like of int, optional
-    CSR-style offsets (int32 or int64, any array library): ``m + 1``
-    non-decreasing values with ``offsets[0] == 0`` and ``offsets[-1] == n``;
-    segment ``i`` is ``[offsets[i], offsets[i+1])``.  Host offsets for device
-    data are copied to the device (a small transfer); device offsets for host
-    data are refused.
+    CSR-style offsets (a NumPy, CuPy or PyTorch array, or a list):
+    ``m + 1`` non-decreasing values with ``offsets[0] == 0`` and
+    ``offsets[-1] == n``; segment ``i`` is ``[offsets[i], offsets[i+1])``.
+    int32 and int64 offsets are used as they are, other integer dtypes become
+    int64.  Host offsets for device data are copied to the device (a small
+    transfer); device offsets for host data are refused.
 lengths : array_like of int, optional
     Segment lengths: ``m`` non-negative integers summing to ``n``.
 axis : int, default 0
     The axis along which segments run; negative values count from the end.  The
     other axes are carried: ``x`` of shape ``(n, d)`` gives ``(m, d)``.
 dtype : dtype, optional
-    Accumulation and result dtype.  By default floating dtypes keep their own
-    (float16 and bfloat16 are always accumulated in float32), bool and signed
-    integers give int64 and unsigned integers uint64{mean_dtype}.
+    Accumulation and result dtype.  By default floating and complex dtypes keep
+    their own (float16 and bfloat16 are always accumulated in float32), bool
+    and signed integers give int64 and unsigned integers uint64{mean_dtype}.
 out : array, optional
-    Preallocated result: C-contiguous, of the result's shape and dtype, and of
-    ``x``'s array type and device.  It is filled and returned.
+    Preallocated result: C-contiguous, writeable, of the result's shape and
+    dtype, and of ``x``'s array type and device.  It is filled and returned.
 backend : {{"auto", "numpy", "nvmath", "cublas", "cub", "nvrtc"}}, default "auto"
-    Which implementation runs the call; ``"auto"`` picks the fastest that can
+    Which implementation runs the call.  ``"auto"`` takes the first backend,
+    in an order measured per problem shape (see :doc:`backends`), that can
     serve it.  A named backend that cannot serve the call raises
     :class:`linred.BackendError`; there is no silent fallback.
 stream : optional
@@ -65,8 +67,12 @@ linred.BackendError
 """
 
 
-def _doc(summary: str, empty: str, example: str, mean_dtype: str = "") -> str:
-    return f"{summary}\n\n{empty}\n\n{_PARAMETERS.format(mean_dtype=mean_dtype)}\nExamples\n--------\n{example}"
+def _doc(summary: str, extended: str, see_also: str, example: str, mean_dtype: str = "", notes: str = "") -> str:
+    notes = f"Notes\n-----\n{notes}\n" if notes else ""
+    return (
+        f"{summary}\n\n{extended}\n\n{_PARAMETERS.format(mean_dtype=mean_dtype)}\n"
+        f"See Also\n--------\n{see_also}\n\n{notes}Examples\n--------\n{example}"
+    )
 
 
 def segmented_sum(
@@ -133,11 +139,19 @@ def segmented_min(
     return run("min", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
+_PRECISION = """\
+Every addition is done in the accumulation dtype or wider: float32 in float32
+(never in TF32, whatever CuPy's or PyTorch's settings), float16 and bfloat16 in
+float32, integers in int64 or uint64 unless ``dtype=`` asks for another.
+"""
+
 segmented_sum.__doc__ = _doc(
-    "Sum each segment of ``x`` along ``axis``.\n\n"
-    "For fixed-length segments this is the matrix product of the ``(m, L)`` view of the\n"
-    "data with a vector of ones, run through BLAS (cuBLAS/cuBLASLt on the GPU).",
-    "An empty segment sums to 0.",
+    "Sum each segment of ``x`` along ``axis``.",
+    "For fixed-length segments this is the matrix product of the ``(m, L)`` view of\n"
+    "the data with a vector of ones (a GEMV: BLAS on the host, cuBLAS or cuBLASLt on\n"
+    "the GPU); short segments and offsets run on linred's own CUDA kernels on the\n"
+    "GPU, integer sums on CUB or those kernels.  An empty segment sums to 0.",
+    "segmented_mean : The mean of each segment.\nSegmentedReduction : A reduction planned once for many arrays.",
     """\
 >>> import numpy as np
 >>> import linred
@@ -149,11 +163,28 @@ array([ 3.,  0., 75.], dtype=float32)
 >>> linred.segmented_sum(x.reshape(6, 2), lengths=[1, 5])
 array([[ 1.,  2.],
        [35., 40.]], dtype=float32)
+
+Segments along the last axis of a 2-D array:
+
+>>> linred.segmented_sum(np.arange(12).reshape(2, 6), 3, axis=-1)
+array([[ 3, 12],
+       [21, 30]])
+
+Integers are summed in 64 bits; ``dtype=`` chooses another result:
+
+>>> small = np.array([100, 100, 100], dtype=np.int8)
+>>> linred.segmented_sum(small, 3)
+array([300])
+>>> linred.segmented_sum(small, lengths=[2, 1], dtype=np.float32)
+array([200., 100.], dtype=float32)
 """,
+    notes=_PRECISION,
 )
 segmented_mean.__doc__ = _doc(
     "Mean of each segment of ``x`` along ``axis``.",
-    "An empty segment's mean is NaN.",
+    "The segmented sum divided by the segment lengths (for fixed lengths, the\n"
+    "product with ones scaled by ``1/L``).  An empty segment's mean is NaN.",
+    "segmented_sum : The sum of each segment.\nSegmentedReduction : A reduction planned once for many arrays.",
     """\
 >>> import numpy as np
 >>> import linred
@@ -163,13 +194,16 @@ array([ 2.5,  6.5, 10.5], dtype=float32)
 array([ 2., nan,  4.])
 """,
     mean_dtype="; the mean of integers is float64",
+    notes=_PRECISION,
 )
 segmented_max.__doc__ = _doc(
-    "Maximum of each segment of ``x`` along ``axis``.\n\n"
-    "Not linear, so not a matrix product: ufuncs on the host, CUB on the GPU.\n"
-    "A NaN makes its segment's maximum NaN.  Complex input is refused.",
+    "Maximum of each segment of ``x`` along ``axis``.",
+    "Not linear, so not a matrix product: NumPy ufuncs on the host, linred's own\n"
+    "CUDA kernels or CUB on the GPU.  A NaN makes its segment's maximum NaN, as\n"
+    "in NumPy.  Complex input raises TypeError (complex numbers have no order).\n"
     "An empty segment's maximum is the identity: -inf for floating dtypes, the\n"
     "dtype's minimum for integers, False for bool.",
+    "segmented_min : The minimum of each segment.\nSegmentedReduction : A reduction planned once for many arrays.",
     """\
 >>> import numpy as np
 >>> import linred
@@ -177,14 +211,18 @@ segmented_max.__doc__ = _doc(
 array([ 4.,  8., 12.], dtype=float32)
 >>> linred.segmented_max(np.array([3.0, 1.0]), lengths=[0, 2])
 array([-inf,   3.])
+>>> linred.segmented_max(np.array([1.0, np.nan, 3.0, 4.0]), 2)
+array([nan,  4.])
 """,
 )
 segmented_min.__doc__ = _doc(
-    "Minimum of each segment of ``x`` along ``axis``.\n\n"
-    "Not linear, so not a matrix product: ufuncs on the host, CUB on the GPU.\n"
-    "A NaN makes its segment's minimum NaN.  Complex input is refused.",
+    "Minimum of each segment of ``x`` along ``axis``.",
+    "Not linear, so not a matrix product: NumPy ufuncs on the host, linred's own\n"
+    "CUDA kernels or CUB on the GPU.  A NaN makes its segment's minimum NaN, as\n"
+    "in NumPy.  Complex input raises TypeError (complex numbers have no order).\n"
     "An empty segment's minimum is the identity: +inf for floating dtypes, the\n"
     "dtype's maximum for integers, True for bool.",
+    "segmented_max : The maximum of each segment.\nSegmentedReduction : A reduction planned once for many arrays.",
     """\
 >>> import numpy as np
 >>> import linred

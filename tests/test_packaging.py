@@ -104,7 +104,17 @@ def python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(), re.S)
 
 
-@pytest.mark.parametrize("name", ["README.md", "docs/api.md", "docs/index.md"])
+#: the Markdown pages with ``>>>`` examples: the README and every page of docs/ that has them
+DOC_PAGES_WITH_EXAMPLES = ["README.md"] + [
+    str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").glob("*.md")) if ">>>" in p.read_text()
+]
+
+
+def test_doc_pages_with_examples():
+    assert {"README.md", "docs/api.md", "docs/index.md", "docs/how-it-works.md"} <= set(DOC_PAGES_WITH_EXAMPLES)
+
+
+@pytest.mark.parametrize("name", DOC_PAGES_WITH_EXAMPLES)
 def test_doc_examples_run(name):
     """The ``>>>`` examples of the Markdown docs are doctests."""
     parser, runner = doctest.DocTestParser(), doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
