@@ -45,6 +45,7 @@ class Tuning:
     tile: int = 4096  #: elements per tile in tile_reduce
     min_blocks: int = 4  #: resident blocks per SM that tile_reduce's registers must allow
     max_tiles_per_block: int = 16  #: consecutive tiles one block reduces (fewer when the data is small)
+    few_fast: bool = False  #: tiles meeting a few segments also reduced in registers (no staging)
 
 
 TUNING = Tuning()
@@ -199,7 +200,7 @@ def _tile_wrapper(problem: Problem, vecload: bool, index_ctype: str, tuning: Tun
     return (
         f'extern "C" __global__ void __launch_bounds__({threads}, {tuning.min_blocks}) '
         f"linred_tile(const {t}* x, {o}* out, {common}, {a}* head, {a}* tail, long long* ts) {{\n    {_ARGS}\n"
-        f"    tile_reduce<{t}, {a}, {o}, {op}, {mean}, {threads}, {tile}, {k}, {vl}>"
+        f"    tile_reduce<{t}, {a}, {o}, {op}, {mean}, {threads}, {tile}, {k}, {vl}, {str(tuning.few_fast).lower()}>"
         f"(x, out, {offsets}, a, bounds, head, tail, ts);\n}}\n"
     ) + _fixup_and_bounds(problem, index_ctype, threads, tile)
 
@@ -367,7 +368,12 @@ class _FeaturesExecutor:
         s0, s1, _ = problem.strides
         size = itemsize(problem.dtype)
         aligned = launch.ptr(x) % 16 == 0 and all((v * size) % 16 == 0 for v in (s1, d, s0 if b > 1 else 0))
+        # 16 bytes of features per thread, whose results are stored as whole vectors when
+        # they fill some: the result rows must then be 16-byte aligned too.
         width = _vec(problem) if aligned else 1
+        out_size = itemsize(problem.out_dtype)
+        if width > 1 and (width * out_size) % 16 == 0 and (launch.ptr(out) % 16 or (d * out_size) % 16):
+            width = 1
         kernel = self._kernels.get(width)
         if kernel is None:
             from cuda.core import LaunchConfig

@@ -292,6 +292,55 @@ __device__ __forceinline__ A block_segmented_scan(bool flag, A value, A identity
     return v;
 }
 
+// Segmented scan over the block's threads keyed by the position of each thread's
+// last segment start (-1 when it has none): a thread with a start begins a new
+// segment.  Returns the thread's inclusive value (the segment open at its end)
+// and sets *total_key to that segment's start; *ex_value and *ex_key are the same
+// for the threads before it (identity and -1 when no start precedes it).  No
+// barrier at the end: the caller's next use of warp_val is behind one.
+template <class A, class OP, int THREADS>
+__device__ __forceinline__ A block_keyed_scan(int key, A value, A identity, A* ex_value, int* ex_key, int* total_key,
+                                              A* warp_val, int* warp_key) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int k = key;
+    A v = value;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+        const A v_up = __shfl_up_sync(0xffffffffu, v, d);
+        const int k_up = __shfl_up_sync(0xffffffffu, k, d);
+        if (lane >= d) {
+            if (k < 0) v = OP::combine(v_up, v);
+            k = max(k, k_up);
+        }
+    }
+    if (lane == 31) {
+        warp_val[warp] = v;
+        warp_key[warp] = k;
+    }
+    __syncthreads();
+    A carry = identity;
+    int carry_key = -1;
+    for (int w = warp - 1; w >= 0; --w) {  // the warps before this one, back to the last with a start
+        carry = OP::combine(warp_val[w], carry);
+        if (warp_key[w] >= 0) {
+            carry_key = warp_key[w];
+            break;
+        }
+    }
+    if (k < 0) v = OP::combine(carry, v);
+    k = max(k, carry_key);
+    A pv = __shfl_up_sync(0xffffffffu, v, 1);
+    int pk = __shfl_up_sync(0xffffffffu, k, 1);
+    if (lane == 0) {
+        pv = carry;
+        pk = carry_key;
+    }
+    *ex_value = pv;
+    *ex_key = pk;
+    *total_key = k;
+    return v;
+}
+
 // A block reduces K consecutive tiles of one row, staging each in shared memory
 // while the loads of the next are in flight.  A segment that continues into the
 // block's next tile is carried in shared memory, so partials leave the block only
@@ -306,9 +355,16 @@ __device__ __forceinline__ A block_segmented_scan(bool flag, A value, A identity
 //    inside them, and a block-wide segmented scan joins the pieces of those that
 //    cross threads ("balanced": no thread waits for another's long segment);
 //  - more boundaries than that (mostly empty segments): one segment per lane group.
+// The balanced mode on a tile in registers with a 4-byte accumulator (float32 and
+// 16-bit sums, 32-bit max/min) runs without divergent branches: the starts of the
+// non-empty segments are marked in a bitmask (one bit per element) and a table of
+// their indices; every thread adds its elements with a select at each marked
+// start, storing the finished piece in shared memory, then writes the segments
+// that lie inside its elements in a short loop over its marks.
 // Shared memory is padded (16 bytes every 16 elements) so that threads reading
 // their 16 consecutive elements hit distinct banks.
-template <class T, class A, class O, class OP, bool MEAN, int THREADS, int TILE, int K, bool VECLOAD, class Off>
+template <class T, class A, class O, class OP, bool MEAN, int THREADS, int TILE, int K, bool VECLOAD, bool FEW_FAST,
+          class Off>
 __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, TileArgs a,
                                             const i64* __restrict__ bounds, A* __restrict__ head, A* __restrict__ tail,
                                             i64* __restrict__ tail_seg) {
@@ -319,7 +375,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
     constexpr int NS = VECLOAD ? 1 : TILE / THREADS;        // scalars per thread per tile
     constexpr int ITEMS = TILE / THREADS;                   // elements per thread in balanced mode
     constexpr int PAD = 16 / (int)sizeof(A) > 0 ? 16 / (int)sizeof(A) : 1;
-    constexpr int CAP = 2 * THREADS;                        // boundaries balanced mode can hold
+    constexpr int CAP = 2 * THREADS > TILE / 8 ? 2 * THREADS : TILE / 8;  // boundaries balanced mode can hold
     struct __align__(16) AV { A v[VecOf<T>::N]; };
     __shared__ __align__(16) A sh[TILE + TILE / 16 * PAD];
     __shared__ int sb[CAP + 1];
@@ -328,6 +384,10 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
     __shared__ A carry_acc, next_acc;
     __shared__ i64 carry_s, next_s;
     __shared__ int carry_mode, next_mode;
+    constexpr bool FAST = VECLOAD && sizeof(A) == 4 && ITEMS <= 32 && 32 % ITEMS == 0;
+    constexpr int MARK_WORDS = TILE / 32;
+    __shared__ short seg_at[FAST ? TILE : 1];                 // the non-empty segment starting at an element
+    __shared__ unsigned marks[2][FAST ? MARK_WORDS : 1];     // its start, one bit per element (by tile parity)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     auto at = [](int e) { return e + (e >> 4) * PAD; };  // padded position of element e
 
@@ -338,13 +398,17 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
     const T* xr = x + row * a.row_stride;
     O* outr = out + row * a.m;
     if (tid == 0) carry_mode = CARRY_NONE;
+    if (FAST) {
+        for (int w = tid; w < 2 * MARK_WORDS; w += THREADS) marks[w / MARK_WORDS][w % MARK_WORDS] = 0;
+        __syncthreads();
+    }
 
     // Vector loads are blocked (each thread its own ITEMS consecutive elements, what the
     // balanced mode reduces in registers) where the block's tiles hold many segments,
     // and warp-striped (fully coalesced, for staging) where they hold few.
     const i64 seg_j0 = segment_at_or_after(off, bounds, j0, a.m, j0 * (i64)TILE);
     const i64 seg_j1 = segment_at_or_after(off, bounds, j1, a.m, min(j1 * (i64)TILE, a.n));
-    const bool blocked = VECLOAD && seg_j1 - seg_j0 > (i64)WARPS * (j1 - j0);
+    const bool blocked = VECLOAD && ((FAST && FEW_FAST) || seg_j1 - seg_j0 > (i64)WARPS * (j1 - j0));
     V vbuf[NV];
     T sbuf[NS];
     auto fetch = [&](i64 j) {  // issue the loads of tile j (no use yet)
@@ -382,7 +446,10 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
         // A full vector-loaded tile is already in registers, ITEMS consecutive elements
         // per thread: the balanced mode reduces it there; the others need it staged.
         const bool in_regs = VECLOAD && count == TILE;
-        const bool stage = !(balanced && in_regs && blocked);
+        // FEW_FAST: tiles meeting a few segments take the branch-free balanced mode too.
+        const bool fast = FAST && in_regs && blocked && (balanced || (FEW_FAST && owned + 1 <= CAP));
+        const bool stage = !(balanced && in_regs && blocked) && !fast;
+        const int parity = (int)(j & 1);
         // Stage the tile in shared memory, in the accumulator type.
         if (stage && in_regs) {
 #pragma unroll
@@ -401,11 +468,18 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                 if (i < count) sh[at(i)] = to_acc<A>(sbuf[k]);
             }
         }
-        if (balanced) {  // the owned segments' starts, then the end of the last, relative to t0
+        if (balanced || fast) {  // the owned segments' starts, then the end of the last, relative to t0
             for (i64 k = tid; k <= owned; k += THREADS) {
                 const i64 v = off(s_first + k) - t0;
                 sb[k] = (int)(v < (i64)count ? v : (i64)count + 1);  // past the tile: count + 1
+                if (fast && k < owned && v < (i64)count && off(s_first + k + 1) - t0 > v) {
+                    atomicOr(&marks[parity][(int)v >> 5], 1u << ((int)v & 31));
+                    seg_at[(int)v] = (short)k;
+                }
             }
+        }
+        if (FAST) {  // the next tile's marks (this one's were read before the last barrier)
+            for (int w = tid; w < MARK_WORDS; w += THREADS) marks[parity ^ 1][w] = 0;
         }
         if (tid == 0) next_mode = CARRY_NONE;
         __syncthreads();
@@ -434,7 +508,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
             }
         };
 
-        if (items <= WARPS) {
+        if (items <= WARPS && !fast) {
             // Few segments: WARPS / items warps per segment, partials combined in shared memory.
             const int per = WARPS / (int)items;
             const int item = warp % (int)items, part = warp / (int)items;
@@ -454,6 +528,55 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                 const bool is_head = s_head >= 0 && tid == 0;
                 const i64 s = (s_head >= 0) ? (is_head ? s_head : s_first + tid - 1) : s_first + tid;
                 emit(is_head, s, off(s), off(s + 1), total);
+            }
+        } else if (fast) {
+            // Thread tid holds elements [r0, r0 + ITEMS) of a full tile.  sh[at(p)] gets the
+            // piece that ends just before a marked start p.
+            const A identity = OP::template identity<O, A>();
+            const int r0 = tid * ITEMS;
+            unsigned mask = marks[parity][r0 >> 5];
+            if (ITEMS < 32) mask = (mask >> (r0 & 31)) & ((1u << (ITEMS & 31)) - 1u);
+            A acc = identity;
+#pragma unroll
+            for (int i = 0; i < ITEMS; ++i) {
+                const A v = to_acc<A>(vbuf[i / VEC].v[i % VEC]);
+                const bool start = (mask >> i) & 1u;
+                if (start) sh[at(r0 + i)] = acc;
+                acc = start ? v : OP::combine(acc, v);
+            }
+            if (j + 1 < j1) fetch(j + 1);  // the registers are free again
+            A before;
+            int before_key, total_key;
+            const int key = mask ? r0 + 31 - __clz(mask) : -1;
+            const A total = block_keyed_scan<A, OP, THREADS>(key, acc, identity, &before, &before_key, &total_key,
+                                                             red, red_flag);
+            if (mask) {
+                unsigned m = mask;
+                int p = r0 + __ffs(m) - 1;
+                m &= m - 1;
+                // The segment open at r0 ends before the first start p.
+                const A first = OP::combine(before, sh[at(p)]);
+                if (before_key >= 0) {
+                    emit(false, s_first + seg_at[before_key], t0 + before_key, t0 + p, first);
+                } else if (s_head >= 0) {
+                    emit(true, s_head, off(s_head), t0 + p, first);
+                }
+                for (int prev = p; m; prev = p) {  // the segments inside this thread's elements
+                    p = r0 + __ffs(m) - 1;
+                    m &= m - 1;
+                    outr[s_first + seg_at[prev]] = finish<O, MEAN>(sh[at(p)], p - prev);
+                }
+            }
+            if (tid == THREADS - 1) {  // the segment open at the tile's end
+                if (total_key >= 0) {
+                    const i64 s = s_first + seg_at[total_key];
+                    emit(false, s, t0 + total_key, off(s + 1), total);
+                } else if (s_head >= 0) {
+                    emit(true, s_head, off(s_head), off(s_head + 1), total);
+                }
+            }
+            for (i64 k = tid; k < owned; k += THREADS) {  // empty segments hold no element
+                if (sb[k] == sb[k + 1]) outr[s_first + k] = finish<O, MEAN>(identity, 0);
             }
         } else if (balanced) {
             // Thread tid walks elements [r0, r1); owned segment k starts at sb[k] and
@@ -561,7 +684,8 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
 // group of W consecutive features), walking the segment's rows with UNROLL loads in
 // flight; neighbouring lanes read neighbouring feature groups of the same row, so
 // every load is coalesced.  W = 16 bytes of features where rows are 16-byte aligned,
-// else 1.
+// else 1; results go out as 16-byte vectors where W results fill whole ones (the
+// caller only passes such a W when the result rows are 16-byte aligned).
 template <class T, int W> struct Group { struct __align__(W * sizeof(T) >= 16 ? 16 : sizeof(T)) type { T v[W]; }; };
 
 struct FeatureArgs {
@@ -603,8 +727,20 @@ __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __re
             for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(v.v[k]));
         }
         O* o = out + rs * a.features + g * W;
+        if constexpr ((W * sizeof(O)) % 16 == 0) {  // whole 16-byte vectors of results
+            typedef typename VecOf<O>::type VO;
+            constexpr int NO = VecOf<O>::N;
 #pragma unroll
-        for (int k = 0; k < W; ++k) o[k] = finish<O, MEAN>(acc[k], end - begin);
+            for (int c = 0; c < W / NO; ++c) {
+                VO r;
+#pragma unroll
+                for (int k = 0; k < NO; ++k) r.v[k] = finish<O, MEAN>(acc[c * NO + k], end - begin);
+                *reinterpret_cast<VO*>(o + c * NO) = r;
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < W; ++k) o[k] = finish<O, MEAN>(acc[k], end - begin);
+        }
     }
 }
 
