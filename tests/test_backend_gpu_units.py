@@ -599,3 +599,24 @@ def test_nvrtc_refuses_bfloat16_before_sm80(monkeypatch):
     assert nvrtc.BACKEND.unsupported(problem(dtype="float16")) is None
     monkeypatch.setattr(nvrtc, "_compute_capability", lambda device: (9, 0))
     assert nvrtc.BACKEND.unsupported(problem(dtype="bfloat16")) is None
+
+
+@pytest.mark.parametrize(
+    "dtype, reduction, vecload, expected",
+    [
+        # float32 sums: 4096 + 4096/16*4 padded floats, then 4096 int16 segment indices
+        ("float32", "sum", True, (4096 + 1024) * 4 + 4096 * 2),
+        ("float32", "sum", False, (4096 + 1024) * 4),
+        ("float16", "max", True, (4096 + 1024) * 4 + 4096 * 2),
+        # 8-byte accumulators have no branch-free mode: the staged tile only
+        ("float64", "sum", True, (4096 + 512) * 8),
+        ("int8", "sum", True, (4096 + 512) * 8),
+    ],
+)
+def test_nvrtc_tile_shared_memory(dtype, reduction, vecload, expected):
+    """The dynamic shared memory the tile kernel is launched with (TileShared in segreduce.cuh)."""
+    from linred.backends.nvrtc import TUNING, _tile_shared_bytes
+
+    p = problem(reduction, dtype, shape=(1, 1 << 16, 1), length=None, offsets_dtype="int64", segments=100)
+    assert (TUNING.tile, TUNING.threads) == (4096, 256)
+    assert _tile_shared_bytes(p, vecload, TUNING) == expected

@@ -43,7 +43,8 @@ class Tuning:
     threads: int = 256  #: threads per block
     unroll: int = 8  #: 16-byte vectors per thread in fixed_small
     tile: int = 4096  #: elements per tile in tile_reduce
-    min_blocks: int = 4  #: resident blocks per SM that tile_reduce's registers must allow
+    min_blocks: int = 5  #: resident blocks per SM that tile_reduce's registers must allow
+    min_blocks_wide: int = 4  #: the same with 8-byte accumulators (more registers without spilling)
     max_tiles_per_block: int = 16  #: consecutive tiles one block reduces (fewer when the data is small)
     few_fast: bool = False  #: tiles meeting a few segments also reduced in registers (no staging)
 
@@ -140,6 +141,20 @@ class _Launcher:
             s = self._streams[handle] = Stream.from_handle(handle)
         return s
 
+    def allow_shared_memory(self, kernel: Any, size: int) -> None:
+        """Let ``kernel`` use ``size`` bytes of dynamic shared memory (past 48 KiB it must opt in)
+        and prefer the largest shared memory carveout (its occupancy is set by shared memory)."""
+        from cuda.bindings import driver
+
+        attribute = driver.CUfunction_attribute
+        for attr, value in (
+            (attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, size),
+            (attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100),
+        ):
+            (err,) = driver.cuKernelSetAttribute(attr, value, kernel.handle, self.device)
+            if err != driver.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"cannot set {attr.name}={value} for a kernel on device {self.device}: {err}")
+
     def ptr(self, a: Any) -> int:
         return a.data.ptr if self.kind == "cupy" else a.data_ptr()
 
@@ -197,12 +212,26 @@ def _tile_wrapper(problem: Problem, vecload: bool, index_ctype: str, tuning: Tun
     threads, tile = tuning.threads, tuning.tile
     common, offsets = _COMMON.format(i=index_ctype), _offsets(problem, index_ctype)
     vl = "true" if vecload else "false"
+    few_fast = "true" if tuning.few_fast else "false"
+    min_blocks = tuning.min_blocks if itemsize(_acc_dtype(problem)) <= 4 else tuning.min_blocks_wide
     return (
-        f'extern "C" __global__ void __launch_bounds__({threads}, {tuning.min_blocks}) '
-        f"linred_tile(const {t}* x, {o}* out, {common}, {a}* head, {a}* tail, long long* ts) {{\n    {_ARGS}\n"
-        f"    tile_reduce<{t}, {a}, {o}, {op}, {mean}, {threads}, {tile}, {k}, {vl}, {str(tuning.few_fast).lower()}>"
-        f"(x, out, {offsets}, a, bounds, head, tail, ts);\n}}\n"
+        f'extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) '
+        f"linred_tile(const {t}* x, {o}* out, {common}, {a}* head, {a}* tail, long long* ts) {{\n"
+        "    extern __shared__ __align__(16) unsigned char smem[];\n"
+        f"    {_ARGS}\n"
+        f"    tile_reduce<{t}, {a}, {o}, {op}, {mean}, {threads}, {tile}, {k}, {vl}, {few_fast}>"
+        f"(x, out, {offsets}, a, bounds, head, tail, ts, smem);\n}}\n"
     ) + _fixup_and_bounds(problem, index_ctype, threads, tile)
+
+
+def _tile_shared_bytes(problem: Problem, vecload: bool, tuning: Tuning) -> int:
+    """Dynamic shared memory of linred_tile: TileShared::BYTES in segreduce.cuh."""
+    acc = itemsize(_acc_dtype(problem))
+    pad = max(1, 16 // acc)
+    items = tuning.tile // tuning.threads
+    stage = -(-(tuning.tile + tuning.tile // 16 * pad) * acc // 16) * 16
+    fast = vecload and acc == 4 and items <= 32 and 32 % items == 0
+    return stage + (tuning.tile * 2 if fast else 0)
 
 
 def _features_wrapper(problem: Problem, index_ctype: str, tuning: Tuning, width: int) -> str:
@@ -279,9 +308,14 @@ class _Tiles:
         L = problem.segment_length
         # Fixed lengths dividing the tile never span two tiles: no partials to combine.
         self.needs_fixup = not (problem.fixed and tile >= L and tile % L == 0)
-        self.configs: tuple[Any, Any, Any] | None = None
+        self.configs: tuple[Any, Any] | None = None
 
-    def run(self, kernels: tuple[Any, Any, Any], x: Any, out: Any, segments: Segments, stream: int) -> None:
+    def tile_config(self, shared_bytes: int) -> Any:
+        from cuda.core import LaunchConfig
+
+        return LaunchConfig(grid=self.num_blocks, block=self.threads, shmem_size=shared_bytes)
+
+    def run(self, kernels: tuple[Any, ...], config: Any, x: Any, out: Any, segments: Segments, stream: int) -> None:
         """Launch bounds (for offsets), the tile kernel and the fix-up on ``stream``."""
         problem, launch = self.problem, self.launch
         if self.configs is None:
@@ -289,7 +323,6 @@ class _Tiles:
 
             self.configs = (
                 LaunchConfig(grid=self.bound_blocks, block=self.threads),
-                LaunchConfig(grid=self.num_blocks, block=self.threads),
                 LaunchConfig(grid=self.fix_blocks, block=self.threads),
             )
         _, n, _ = problem.in_shape
@@ -302,10 +335,10 @@ class _Tiles:
         out_ptr = launch.ptr(out)
         s = launch.stream(stream)
         cuda_launch = _cuda_launch()
-        bounds_config, tile_config, fixup_config = self.configs
+        bounds_config, fixup_config = self.configs
         if self.bounds is not None:
             cuda_launch(s, bounds_config, kernels[2], *common)
-        cuda_launch(s, tile_config, kernels[0], launch.ptr(x), out_ptr, *common, *partials)
+        cuda_launch(s, config, kernels[0], launch.ptr(x), out_ptr, *common, *partials)
         if self.needs_fixup:
             cuda_launch(s, fixup_config, kernels[1], out_ptr, *common, *partials)
 
@@ -332,7 +365,7 @@ class _TileExecutor:
             k //= 2
         self._k = k
         self._tiles = _Tiles(problem, launch, tuning.tile, tuning.threads, k)
-        self._kernels: dict[bool, tuple[Any, Any, Any]] = {}
+        self._kernels: dict[bool, tuple[tuple[Any, Any, Any], Any]] = {}
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
         problem, launch = self._problem, self._tiles.launch
@@ -344,9 +377,11 @@ class _TileExecutor:
             from linred.kernels.compiler import get_kernels
 
             wrapper = _tile_wrapper(problem, vecload, _index_ctype(problem), self._tuning, self._k)
-            kernels = get_kernels(launch.device, wrapper, ("linred_tile", "linred_fixup", "linred_bounds"))
-            self._kernels[vecload] = kernels
-        self._tiles.run(kernels, x, out, segments, stream)
+            compiled = get_kernels(launch.device, wrapper, ("linred_tile", "linred_fixup", "linred_bounds"))
+            shared = _tile_shared_bytes(problem, vecload, self._tuning)
+            launch.allow_shared_memory(compiled[0], shared)
+            kernels = self._kernels[vecload] = (compiled, self._tiles.tile_config(shared))
+        self._tiles.run(*kernels, x, out, segments, stream)
 
     def free(self) -> None:
         self._kernels.clear()

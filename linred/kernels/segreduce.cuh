@@ -363,11 +363,23 @@ __device__ __forceinline__ A block_keyed_scan(int key, A value, A identity, A* e
 // that lie inside its elements in a short loop over its marks.
 // Shared memory is padded (16 bytes every 16 elements) so that threads reading
 // their 16 consecutive elements hit distinct banks.
+// The dynamic shared memory of tile_reduce: the staged tile (or the pieces of the
+// branch-free mode), then the segment index table of that mode.  The backend
+// computes the same sizes (linred/backends/nvrtc.py, _tile_shared_bytes).
+template <class T, class A, int THREADS, int TILE, bool VECLOAD> struct TileShared {
+    static const int PAD = 16 / (int)sizeof(A) > 0 ? 16 / (int)sizeof(A) : 1;
+    static const int ITEMS = TILE / THREADS;
+    static const bool FAST = VECLOAD && sizeof(A) == 4 && ITEMS <= 32 && 32 % ITEMS == 0;
+    static const int STAGE_BYTES = ((TILE + TILE / 16 * PAD) * (int)sizeof(A) + 15) / 16 * 16;
+    static const int BYTES = STAGE_BYTES + (FAST ? TILE * (int)sizeof(short) : 0);
+};
+
 template <class T, class A, class O, class OP, bool MEAN, int THREADS, int TILE, int K, bool VECLOAD, bool FEW_FAST,
           class Off>
 __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, TileArgs a,
                                             const i64* __restrict__ bounds, A* __restrict__ head, A* __restrict__ tail,
-                                            i64* __restrict__ tail_seg) {
+                                            i64* __restrict__ tail_seg, unsigned char* __restrict__ smem) {
+    typedef TileShared<T, A, THREADS, TILE, VECLOAD> S;
     constexpr int WARPS = THREADS / 32;
     typedef typename VecOf<T>::type V;
     constexpr int VEC = VecOf<T>::N;
@@ -377,16 +389,16 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
     constexpr int PAD = 16 / (int)sizeof(A) > 0 ? 16 / (int)sizeof(A) : 1;
     constexpr int CAP = 2 * THREADS > TILE / 8 ? 2 * THREADS : TILE / 8;  // boundaries balanced mode can hold
     struct __align__(16) AV { A v[VecOf<T>::N]; };
-    __shared__ __align__(16) A sh[TILE + TILE / 16 * PAD];
+    A* const sh = reinterpret_cast<A*>(smem);
     __shared__ int sb[CAP + 1];
     __shared__ A red[WARPS];
     __shared__ int red_flag[WARPS];
     __shared__ A carry_acc, next_acc;
     __shared__ i64 carry_s, next_s;
     __shared__ int carry_mode, next_mode;
-    constexpr bool FAST = VECLOAD && sizeof(A) == 4 && ITEMS <= 32 && 32 % ITEMS == 0;
+    constexpr bool FAST = S::FAST;
     constexpr int MARK_WORDS = TILE / 32;
-    __shared__ short seg_at[FAST ? TILE : 1];                 // the non-empty segment starting at an element
+    short* const seg_at = reinterpret_cast<short*>(smem + S::STAGE_BYTES);  // the non-empty segment starting at an element
     __shared__ unsigned marks[2][FAST ? MARK_WORDS : 1];     // its start, one bit per element (by tile parity)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     auto at = [](int e) { return e + (e >> 4) * PAD; };  // padded position of element e
