@@ -1,109 +1,163 @@
-"""GPU benchmarks on CuPy arrays: linred's GPU backends beside CuPy's and cuSPARSE's ways.
+"""GPU benchmarks: linred's GPU backends beside CuPy's, PyTorch's and cuSPARSE's ways to a segmented sum.
 
-Skipped (NotImplementedError in ``setup``) where no CUDA device is visible.
-n = 2^28 float32 (1 GiB, far larger than L2); every timed call is followed by a
-synchronize inside the timed function, and ``track_gbps`` times with CUDA events.
+Skipped (NotImplementedError in ``setup``, asv's n/a) where no CUDA device is visible.
+Each case streams ``N_GPU`` float32 elements' worth of bytes (2^28: 1 GiB, as
+``linred bench``), random normal data: a CuPy array, or a CUDA PyTorch tensor for
+bfloat16, which CuPy lacks (PyTorch methods get a zero-copy DLPack view of a CuPy
+array).  ``time_sum`` synchronizes the device inside the timed function;
+``track_gbps`` is (bytes read + bytes written) / the median time of one call between
+two CUDA events, in GB/s.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Callable
+from typing import Any
 
-from ._common import check, cuda_median_seconds, geometric_offsets, gpu_or_skip, linred_call
+from ._common import (
+    N_GPU,
+    _Case,
+    _SegmentedSum,
+    check,
+    cuda_seconds,
+    gpu_or_skip,
+    import_torch,
+    linred_sum,
+    make_case,
+    relative_error,
+)
 
-N = 1 << 28
-GPU_METHODS = ["linred-auto", "linred-nvmath", "linred-cublas", "linred-cub"]
+LINRED = ["linred-auto", "linred-nvmath", "linred-cublas", "linred-cub", "linred-nvrtc"]
+FIXED_PEERS = ["cupy-sum", "cupy-matmul-ones", "torch-sum"]
 
 
-def _data(cupy):
-    x = cupy.random.default_rng(0).random(N, dtype=cupy.float32)
-    x += 1
-    return x
+class _Inputs:
+    """One case's data on the GPU, its segments and its float64 reference."""
 
-
-class GpuFixedLength:
-    params = (
-        [*GPU_METHODS, "cupy-sum", "cupy-matmul-ones"],
-        [2, 8, 32, 128, 1024, 1 << 14, 1 << 20, 1 << 24],
-    )
-    param_names = ("method", "L")
-    timeout = 300
-
-    def setup(self, method: str, L: int) -> None:
-        cupy = self.cupy = gpu_or_skip()
-        x = _data(cupy)
-        m = N // L
-        out = cupy.empty(m, dtype=cupy.float32)
-        view = x.reshape(m, L)
-        if method.startswith("linred-"):
-            self.f = linred_call(method, x, out, segment_length=L)
-        elif method == "cupy-sum":
-            self.f = lambda: view.sum(axis=1, out=out)
+    def __init__(self, cupy: Any, case: _Case) -> None:
+        self.cupy, self.case = cupy, case
+        if case.dtype == "bfloat16":
+            torch = import_torch()
+            generator = torch.Generator(device="cuda").manual_seed(case.seed)
+            self.x = torch.randn(case.array_shape, dtype=torch.bfloat16, device="cuda", generator=generator)
         else:
-            ones = cupy.ones(L, dtype=cupy.float32)
-            self.f = lambda: cupy.matmul(view, ones, out=out)
-        out.fill(np.nan)
-        self.f()
-        self.stream = cupy.cuda.get_current_stream()
-        self.stream.synchronize()
-        reference = cupy.asnumpy(view.sum(axis=1, dtype=cupy.float64))
-        check(cupy.asnumpy(out), reference, L, method)
-        self.nbytes = x.nbytes + out.nbytes
+            rng = cupy.random.default_rng(case.seed)
+            wide = "float32" if case.dtype == "float16" else case.dtype
+            self.x = rng.standard_normal(case.array_shape, dtype=cupy.dtype(wide)).astype(case.dtype, copy=False)
+        self.offsets = None if case.fixed else cupy.asarray(case.offsets)
 
-    def time_sum(self, method: str, L: int) -> None:
-        self.f()
-        self.stream.synchronize()
+    @property
+    def is_torch(self) -> bool:
+        return type(self.x).__module__.startswith("torch")
 
-    def track_gbps(self, method: str, L: int) -> float:
-        return round(self.nbytes / cuda_median_seconds(self.cupy, self.f) / 1e9, 1)
+    def float64(self, a: Any) -> Any:
+        """``a`` (a CuPy array or a CUDA tensor) as a CuPy float64 array."""
+        if type(a).__module__.startswith("torch"):
+            torch = import_torch()
+            return self.cupy.from_dlpack(a.detach().to(torch.float64).contiguous())
+        return a.astype(self.cupy.float64)
 
-    track_gbps.unit = "GB/s"
+    def reference(self) -> Any:
+        case, x64 = self.case, self.float64(self.x)
+        if case.fixed:
+            return x64.reshape(case.m, case.shape.length, *x64.shape[1:]).sum(axis=1)
+        # Differences of a float64 prefix sum: error about 1e-16 * |prefix|, far below float32's.
+        prefix = self.cupy.zeros((x64.shape[0] + 1, *x64.shape[1:]))
+        self.cupy.cumsum(x64, axis=0, out=prefix[1:])
+        return prefix[self.offsets[1:]] - prefix[self.offsets[:-1]]
+
+    def torch(self, a: Any) -> Any:
+        return a if type(a).__module__.startswith("torch") else import_torch().from_dlpack(a)
 
 
-class GpuVariableLength:
-    params = ([*GPU_METHODS, "cusparse-indicator", "torch-segment_reduce"], [16, 256, 8192])
-    param_names = ("method", "mean_length")
-    timeout = 300
-
-    def setup(self, method: str, mean_length: int) -> None:
-        cupy = self.cupy = gpu_or_skip()
-        x = _data(cupy)
-        offsets_host = geometric_offsets(N, mean_length)
-        m = offsets_host.shape[0] - 1
-        offsets = cupy.asarray(offsets_host)
-        out = cupy.empty(m, dtype=cupy.float32)
-        out.fill(np.nan)
-        if method.startswith("linred-"):
-            self.f = linred_call(method, x, out, offsets=offsets)
-        elif method == "cusparse-indicator":
-            # The best peer for short variable segments: a CSR matrix of ones times x.
-            # Unique column indices, so cupyx's sum_duplicates never does the work up front.
-            import cupyx.scipy.sparse as sparse
+def _peer(method: str, inp: _Inputs) -> Callable[[], Any]:
+    cupy, case, x = inp.cupy, inp.case, inp.x
+    rest = tuple(x.shape[1:])
+    if method.startswith("cupy"):
+        if inp.is_torch:
+            raise NotImplementedError(f"CuPy has no {case.dtype} dtype")
+        if method == "cupy-sum":  # with CuPy's default accelerators
+            view = x.reshape(case.m, case.shape.length, *rest)
+            return lambda: view.sum(axis=1)
+        if method == "cupy-matmul-ones":
+            if not rest:
+                view, ones = x.reshape(case.m, case.shape.length), cupy.ones(case.shape.length, dtype=x.dtype)
+                return lambda: view @ ones
+            view3, ones_row = x.reshape(case.m, case.shape.length, *rest), cupy.ones((1, case.shape.length), x.dtype)
+            return lambda: cupy.matmul(ones_row, view3).reshape(case.m, *rest)
+        if method == "cupy-csr-spmv":
+            # A CSR indicator matrix (ones as values) times x: the best peer for short variable segments.
+            # Ones, never the data, as values: cupyx would sum duplicates on first use and time nothing.
+            if case.dtype not in ("float32", "float64") or rest or case.rows >= 2**31:
+                raise NotImplementedError("cuSPARSE SpMV through cupyx: 1-D float32/float64, n < 2^31")
+            from cupyx.scipy import sparse
 
             indicator = sparse.csr_matrix(
-                (cupy.ones(N, cupy.float32), cupy.arange(N, dtype=cupy.int32), offsets.astype(cupy.int32)), shape=(m, N)
+                (cupy.ones(case.rows, x.dtype), cupy.arange(case.rows, dtype=cupy.int32), inp.offsets.astype("int32")),
+                shape=(case.m, case.rows),
             )
-            self.f = lambda: indicator @ x
+            return lambda: indicator @ x
+    torch = import_torch()
+    xt = inp.torch(x)
+    if method == "torch-sum":
+        view_t = xt.view(case.m, case.shape.length, *rest)
+        return lambda: view_t.sum(1)
+    if method == "torch-segment_reduce":
+        offsets = inp.torch(inp.offsets)
+        # unsafe=True skips torch's validation of the offsets, as linred's check=False does
+        return lambda: torch.segment_reduce(xt, "sum", offsets=offsets, axis=0, unsafe=True)
+    raise ValueError(f"unknown method {method!r}")
+
+
+class _DeviceSum(_SegmentedSum):
+    timeout = 300  # a first call may compile kernels
+
+    def prepare(self, method: str, shape: str, dtype: str) -> tuple[Callable[[], Any], int]:
+        cupy = self.cupy = gpu_or_skip()
+        if method.startswith("cupy") and dtype == "bfloat16":  # before allocating anything
+            raise NotImplementedError("CuPy has no bfloat16 dtype")
+        case = make_case(shape, dtype, N_GPU)
+        inp = _Inputs(cupy, case)
+        if method.startswith("linred-"):
+            segments = {"segment_length": case.shape.length} if case.fixed else {"offsets": inp.offsets}
+            fn, result = linred_sum(method, inp.x, segments)
         else:
-            try:
-                import torch
-            except ImportError:
-                raise NotImplementedError("torch is not installed") from None
-            xt, ot = torch.from_dlpack(x), torch.from_dlpack(offsets)
-            self.f = lambda: torch.segment_reduce(xt, "sum", offsets=ot)
-        result = self.f()
-        self.stream = cupy.cuda.get_current_stream()
-        self.stream.synchronize()
-        cs = np.concatenate([[0.0], np.cumsum(cupy.asnumpy(x), dtype=np.float64)])
-        reference = cs[offsets_host[1:]] - cs[offsets_host[:-1]]
-        check(cupy.asnumpy(cupy.from_dlpack(result)), reference, int(np.diff(offsets_host).max()), method)
-        self.nbytes = x.nbytes + out.nbytes + offsets.nbytes
+            fn = _peer(method, inp)
+            result = fn()  # warm-up
+        check(*relative_error(cupy, inp.float64(result), inp.reference()), dtype, method)
+        del result
+        cupy.get_default_memory_pool().free_all_blocks()  # the reference's buffers
+        self.sync()
+        return fn, case.nbytes
 
-    def time_sum(self, method: str, mean_length: int) -> None:
-        self.f()
-        self.stream.synchronize()
+    def sync(self) -> None:
+        self.cupy.cuda.runtime.deviceSynchronize()  # every stream: CuPy's and PyTorch's alike
 
-    def track_gbps(self, method: str, mean_length: int) -> float:
-        return round(self.nbytes / cuda_median_seconds(self.cupy, self.f) / 1e9, 1)
+    def seconds(self) -> float:
+        return cuda_seconds(self.cupy, self.fn)
 
-    track_gbps.unit = "GB/s"
+
+class GpuFixed(_DeviceSum):
+    """Fixed segment lengths over float32: the shapes of ``linred bench`` (fixed and features groups)."""
+
+    params = (
+        [*LINRED, *FIXED_PEERS],
+        ["L=2", "L=8", "L=32", "L=128", "L=1024", "L=16384", "L=2^20", "L=2^24", "d=64 L=8", "d=64 L=128"],
+        ["float32"],
+    )
+
+
+class GpuDtypes(_DeviceSum):
+    """The other floating dtypes at the same bytes: float16 and bfloat16 (accumulated in float32), float64."""
+
+    params = ([*LINRED, *FIXED_PEERS], ["L=32", "L=4096"], ["float16", "bfloat16", "float64"])
+
+
+class GpuVariable(_DeviceSum):
+    """Variable lengths from offsets: geometric means 16/256/8192 and the skewed layouts."""
+
+    params = (
+        [*LINRED, "cupy-csr-spmv", "torch-segment_reduce"],
+        ["geom 16", "geom 256", "geom 8192", "half empty", "zipf 1.5", "one huge"],
+        ["float32"],
+    )

@@ -1,4 +1,4 @@
-"""Packaging and repository hygiene: metadata, the installed distribution, README and CI in sync, examples, asv."""
+"""Packaging and repository hygiene: metadata, the installed distribution, README and CI in sync, asv."""
 
 from __future__ import annotations
 
@@ -183,67 +183,134 @@ def test_console_script():
     assert proc.stdout.strip() == f"linred {linred.__version__}"
 
 
-# --- examples ---
+# --- asv (the examples are run by tests/test_examples.py) ---
 
-EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
-
-
-def test_there_are_examples():
-    assert len(EXAMPLES) >= 2
+#: the names of linred the benchmarks may use: asv runs them against older commits too
+ASV_LINRED_API = {"segmented_sum", "BackendError", "available_backends"}
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_example_runs(path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    assert proc.returncode == 0, f"{path.name} failed:\n{proc.stdout}\n{proc.stderr}"
-    assert f"OK: {path.stem}" in proc.stdout
-
-
-# --- asv ---
+def asv_config() -> dict:
+    text = (ROOT / "asv.conf.json").read_text()
+    return json.loads(re.sub(r"^\s*//.*$", "", text, flags=re.M))
 
 
 def test_asv_config():
-    text = (ROOT / "asv.conf.json").read_text()
-    config = json.loads(re.sub(r"^\s*//.*$", "", text, flags=re.M))
+    config = asv_config()
     assert config["benchmark_dir"] == "asv_benchmarks"
     assert config["environment_type"] == "existing"
     assert config["launch_method"] == "spawn"
-    assert config["results_dir"].startswith(".asv") and config["html_dir"].startswith(".asv")
+    assert config["repo"] == "." and config["dvcs"] == "git" and config["branches"] == ["main"]
+    for key in ("results_dir", "html_dir", "env_dir"):
+        assert config[key].startswith(".asv/"), key
+    assert ".asv/" in (ROOT / ".gitignore").read_text().split()
 
 
-def benchmark_cases():
-    """(module, class, parameter combination) of every parametrized benchmark class."""
+def benchmark_modules() -> list:
     sys.path.insert(0, str(ROOT))
     try:
-        modules = [importlib.import_module(f"asv_benchmarks.{p.stem}") for p in (ROOT / "asv_benchmarks").glob("*.py")]
+        return [
+            importlib.import_module(f"asv_benchmarks.{p.stem}") for p in sorted((ROOT / "asv_benchmarks").glob("*.py"))
+        ]
     finally:
         sys.path.remove(str(ROOT))
-    for module in modules:
-        for name, cls in vars(module).items():
-            if isinstance(cls, type) and cls.__module__ == module.__name__ and hasattr(cls, "params"):
-                yield pytest.param(cls, id=f"{module.__name__.split('.')[-1]}.{name}")
 
 
-@pytest.mark.parametrize("cls", list(benchmark_cases()))
-def test_asv_benchmarks_run_or_skip(cls):
-    """Each benchmark class at its first and last parameters: setup (with its correctness check) and one run.
+def benchmark_classes() -> list:
+    """Every parametrized benchmark class (asv's discovery: public classes of every module)."""
+    return [
+        pytest.param(cls, id=f"{module.__name__.rsplit('.', 1)[-1]}.{name}")
+        for module in benchmark_modules()
+        for name, cls in vars(module).items()
+        if isinstance(cls, type) and not name.startswith("_") and hasattr(cls, "params")
+    ]
 
-    GPU classes must skip (NotImplementedError) where there is no GPU, as asv expects.
+
+def sample_parameters(cls) -> list[tuple]:
+    """Every method at the first shape and dtype, and every shape and dtype with the first method."""
+    methods, shapes, dtypes = cls.params
+    combos = [(m, shapes[0], dtypes[0]) for m in methods]
+    combos += [(methods[0], s, d) for s in shapes for d in dtypes]
+    return list(dict.fromkeys(combos))
+
+
+@pytest.mark.parametrize("cls", benchmark_classes())
+def test_asv_benchmarks_check_run_or_skip(cls, monkeypatch):
+    """Each benchmark class at small sizes: setup (with its correctness check), time_sum and track_gbps.
+
+    A skip (NotImplementedError, asv's n/a) is allowed only for a GPU benchmark without a GPU, a
+    linred backend that is unavailable or refuses the problem, and a PyTorch method without PyTorch.
     """
-    first = tuple(p[0] for p in cls.params)
-    last = tuple(p[-1] for p in cls.params)
-    for params in (first, last):
+    module = sys.modules[cls.__module__]
+    gpu = cls.__name__.startswith("Gpu")
+    assert cls.param_names == ("method", "shape", "dtype")
+    for name in ("N_CPU", "N_GPU"):
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, 1 << 16)
+    ran = 0
+    for params in sample_parameters(cls):
         bench = cls()
         try:
             bench.setup(*params)
         except NotImplementedError as e:
-            if cls.__name__.startswith("Gpu") or "linred-" in params[0]:
-                continue
-            raise AssertionError(f"{cls.__name__}{params} skipped: {e}") from e
-        for attr in dir(bench):
-            if attr.startswith("time_"):
-                getattr(bench, attr)(*params)
-            elif attr.startswith("track_"):
-                value = getattr(bench, attr)(*params)
-                assert np.isfinite(value) and value > 0
+            method = params[0]
+            may_skip = gpu or (method.startswith(("linred-", "torch-")) and method != "linred-auto")
+            assert may_skip, f"{cls.__name__}{params} skipped: {e}"
+            continue
+        assert bench.time_sum(*params) is None
+        value = bench.track_gbps(*params)
+        assert np.isfinite(value) and value > 0, (params, value)
+        ran += 1
+    assert ran or gpu, f"{cls.__name__}: nothing ran"
+
+
+def test_asv_gpu_benchmarks_skip_without_a_gpu():
+    from linred.bench.meta import gpu_available
+
+    if gpu_available()[0]:
+        pytest.skip("a GPU is present")
+    for param in benchmark_classes():
+        cls = param.values[0]
+        if cls.__name__.startswith("Gpu"):
+            with pytest.raises(NotImplementedError):
+                cls().setup(*(p[0] for p in cls.params))
+
+
+def test_asv_benchmarks_use_linred_public_api_only():
+    """asv runs the current benchmarks against older commits: no linred internals, no new names."""
+    import ast
+
+    for path in sorted((ROOT / "asv_benchmarks").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "linred":
+                raise AssertionError(f"{path.name}:{node.lineno}: from {node.module} import ...")
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    assert alias.name == "linred" or not alias.name.startswith("linred."), f"{path.name}: {alias.name}"
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "linred":
+                assert node.attr in ASV_LINRED_API, f"{path.name}:{node.lineno}: linred.{node.attr}"
+
+
+def test_asv_timeraw_benchmarks_run():
+    (imports,) = [m for m in benchmark_modules() if m.__name__ == "asv_benchmarks.imports"]
+    for name in ("timeraw_import_linred", "timeraw_first_sum"):
+        code = getattr(imports, name)()
+        code, setup = (code, "") if isinstance(code, str) else code
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        proc = subprocess.run([sys.executable, "-c", f"{setup}\n{code}"], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, proc.stderr
+
+
+def test_asv_check():
+    """``asv check``: asv discovers the suite and every signature matches its parameters."""
+    pytest.importorskip("asv")
+    env = dict(os.environ, ASV_PYTHONPATH=str(ROOT), PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "asv", "check", "--python=same"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0 and "No problems found" in proc.stdout, proc.stdout + proc.stderr
