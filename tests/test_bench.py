@@ -404,3 +404,20 @@ def test_gpu_bench_small(tmp_path):
                 assert m["rel_err"] <= TOLERANCE[case["dtype"]]
     assert not problems, "\n".join(problems)
     assert rc == 0
+
+
+def test_sampling_shuffles_the_order_of_methods():
+    """Each round of samples takes every method once, in a new order: no method always follows the same one."""
+    from linred.bench.runner import _Runner, _Timed
+    from linred.bench.timing import HostClock
+
+    calls: list[str] = []
+    timed = [
+        _Timed(MethodResult(name, "peer"), (lambda name=name: calls.append(name)), HostClock(), 1, 3, "numpy")
+        for name in "abc"
+    ]
+    _Runner(Settings(device="cpu"), HostData()).sample(timed)
+    rounds = ["".join(calls[i : i + 3]) for i in range(0, 9, 3)]
+    assert all(sorted(r) == list("abc") for r in rounds), rounds
+    assert len(set(rounds)) > 1, rounds
+    assert all(len(t.res.samples) == 3 for t in timed)

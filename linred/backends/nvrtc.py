@@ -46,7 +46,6 @@ class Tuning:
     min_blocks: int = 5  #: resident blocks per SM that tile_reduce's registers must allow
     min_blocks_wide: int = 4  #: the same with 8-byte accumulators (more registers without spilling)
     max_tiles_per_block: int = 16  #: consecutive tiles one block reduces (fewer when the data is small)
-    few_fast: bool = False  #: tiles meeting a few segments also reduced in registers (no staging)
 
 
 TUNING = Tuning()
@@ -212,14 +211,13 @@ def _tile_wrapper(problem: Problem, vecload: bool, index_ctype: str, tuning: Tun
     threads, tile = tuning.threads, tuning.tile
     common, offsets = _COMMON.format(i=index_ctype), _offsets(problem, index_ctype)
     vl = "true" if vecload else "false"
-    few_fast = "true" if tuning.few_fast else "false"
     min_blocks = tuning.min_blocks if itemsize(_acc_dtype(problem)) <= 4 else tuning.min_blocks_wide
     return (
         f'extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) '
         f"linred_tile(const {t}* x, {o}* out, {common}, {a}* head, {a}* tail, long long* ts) {{\n"
         "    extern __shared__ __align__(16) unsigned char smem[];\n"
         f"    {_ARGS}\n"
-        f"    tile_reduce<{t}, {a}, {o}, {op}, {mean}, {threads}, {tile}, {k}, {vl}, {few_fast}>"
+        f"    tile_reduce<{t}, {a}, {o}, {op}, {mean}, {threads}, {tile}, {k}, {vl}>"
         f"(x, out, {offsets}, a, bounds, head, tail, ts, smem);\n}}\n"
     ) + _fixup_and_bounds(problem, index_ctype, threads, tile)
 

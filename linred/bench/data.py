@@ -162,6 +162,9 @@ class HostData:
     def sync(self, lib: str) -> None:
         pass
 
+    def settle(self) -> None:
+        """Before a timed sample: leave nothing of the previous method's work to pay for."""
+
     def to_float64(self, a: Any) -> np.ndarray:
         if type(a).__module__.split(".")[0] == "torch":
             import torch
@@ -195,6 +198,7 @@ class DeviceData(HostData):
     """CuPy (or, for bfloat16, PyTorch) buffers on the current GPU, with a CuPy float64 reference."""
 
     lib = "cupy"
+    _evict: Any = None  # a buffer twice the L2 size, read by settle()
 
     def inputs(self, case: Case) -> Inputs:
         import cupy
@@ -253,6 +257,23 @@ class DeviceData(HostData):
     def sync(self, lib: str) -> None:
         import cupy
 
+        cupy.cuda.Device().synchronize()
+
+    def settle(self) -> None:
+        """Evict the L2 cache by reading a buffer twice its size, then synchronize (untimed).
+
+        A method writes its result through L2; what is still dirty there when the next
+        method's sample starts is written back during that sample.  After the copy
+        ceiling (1 GiB written) that was up to 50 MB charged to whichever method came
+        next.  Reading clean data over the whole cache first makes every sample start
+        from the same state.
+        """
+        import cupy
+
+        if self._evict is None:
+            l2 = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())["l2CacheSize"]
+            self._evict = cupy.ones(max(2 * l2, 1 << 20) // 4, dtype=cupy.float32)
+        self._evict.sum()
         cupy.cuda.Device().synchronize()
 
     def to_float64(self, a: Any) -> Any:

@@ -374,8 +374,7 @@ template <class T, class A, int THREADS, int TILE, bool VECLOAD> struct TileShar
     static const int BYTES = STAGE_BYTES + (FAST ? TILE * (int)sizeof(short) : 0);
 };
 
-template <class T, class A, class O, class OP, bool MEAN, int THREADS, int TILE, int K, bool VECLOAD, bool FEW_FAST,
-          class Off>
+template <class T, class A, class O, class OP, bool MEAN, int THREADS, int TILE, int K, bool VECLOAD, class Off>
 __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, TileArgs a,
                                             const i64* __restrict__ bounds, A* __restrict__ head, A* __restrict__ tail,
                                             i64* __restrict__ tail_seg, unsigned char* __restrict__ smem) {
@@ -420,7 +419,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
     // and warp-striped (fully coalesced, for staging) where they hold few.
     const i64 seg_j0 = segment_at_or_after(off, bounds, j0, a.m, j0 * (i64)TILE);
     const i64 seg_j1 = segment_at_or_after(off, bounds, j1, a.m, min(j1 * (i64)TILE, a.n));
-    const bool blocked = VECLOAD && ((FAST && FEW_FAST) || seg_j1 - seg_j0 > (i64)WARPS * (j1 - j0));
+    const bool blocked = VECLOAD && seg_j1 - seg_j0 > (i64)WARPS * (j1 - j0);
     V vbuf[NV];
     T sbuf[NS];
     auto fetch = [&](i64 j) {  // issue the loads of tile j (no use yet)
@@ -458,9 +457,8 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
         // A full vector-loaded tile is already in registers, ITEMS consecutive elements
         // per thread: the balanced mode reduces it there; the others need it staged.
         const bool in_regs = VECLOAD && count == TILE;
-        // FEW_FAST: tiles meeting a few segments take the branch-free balanced mode too.
-        const bool fast = FAST && in_regs && blocked && (balanced || (FEW_FAST && owned + 1 <= CAP));
-        const bool stage = !(balanced && in_regs && blocked) && !fast;
+        const bool stage = !(balanced && in_regs && blocked);
+        const bool fast = FAST && !stage;
         const int parity = (int)(j & 1);
         // Stage the tile in shared memory, in the accumulator type.
         if (stage && in_regs) {
@@ -480,7 +478,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                 if (i < count) sh[at(i)] = to_acc<A>(sbuf[k]);
             }
         }
-        if (balanced || fast) {  // the owned segments' starts, then the end of the last, relative to t0
+        if (balanced) {  // the owned segments' starts, then the end of the last, relative to t0
             for (i64 k = tid; k <= owned; k += THREADS) {
                 const i64 v = off(s_first + k) - t0;
                 sb[k] = (int)(v < (i64)count ? v : (i64)count + 1);  // past the tile: count + 1
@@ -520,7 +518,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
             }
         };
 
-        if (items <= WARPS && !fast) {
+        if (items <= WARPS) {
             // Few segments: WARPS / items warps per segment, partials combined in shared memory.
             const int per = WARPS / (int)items;
             const int item = warp % (int)items, part = warp / (int)items;
