@@ -284,106 +284,84 @@ class _FixedSmallExecutor:
         self._kernel = self._tiles = None
 
 
-class _Tiles:
-    """What the tile kernels share: the split of every row into tiles and of the tiles
-    among blocks, the per-block partials, the offsets' tile bounds, and the launches."""
-
-    def __init__(self, problem: Problem, launch: _Launcher, tile: int, threads: int, tiles_per_block: int) -> None:
-        self.problem, self.launch, self.threads = problem, launch, threads
-        b, n, _ = problem.in_shape
-        self.tiles_per_row = -(-n // tile)
-        self.tiles_per_block = tiles_per_block
-        self.blocks_per_row = -(-self.tiles_per_row // tiles_per_block)
-        self.num_blocks = b * self.blocks_per_row
-        acc = _acc_dtype(problem)
-        self.head = launch.empty(self.num_blocks, acc)
-        self.tail = launch.empty(self.num_blocks, acc)
-        self.tail_seg = launch.empty(self.num_blocks, "int64")
-        # Offsets: the first segment of every tile, found once per call by linred_bounds.
-        self.bounds = None if problem.fixed else launch.empty(self.tiles_per_row + 1, "int64")
-        self.fix_blocks = max(1, -(-self.num_blocks // (threads // 32)))
-        self.bound_blocks = max(1, -(-(self.tiles_per_row + 1) // threads))
-        L = problem.segment_length
-        # Fixed lengths dividing the tile never span two tiles: no partials to combine.
-        self.needs_fixup = not (problem.fixed and tile >= L and tile % L == 0)
-        self.configs: tuple[Any, Any] | None = None
-
-    def tile_config(self, shared_bytes: int) -> Any:
-        from cuda.core import LaunchConfig
-
-        return LaunchConfig(grid=self.num_blocks, block=self.threads, shmem_size=shared_bytes)
-
-    def run(self, kernels: tuple[Any, ...], config: Any, x: Any, out: Any, segments: Segments, stream: int) -> None:
-        """Launch bounds (for offsets), the tile kernel and the fix-up on ``stream``."""
-        problem, launch = self.problem, self.launch
-        if self.configs is None:
-            from cuda.core import LaunchConfig
-
-            self.configs = (
-                LaunchConfig(grid=self.bound_blocks, block=self.threads),
-                LaunchConfig(grid=self.fix_blocks, block=self.threads),
-            )
-        _, n, _ = problem.in_shape
-        s0, s1, _ = problem.strides
-        offsets = launch.ptr(segments.offsets) if isinstance(segments, VariableSegments) else 0
-        bounds = 0 if self.bounds is None else launch.ptr(self.bounds)
-        common = (offsets, problem.segment_length or 0, n, problem.num_segments, s0, s1, self.tiles_per_row,
-                  self.blocks_per_row, self.num_blocks, self.tiles_per_block, bounds)  # fmt: skip
-        partials = (launch.ptr(self.head), launch.ptr(self.tail), launch.ptr(self.tail_seg))
-        out_ptr = launch.ptr(out)
-        s = launch.stream(stream)
-        cuda_launch = _cuda_launch()
-        bounds_config, fixup_config = self.configs
-        if self.bounds is not None:
-            cuda_launch(s, bounds_config, kernels[2], *common)
-        cuda_launch(s, config, kernels[0], launch.ptr(x), out_ptr, *common, *partials)
-        if self.needs_fixup:
-            cuda_launch(s, fixup_config, kernels[1], out_ptr, *common, *partials)
-
-    def free(self) -> None:
-        self.head = self.tail = self.tail_seg = self.bounds = None
-
-
 def _index_ctype(problem: Problem) -> str:
     return "long long" if problem.fixed else _ctype(problem.offsets_dtype)
 
 
 class _TileExecutor:
-    """Any segments (fixed or offsets) with one feature column, any strides."""
+    """Any segments (fixed or offsets) with one feature column, any strides: rows cut into
+    tiles, runs of tiles given to blocks, per-block partials joined by the fix-up."""
 
     def __init__(self, problem: Problem, launch: _Launcher | None = None) -> None:
+        from cuda.core import LaunchConfig
+
         self._problem = problem
         self._tuning = tuning = TUNING
-        launch = launch or _Launcher(problem)
+        self._launch = launch = launch or _Launcher(problem)
         b, n, _ = problem.in_shape
-        tiles_per_row = -(-n // tuning.tile)
+        threads = tuning.threads
+        self._tiles_per_row = -(-n // tuning.tile)
         # Tiles per block: as many as keep every SM busy with a few waves of blocks.
         k = tuning.max_tiles_per_block
-        while k > 1 and b * -(-tiles_per_row // k) < 4 * tuning.min_blocks * launch.sms:
+        while k > 1 and b * -(-self._tiles_per_row // k) < 4 * tuning.min_blocks * launch.sms:
             k //= 2
         self._k = k
-        self._tiles = _Tiles(problem, launch, tuning.tile, tuning.threads, k)
+        self._blocks_per_row = -(-self._tiles_per_row // k)
+        self._num_blocks = b * self._blocks_per_row
+        acc = _acc_dtype(problem)
+        self._head = launch.empty(self._num_blocks, acc)
+        self._tail = launch.empty(self._num_blocks, acc)
+        self._tail_seg = launch.empty(self._num_blocks, "int64")
+        # Offsets: the first segment of every tile, found once per call by linred_bounds.
+        self._bounds = None if problem.fixed else launch.empty(self._tiles_per_row + 1, "int64")
+        self._bounds_config = LaunchConfig(grid=max(1, -(-(self._tiles_per_row + 1) // threads)), block=threads)
+        self._fixup_config = LaunchConfig(grid=max(1, -(-self._num_blocks // (threads // 32))), block=threads)
+        L = problem.segment_length
+        # Fixed lengths dividing the tile never span two tiles: no partials to combine.
+        self._needs_fixup = not (problem.fixed and tuning.tile >= L and tuning.tile % L == 0)
+        # Per vector-load variant: the three kernels and the tile kernel's launch shape.
         self._kernels: dict[bool, tuple[tuple[Any, Any, Any], Any]] = {}
 
-    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
-        problem, launch = self._problem, self._tiles.launch
-        b, _, _ = problem.in_shape
-        s0, s1, _ = problem.strides
-        vecload = s1 == 1 and launch.ptr(x) % 16 == 0 and (b == 1 or (s0 * itemsize(problem.dtype)) % 16 == 0)
-        kernels = self._kernels.get(vecload)
-        if kernels is None:
-            from linred.kernels.compiler import get_kernels
+    def _compile(self, vecload: bool) -> tuple[tuple[Any, Any, Any], Any]:
+        from cuda.core import LaunchConfig
 
-            wrapper = _tile_wrapper(problem, vecload, _index_ctype(problem), self._tuning, self._k)
-            compiled = get_kernels(launch.device, wrapper, ("linred_tile", "linred_fixup", "linred_bounds"))
-            shared = _tile_shared_bytes(problem, vecload, self._tuning)
-            launch.allow_shared_memory(compiled[0], shared)
-            kernels = self._kernels[vecload] = (compiled, self._tiles.tile_config(shared))
-        self._tiles.run(*kernels, x, out, segments, stream)
+        from linred.kernels.compiler import get_kernels
+
+        problem, launch, tuning = self._problem, self._launch, self._tuning
+        wrapper = _tile_wrapper(problem, vecload, _index_ctype(problem), tuning, self._k)
+        kernels = get_kernels(launch.device, wrapper, ("linred_tile", "linred_fixup", "linred_bounds"))
+        shared = _tile_shared_bytes(problem, vecload, tuning)
+        launch.allow_shared_memory(kernels[0], shared)
+        config = LaunchConfig(grid=self._num_blocks, block=tuning.threads, shmem_size=shared)
+        return kernels, config
+
+    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
+        problem, launch = self._problem, self._launch
+        b, n, _ = problem.in_shape
+        s0, s1, _ = problem.strides
+        xp = launch.ptr(x)
+        vecload = s1 == 1 and xp % 16 == 0 and (b == 1 or (s0 * itemsize(problem.dtype)) % 16 == 0)
+        compiled = self._kernels.get(vecload)
+        if compiled is None:
+            compiled = self._kernels[vecload] = self._compile(vecload)
+        (tile, fixup, bounds_kernel), tile_config = compiled
+        offsets = launch.ptr(segments.offsets) if isinstance(segments, VariableSegments) else 0
+        bounds = 0 if self._bounds is None else launch.ptr(self._bounds)
+        common = (offsets, problem.segment_length or 0, n, problem.num_segments, s0, s1, self._tiles_per_row,
+                  self._blocks_per_row, self._num_blocks, self._k, bounds)  # fmt: skip
+        partials = (launch.ptr(self._head), launch.ptr(self._tail), launch.ptr(self._tail_seg))
+        out_ptr = launch.ptr(out)
+        s = launch.stream(stream)
+        cuda_launch = _cuda_launch()
+        if self._bounds is not None:
+            cuda_launch(s, self._bounds_config, bounds_kernel, *common)
+        cuda_launch(s, tile_config, tile, xp, out_ptr, *common, *partials)
+        if self._needs_fixup:
+            cuda_launch(s, self._fixup_config, fixup, out_ptr, *common, *partials)
 
     def free(self) -> None:
         self._kernels.clear()
-        self._tiles.free()
+        self._head = self._tail = self._tail_seg = self._bounds = None
 
 
 class _FeaturesExecutor:

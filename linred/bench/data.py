@@ -321,8 +321,7 @@ class DeviceData(HostData):
 
     def release(self, collect: bool = True) -> None:
         """Return cached device memory to the driver, so the next buffer finds room."""
-        if collect:
-            gc.collect()
+        super().release(collect)
         import cupy
 
         cupy.get_default_memory_pool().free_all_blocks()

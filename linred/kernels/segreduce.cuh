@@ -384,8 +384,8 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
     constexpr int VEC = VecOf<T>::N;
     constexpr int NV = VECLOAD ? TILE / VEC / THREADS : 1;  // vectors per thread per tile
     constexpr int NS = VECLOAD ? 1 : TILE / THREADS;        // scalars per thread per tile
-    constexpr int ITEMS = TILE / THREADS;                   // elements per thread in balanced mode
-    constexpr int PAD = 16 / (int)sizeof(A) > 0 ? 16 / (int)sizeof(A) : 1;
+    constexpr int ITEMS = S::ITEMS;                         // elements per thread in balanced mode
+    constexpr int PAD = S::PAD;                             // elements of padding after every 16
     constexpr int CAP = 2 * THREADS > TILE / 8 ? 2 * THREADS : TILE / 8;  // boundaries balanced mode can hold
     struct __align__(16) AV { A v[VecOf<T>::N]; };
     A* const sh = reinterpret_cast<A*>(smem);
