@@ -315,12 +315,14 @@ class _FastCall:
     description skip straight to allocating the result and running the plan.
     """
 
-    __slots__ = ("empty", "executor", "in_shape", "out_shape", "out_shape3", "prepare", "segments", "stream")
+    __slots__ = ("empty", "executor", "flat", "in_shape", "out_shape", "out_shape3", "prepare", "segments", "stream")
 
     def __init__(self, call: _Call, executor: Executor) -> None:
         fast = call.adapter.fast_path(call.problem.out_dtype, call.problem.device)
         self.prepare, self.empty, self.stream = fast
         self.executor = executor
+        # An executor that reads only device pointers takes the arrays as they come (no views).
+        self.flat = getattr(executor, "flat", False)
         self.segments = call.segments
         self.in_shape = call.problem.in_shape
         self.out_shape = call.out_shape
@@ -329,7 +331,10 @@ class _FastCall:
     def __call__(self, x: Any) -> Any:
         x = self.prepare(x)
         out = self.empty(self.out_shape)
-        self.executor(x.reshape(self.in_shape), out.reshape(self.out_shape3), self.segments, self.stream())
+        if self.flat:
+            self.executor(x, out, self.segments, self.stream())
+        else:
+            self.executor(x.reshape(self.in_shape), out.reshape(self.out_shape3), self.segments, self.stream())
         return out
 
 

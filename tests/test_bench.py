@@ -229,6 +229,24 @@ def test_reported_gbps_and_percent_of_copy_follow_from_the_times():
             assert m.pct_copy == pytest.approx(100 * m.gbps / result.copy_gbps)
 
 
+def test_host_time_and_replanning_are_recorded():
+    """Every timed method records its host time per call; a linred call that plans while timed is flagged."""
+    case = cases.select_cases(cases.cpu_cases(2**12), "L=8")
+    [result] = run_cases(case, Settings(device="cpu", warmup=1, repeats=3, budget_s=0.05))
+    timed = [m for m in result.methods if m.ok]
+    assert timed and all(m.host_seconds is not None and m.host_seconds > 0 for m in timed)
+    # repeated calls reuse their plan: nothing is planned inside a sample
+    assert all(m.replans == 0 for m in timed), [(m.name, m.replans) for m in timed]
+
+    linred.set_plan_cache_size(0)  # every call plans: the timed linred calls must say so
+    try:
+        [result] = run_cases(case, Settings(device="cpu", warmup=1, repeats=3, budget_s=0.05, methods="linred"))
+    finally:
+        linred.set_plan_cache_size(64)
+    flagged = [m for m in result.methods if m.ok and m.kind == "linred"]
+    assert flagged and all(m.replans > 0 and "planned" in m.note for m in flagged)
+
+
 def test_best_peer_and_ratio():
     r = CaseResult(cases.Case("x", "fixed", "float32", 8, length=2))
     r.methods = [

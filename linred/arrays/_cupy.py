@@ -61,12 +61,13 @@ class CupyAdapter(ArrayAdapter):
     def fast_path(self, dtype: str, device: int | None) -> tuple[Any, Any, Any]:
         get_device = cupy.cuda.runtime.getDevice
         current = cupy.cuda.get_current_stream
+        ndarray, dt = cupy.ndarray, cupy.dtype(dtype)  # resolved once: calls are counted in microseconds
 
         def empty(shape: tuple[int, ...]) -> cupy.ndarray:
             if get_device() == device:
-                return cupy.empty(shape, dtype=dtype)
+                return ndarray(shape, dt)
             with cupy.cuda.Device(device):
-                return cupy.empty(shape, dtype=dtype)
+                return ndarray(shape, dt)
 
         def stream() -> int:
             return current(device).ptr

@@ -9,7 +9,11 @@ kernels (``linred/kernels/segreduce.cuh``):
 
 - ``fixed_small`` for fixed lengths that are powers of two up to 32 vectors of 16
   bytes, on contiguous data: 16-byte loads, segments reduced in registers and
-  warp shuffles;
+  warp shuffles; ``fixed_rows`` for longer powers of two, up to 16 rows of 32
+  vectors (2048 float32 elements), each warp streaming a contiguous run of rows
+  and reducing a segment's rows lane by lane, then across the warp.  Both are
+  one launch that reads only the data's and the result's device pointers,
+  which keeps small calls cheap;
 - ``tile_reduce`` + ``tile_fixup`` for everything else with one feature column:
   tiles of 4096 elements, every segment in a tile reduced by a group of lanes
   sized to the tile's segment count (or, where a tile holds many segments, every
@@ -41,7 +45,8 @@ class Tuning:
     """Launch shapes of the kernels (fixed per plan; see docs/performance.md for how they were chosen)."""
 
     threads: int = 256  #: threads per block
-    unroll: int = 8  #: 16-byte vectors per thread in fixed_small
+    unroll: int = 8  #: 16-byte vectors per thread in fixed_small and fixed_rows
+    max_rows: int = 16  #: longest fixed_rows segment, in warp-rows of 32 vectors (then the tile kernel)
     tile: int = 4096  #: elements per tile in tile_reduce
     min_blocks: int = 5  #: resident blocks per SM that tile_reduce's registers must allow
     min_blocks_wide: int = 4  #: the same with 8-byte accumulators (more registers without spilling)
@@ -165,14 +170,24 @@ class _Launcher:
         return adapter.empty((count,), dtype, self.device)
 
 
-def _fixed_small_wrapper(problem: Problem, tuning: Tuning) -> str:
-    t, o, a = _ctype(problem.dtype), _ctype(problem.out_dtype), _acc_ctype(problem)
-    mean = "true" if problem.reduction == "mean" else "false"
+def _fixed_layout(problem: Problem, tuning: Tuning) -> tuple[str, int]:
+    """``(kernel, vectors per thread)`` for a power-of-two fixed length: ``fixed_small`` up to
+    32 vectors per segment, ``fixed_rows`` up to ``max_rows`` warp-rows (a thread loads at
+    least one vector of each row of its segment, so the unroll grows with the rows)."""
+    rows = problem.segment_length // (32 * _vec(problem))
+    if rows <= 1:
+        return "fixed_small", tuning.unroll
+    return "fixed_rows", max(tuning.unroll, rows)
+
+
+def _fixed_wrapper(problem: Problem, tuning: Tuning) -> str:
+    t, o, a, op, mean = _kernel_types(problem)
+    kernel, unroll = _fixed_layout(problem, tuning)
     return (
         f'extern "C" __global__ void __launch_bounds__({tuning.threads}) '
-        f"linred_fixed_small(const {t}* x, {o}* out, long long nvec) {{\n"
-        f"    fixed_small<{t}, {a}, {o}, {_OPS[problem.reduction]}, {problem.segment_length}, {mean}, "
-        f"{tuning.threads}, {tuning.unroll}>(x, out, nvec);\n}}\n"
+        f"linred_fixed(const {t}* x, {o}* out, long long nvec) {{\n"
+        f"    {kernel}<{t}, {a}, {o}, {op}, {problem.segment_length}, {mean}, "
+        f"{tuning.threads}, {unroll}>(x, out, nvec);\n}}\n"
     )
 
 
@@ -244,44 +259,56 @@ def _features_wrapper(problem: Problem, index_ctype: str, tuning: Tuning, width:
     )
 
 
-class _FixedSmallExecutor:
-    """Power-of-two fixed lengths on contiguous, 16-byte aligned data; otherwise the tile path."""
+class _FixedExecutor:
+    """Power-of-two fixed lengths on contiguous data: ``fixed_small`` or ``fixed_rows``, one
+    launch.  Data that is not 16-byte aligned goes to the tile kernel instead."""
+
+    #: only the device pointers of ``x`` and ``out`` are read, so a repeated call may pass the
+    #: caller's arrays without the (batch, n, features) views (see linred.plan._FastCall)
+    flat = True
 
     def __init__(self, problem: Problem) -> None:
         self._problem = problem
         self._tuning = TUNING
         self._launch = _Launcher(problem)
-        self._kernel = None
+        self._ptr = (lambda a: a.data.ptr) if problem.kind == "cupy" else (lambda a: a.data_ptr())
+        self._go: Any = None
         self._tiles: _TileExecutor | None = None
-        b, n, _ = problem.in_shape
-        self._nvec = b * n // _vec(problem)
-        # One chunk per block: the block scheduler overlaps finishing blocks with new ones.
-        self._blocks = max(1, -(-self._nvec // (self._tuning.threads * self._tuning.unroll)))
-        self._config = None
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
-        launch = self._launch
-        xp = launch.ptr(x)
+        ptr = self._ptr
+        xp = ptr(x)
         if xp % 16:
             if self._tiles is None:
                 self._tiles = _TileExecutor(self._problem)
-            self._tiles(x, out, segments, stream)
+            self._tiles(x, out, segments, stream)  # it too reads only the pointers
             return
-        if self._kernel is None:
-            from linred.kernels.compiler import get_kernels
+        (self._go or self._compile())(stream, xp, ptr(out))
 
-            wrapper = _fixed_small_wrapper(self._problem, self._tuning)
-            (self._kernel,) = get_kernels(launch.device, wrapper, ("linred_fixed_small",))
-        if self._config is None:
-            from cuda.core import LaunchConfig
+    def _compile(self) -> Any:
+        """Compile (or load) the kernel and bind everything a call does not change."""
+        from cuda.core import LaunchConfig, launch
 
-            self._config = LaunchConfig(grid=self._blocks, block=self._tuning.threads)
-        _cuda_launch()(launch.stream(stream), self._config, self._kernel, xp, launch.ptr(out), self._nvec)
+        from linred.kernels.compiler import get_kernels
+
+        problem, tuning, streams = self._problem, self._tuning, self._launch.stream
+        (kernel,) = get_kernels(self._launch.device, _fixed_wrapper(problem, tuning), ("linred_fixed",))
+        b, n, _ = problem.in_shape
+        nvec = b * n // _vec(problem)
+        _, unroll = _fixed_layout(problem, tuning)
+        # One chunk per block: the block scheduler overlaps finishing blocks with new ones.
+        config = LaunchConfig(grid=max(1, -(-nvec // (tuning.threads * unroll))), block=tuning.threads)
+
+        def go(stream: int, xp: int, op: int) -> None:
+            launch(streams(stream), config, kernel, xp, op, nvec)
+
+        self._go = go
+        return go
 
     def free(self) -> None:
         if self._tiles is not None:
             self._tiles.free()
-        self._kernel = self._tiles = None
+        self._go = self._tiles = None
 
 
 def _index_ctype(problem: Problem) -> str:
@@ -442,9 +469,12 @@ class NvrtcBackend(Backend):
 
     def plan(self, problem: Problem):
         L, vec = problem.segment_length, _vec(problem)
-        short = problem.fixed and _is_pow2(L) and 32 * vec >= L
+        # fixed_rows keeps 16 vectors in flight per thread; 1-byte data widened to 4- or 8-byte
+        # sums would need over 100 registers for that, so it stops at fixed_small's lengths.
+        longest = 32 * vec * (TUNING.max_rows if vec <= 8 else 1)
+        short = problem.fixed and _is_pow2(L) and longest >= L
         if short and _flat(problem) and (problem.batch * problem.n) % vec == 0:
-            return _FixedSmallExecutor(problem)
+            return _FixedExecutor(problem)
         launch = _Launcher(problem)
         if problem.features != 1:
             return _FeaturesExecutor(problem, launch)

@@ -71,6 +71,10 @@ class MethodResult:
     gbps: float | None = None
     pct_copy: float | None = None
     rel_err: float | None = None
+    #: median host time to issue one call during the samples (near ``seconds``: host-bound)
+    host_seconds: float | None = None
+    #: plan-cache misses of linred during this method's samples (a timed call that plans again)
+    replans: int = 0
 
     @property
     def ok(self) -> bool:
@@ -143,6 +147,7 @@ class _Timed:
     lib: str
     last: Any = None
     verify: bool = True  # False for the copy, which has no result to check
+    host: list[float] = field(default_factory=list)  # host time per call of each sample
 
 
 class _Runner:
@@ -257,8 +262,11 @@ class _Runner:
                     try:
                         t.last = None
                         self.data.settle()  # untimed: no dirty cache lines of the previous method
-                        seconds, t.last = take_sample(t.fn, t.clock, t.calls)
+                        misses = _plan_misses()
+                        seconds, t.last, host = take_sample(t.fn, t.clock, t.calls)
+                        t.res.replans += _plan_misses() - misses
                         t.res.samples.append(seconds)
+                        t.host.append(host)
                     except Exception as e:
                         self._fail(t.res, e)
                         active.remove(t)
@@ -286,6 +294,11 @@ class _Runner:
                     res.samples = []
                     return
             res.seconds = statistics.median(res.samples)
+            res.host_seconds = statistics.median(t.host) if t.host else None
+            if self.settings.device == "gpu" and res.host_seconds and res.host_seconds >= 0.8 * res.seconds:
+                res.note = _join(res.note, f"host-bound: issuing a call took {res.host_seconds * 1e3:.3f} ms")
+            if res.replans:
+                res.note = _join(res.note, f"planned {res.replans} time(s) while timed")
             res.calls = t.calls
             res.gbps = gbps(inp.nbytes, res.seconds)
         except Exception as e:
@@ -367,6 +380,13 @@ class _Runner:
             self.data.release()
             result.wall_s = time.monotonic() - t0
         return result
+
+
+def _plan_misses() -> int:
+    """linred's plan-cache misses so far (a timed linred call should never plan)."""
+    from linred.plan import _cache
+
+    return _cache.misses
 
 
 def _join(first: str, second: str) -> str:

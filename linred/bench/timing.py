@@ -143,13 +143,20 @@ def warm_up(fn: Callable[[], Any], clock: Any, warmup: int) -> tuple[float, Any]
     return single, out
 
 
-def take_sample(fn: Callable[[], Any], clock: Any, calls: int) -> tuple[float, Any]:
-    """Time ``calls`` back-to-back calls; return the time per call and the last result."""
+def take_sample(fn: Callable[[], Any], clock: Any, calls: int) -> tuple[float, Any, float]:
+    """Time ``calls`` back-to-back calls: ``(time per call, last result, host time per call)``.
+
+    The host time is how long issuing one call took, up to the last call's return
+    (before the clock waits for the device).  On the device, a host time near the
+    time per call means the sample measured the host, not the device.
+    """
     out = None
     clock.start()
+    t0 = time.perf_counter()
     for _ in range(calls):
         out = fn()
-    return clock.stop() / calls, out
+    issued = time.perf_counter() - t0
+    return clock.stop() / calls, out, issued / calls
 
 
 def _time(fn: Callable[[], Any], clock: Any, warmup: int, repeats: int, budget_s: float, min_sample_s: float) -> Timing:
@@ -161,7 +168,7 @@ def _time(fn: Callable[[], Any], clock: Any, warmup: int, repeats: int, budget_s
     try:
         for _ in range(samples):
             out = None
-            t, out = take_sample(fn, clock, calls)
+            t, out, _ = take_sample(fn, clock, calls)
             times.append(t)
     finally:
         if enabled:

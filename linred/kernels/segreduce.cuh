@@ -5,6 +5,8 @@
 //    longer than 32 vectors.  Each thread loads 16-byte vectors; a segment lies
 //    inside one vector (L <= VEC) or across L / VEC neighbouring lanes, reduced
 //    with warp shuffles.  No shared memory, no offsets.
+//  - fixed_rows: longer power-of-two lengths, up to 32 * UNROLL vectors: a warp
+//    streams a contiguous run of rows and reduces R rows per segment.
 //  - tile_reduce: any segments (offsets, or a fixed length of any size).  A block
 //    walks K consecutive tiles of TILE elements, staging each in shared memory
 //    while the next one loads, and reduces every segment that intersects it:
@@ -201,6 +203,46 @@ __device__ __forceinline__ void fixed_small(const T* __restrict__ x, O* __restri
                 for (int off = LANES / 2; off > 0; off /= 2) acc = OP::combine(acc, shfl_xor(acc, off));
                 if (valid && (threadIdx.x & (LANES - 1)) == 0) out[v / LANES] = finish<O, MEAN>(acc, L);
             }
+        }
+    }
+}
+
+// ---- fixed_rows -----------------------------------------------------------------
+// Fixed lengths of R = L / (32 * VEC) warp-rows (R a power of two dividing UNROLL):
+// each warp reduces a contiguous run of 32 * UNROLL vectors, one coalesced 512-byte
+// row per load, so that a segment is R consecutive rows of one warp.  Each lane adds
+// its R vectors, then the warp adds its lanes.  No shared memory, one launch.
+template <class T, class A, class O, class OP, int L, bool MEAN, int THREADS, int UNROLL>
+__device__ __forceinline__ void fixed_rows(const T* __restrict__ x, O* __restrict__ out, i64 nvec) {
+    typedef typename VecOf<T>::type V;
+    constexpr int VEC = VecOf<T>::N;
+    constexpr int R = L / (32 * VEC);
+    static_assert(R >= 1 && R * 32 * VEC == L && UNROLL % R == 0, "L must be 32 * VEC * R with R dividing UNROLL");
+    const V* xv = reinterpret_cast<const V*>(x);
+    const int lane = threadIdx.x & 31;
+    const i64 warp_chunk = (i64)32 * UNROLL;
+    const i64 chunk = (i64)THREADS * UNROLL;
+    for (i64 base = (i64)blockIdx.x * chunk + (i64)(threadIdx.x >> 5) * warp_chunk; base < nvec;
+         base += (i64)gridDim.x * chunk) {
+        V buf[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const i64 v = base + (i64)u * 32 + lane;
+            if (v < nvec) buf[u] = xv[v];
+        }
+        // nvec is a multiple of 32 * R vectors: a segment is wholly in range or wholly out.
+#pragma unroll
+        for (int k = 0; k < UNROLL / R; ++k) {
+            if (base + (i64)k * R * 32 >= nvec) break;
+            A acc = to_acc<A>(buf[k * R].v[0]);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+#pragma unroll
+                for (int i = (r == 0 ? 1 : 0); i < VEC; ++i) acc = OP::combine(acc, to_acc<A>(buf[k * R + r].v[i]));
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off /= 2) acc = OP::combine(acc, shfl_xor(acc, off));
+            if (lane == 0) out[base / (32 * R) + k] = finish<O, MEAN>(acc, L);
         }
     }
 }

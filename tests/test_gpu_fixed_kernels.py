@@ -1,0 +1,83 @@
+"""GPU: the nvrtc backend's one-launch fixed-length kernels (``fixed_small``, ``fixed_rows``) at
+every power-of-two length they serve, and just past it, against float64 NumPy.
+
+Each case is called twice: the first call plans and takes the validating path, the
+second the repeated-call fast path that hands the kernel the caller's arrays as they
+are.  The segment count (37, and 2 x 37 with a leading batch axis) leaves partial
+chunks at the end of the grid; the ``offset by one`` cases start the data one element
+into a buffer, so that it is not 16-byte aligned and goes to the tile kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import HAS_CUPY_GPU, assert_reduction, make_data, segment_bounds
+
+import linred
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUPY_GPU, reason="needs CuPy with a GPU")]
+
+if HAS_CUPY_GPU:
+    import cupy
+
+#: (dtype, the longest length of fixed_small, the longest of fixed_rows): 32 vectors of 16 bytes,
+#: then 16 rows of those for data of 2 bytes or more
+LIMITS = {
+    "float32": (128, 2048),
+    "float64": (64, 1024),
+    "float16": (256, 4096),
+    "int16": (256, 4096),
+    "int32": (128, 2048),
+    "uint8": (512, 512),
+    "bool": (512, 512),
+}
+
+
+def _lengths(dtype: str) -> list[int]:
+    small, rows = LIMITS[dtype]
+    pow2 = [1 << k for k in range(1, rows.bit_length())]
+    return sorted({*pow2, small * 2, rows * 2})  # past each limit: the next kernel takes over
+
+
+CASES = [(dtype, L) for dtype in LIMITS for L in _lengths(dtype)]
+
+
+@pytest.mark.parametrize(("dtype", "L"), CASES, ids=[f"{d}-L={L}" for d, L in CASES])
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max", "min"])
+def test_fixed_kernels_every_length(dtype, L, reduction, rng):
+    if dtype == "bool" and reduction == "mean":
+        pytest.skip("the mean of bool is the int8 mean, covered by the other integer types")
+    x_np = make_data(dtype, 37 * L, rng)
+    x = cupy.asarray(x_np)
+    for _ in range(2):
+        got = linred.__dict__[f"segmented_{reduction}"](x, L, backend="nvrtc")
+        assert_reduction(got, reduction, x_np, segments=segment_bounds(x_np.shape[0], L), like=x)
+
+
+@pytest.mark.parametrize("L", [256, 2048])
+@pytest.mark.parametrize("layout", ["batch", "offset by one"])
+def test_fixed_rows_batch_and_misaligned(L, layout, rng):
+    if layout == "batch":
+        x_np = make_data("float32", (2, 37 * L), rng)
+        x = cupy.asarray(x_np)
+        axis = 1
+    else:
+        buffer = cupy.asarray(make_data("float32", 37 * L + 1, rng))
+        x = buffer[1:]
+        assert x.data.ptr % 16
+        x_np = cupy.asnumpy(x)
+        axis = 0
+    for _ in range(2):
+        got = linred.segmented_sum(x, L, axis=axis, backend="nvrtc")
+        bounds = segment_bounds(37 * L, L)
+        assert_reduction(got, "sum", x_np, segments=bounds, axis=axis, like=x)
+
+
+def test_fixed_rows_exact_for_integers_past_int32():
+    """int32 data summed into int64 (the default accumulation): exact past the int32 range."""
+    L = 2048
+    x = cupy.full(8 * L, 2**30, dtype=cupy.int32)
+    got = linred.segmented_sum(x, L, backend="nvrtc")
+    assert got.dtype == cupy.int64
+    np.testing.assert_array_equal(cupy.asnumpy(got), np.full(8, L * 2**30, dtype=np.int64))
