@@ -82,7 +82,7 @@ def _reduceat(ufunc: Any, x3: np.ndarray, starts: np.ndarray, out: np.ndarray, d
     x1, out1 = x3[0, :, 0], out[0, :, 0]
     same = dtype is None or np.dtype(dtype) == x1.dtype
     cuts = np.searchsorted(starts, np.linspace(0, n, chunks + 1)[1:-1]).tolist()
-    bounds = list(zip([0, *cuts], [*cuts, k]))
+    bounds = list(zip([0, *cuts], [*cuts, k], strict=True))
 
     def run(a: int, b: int) -> None:
         if a < b:
