@@ -35,6 +35,9 @@ HOST_ORDER = ("numpy", "nvmath")
 GPU_ORDER = ("nvrtc", "cublas", "nvmath", "cub")
 
 TABLE_VERSION = 1
+#: what a rule's optional ``"lengths"`` restricts it to: fixed lengths that are powers of two
+#: (linred's one-launch kernels serve those), the other fixed lengths, or any (the default)
+LENGTHS = ("any", "pow2", "other")
 
 _tables: dict[str, list[dict[str, Any]]] = {}
 _lock = threading.Lock()
@@ -55,6 +58,8 @@ def rule_key(problem: Problem) -> tuple[str, str, str, int]:
     layout is ``"fixed"``, ``"variable"`` or ``"features"`` (more than one
     feature column); op is ``"sum"`` (sum and mean) or ``"minmax"``; size is
     ``log2`` of the segment length (for offsets, of the mean length), floored.
+    A rule may also be limited to fixed lengths that are, or are not, powers of
+    two (``"lengths": "pow2"`` or ``"other"``).
     """
     layout = "features" if problem.features > 1 else "fixed" if problem.fixed else "variable"
     op = "sum" if problem.reduction in ("sum", "mean") else "minmax"
@@ -72,6 +77,8 @@ def _load(path: Path | Any) -> list[dict[str, Any]]:
         unknown = [b for b in rule["order"] if b not in BACKENDS]
         if unknown:
             raise ValueError(f"dispatch table {path} names unknown backends {unknown}")
+        if rule.get("lengths", "any") not in LENGTHS:
+            raise ValueError(f"dispatch table {path}: 'lengths' must be one of {LENGTHS}; got {rule['lengths']!r}")
     return rules
 
 
@@ -112,8 +119,12 @@ def preference(problem: Problem) -> tuple[str, ...]:
     if not problem.on_gpu:
         return HOST_ORDER
     layout, op, dtype, size = rule_key(problem)
+    L = problem.segment_length
+    lengths = ("pow2" if L & (L - 1) == 0 else "other") if problem.fixed and L else ""
     for rule in table():
         if rule["layout"] != layout or rule["op"] != op or dtype not in rule["dtypes"]:
+            continue
+        if rule.get("lengths", "any") not in ("any", lengths):
             continue
         if size <= rule.get("upto_log2", 64):
             order = tuple(rule["order"])

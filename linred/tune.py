@@ -3,8 +3,10 @@
 For each layout, reduction and dtype it times every GPU backend over a range of
 segment lengths (CUDA events, median after warm-up, on buffers far larger than
 the L2 cache), drops any backend whose result is wrong, and writes rules that
-order the backends fastest first.  Runs of lengths with the same order become one
-rule.  The table goes to ``$LINRED_TUNE_CACHE`` (default
+order the backends fastest first.  Fixed lengths are measured twice per size, at
+a power of two ``2^s`` and at ``3 * 2^(s-1)`` (the same ``floor(log2)``), since
+linred's own kernels treat powers of two apart; their rules say which lengths
+they cover.  Runs of lengths with the same order become one rule.  The table goes to ``$LINRED_TUNE_CACHE`` (default
 ``~/.cache/linred/dispatch.json``) and takes precedence over the shipped one.
 """
 
@@ -65,16 +67,25 @@ def _offsets(n: int, mean: float, rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([off, [n]]).astype(np.int64)
 
 
-def measure(layout: str, op: str, dtype: str, size: int, n: int, repeats: int, rng: np.random.Generator) -> list[str]:
+def fixed_length(size: int, lengths: str) -> int:
+    """The fixed length measured for ``size`` (``floor(log2(L))``): ``2^size``, or ``3 * 2^(size-1)``."""
+    return 1 << size if lengths == "pow2" else 3 << (size - 1)
+
+
+def measure(
+    layout: str, op: str, dtype: str, size: int, n: int, repeats: int, rng: np.random.Generator, lengths: str = "pow2"
+) -> list[str]:
     """Backends that serve the case correctly, fastest first."""
     import cupy
 
     import linred
 
     fn = linred.segmented_sum if op == "sum" else linred.segmented_max
+    if layout == "fixed":
+        L = fixed_length(size, lengths)
+        n = n // L * L
     x = cupy.asarray(rng.standard_normal(n, dtype=np.float32)).astype(dtype)
     if layout == "fixed":
-        L = 1 << size
         kwargs: dict[str, Any] = {"segment_length": L}
         ref = x.reshape(-1, L).astype(cupy.float64)
         ref = ref.sum(1) if op == "sum" else ref.max(1)
@@ -106,18 +117,25 @@ def measure(layout: str, op: str, dtype: str, size: int, n: int, repeats: int, r
     return [b for _, b in sorted(timed)]
 
 
-def build_rules(results: dict[tuple[str, str, str], list[tuple[int, list[str]]]]) -> list[dict[str, Any]]:
-    """Merge runs of sizes with the same order into rules (the last size of a run bounds it)."""
+def build_rules(results: dict[tuple[str, ...], list[tuple[int, list[str]]]]) -> list[dict[str, Any]]:
+    """Merge runs of sizes with the same order into rules (the last size of a run bounds it).
+
+    ``results`` is keyed by ``(layout, op, dtype)`` or ``(layout, op, dtype, lengths)``.
+    """
     rules = []
-    for (layout, op, dtype), measured in results.items():
+    for key, measured in results.items():
+        layout, op, dtype, *rest = key
+        lengths = rest[0] if rest else "any"
         measured = sorted(measured)
         for i, (size, order) in enumerate(measured):
             last = i == len(measured) - 1
             if not last and measured[i + 1][1] == order:
                 continue
-            rules.append(
-                {"layout": layout, "op": op, "dtypes": [dtype], "upto_log2": 64 if last else size, "order": order}
-            )
+            rule: dict[str, Any] = {"layout": layout, "op": op, "dtypes": [dtype]}
+            if lengths != "any":
+                rule["lengths"] = lengths
+            rule.update({"upto_log2": 64 if last else size, "order": order})
+            rules.append(rule)
     return rules
 
 
@@ -138,18 +156,22 @@ def run(args: argparse.Namespace) -> int:
     rng = np.random.default_rng(0)
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    results: dict[tuple[str, str, str], list[tuple[int, list[str]]]] = {}
-    total = sum(len(sizes) for *_, sizes in grid)
-    done = 0
-    for layout, op, dtype, sizes in grid:
-        for size in sizes:
-            done += 1
-            order = measure(layout, op, dtype, size, n, args.repeats, rng)
-            print(f"[{done}/{total}] {layout} {op} {dtype} 2^{size}: {' > '.join(order) or 'none served'}", flush=True)
-            if order:
-                results.setdefault((layout, op, dtype), []).append((size, order))
-            linred.clear_plan_cache()
-            cupy.get_default_memory_pool().free_all_blocks()
+    results: dict[tuple[str, ...], list[tuple[int, list[str]]]] = {}
+    jobs = [
+        (layout, op, dtype, size, lengths)
+        for layout, op, dtype, sizes in grid
+        for lengths in (("pow2", "other") if layout == "fixed" else ("any",))
+        for size in sizes
+        if not (lengths == "other" and size < 1)
+    ]
+    for done, (layout, op, dtype, size, lengths) in enumerate(jobs, 1):
+        order = measure(layout, op, dtype, size, n, args.repeats, rng, "pow2" if lengths == "any" else lengths)
+        what = f"L={fixed_length(size, lengths)}" if layout == "fixed" else f"mean 2^{size}"
+        print(f"[{done}/{len(jobs)}] {layout} {op} {dtype} {what}: {' > '.join(order) or 'none served'}", flush=True)
+        if order:
+            results.setdefault((layout, op, dtype, lengths), []).append((size, order))
+        linred.clear_plan_cache()
+        cupy.get_default_memory_pool().free_all_blocks()
     table = {
         "version": dispatch.TABLE_VERSION,
         "device": name,

@@ -4,6 +4,7 @@ serve it raises BackendError with its reason, and no other backend runs (no sile
 from __future__ import annotations
 
 import collections
+import json
 import pickle
 from typing import Any
 
@@ -162,3 +163,89 @@ def test_unavailable_backend_refuses_with_its_reason():
             linred.segmented_sum(X, 4, backend=name)
         check_refusal(info.value, name)
         assert info.value.reason == status[name]
+
+
+def _gpu_problem(length: int, dtype: str = "float32") -> Any:
+    from linred.problem import Problem
+
+    n = length * 64
+    return Problem(
+        reduction="sum",
+        kind="cupy",
+        device=0,
+        dtype=dtype,
+        acc_dtype="float32" if dtype in ("float16", "bfloat16") else dtype,
+        out_dtype=dtype,
+        batch=1,
+        n=n,
+        features=1,
+        strides=(n, 1, 1),
+        num_segments=64,
+        segment_length=length,
+        offsets_dtype=None,
+    )
+
+
+@pytest.mark.parametrize(
+    "length, dtype, first",
+    [
+        (256, "float32", "nvrtc"),  # a power of two: the one-launch fixed_rows kernel
+        (2048, "float32", "nvrtc"),
+        (4096, "float32", "cublas"),  # past fixed_rows
+        (300, "float32", "cublas"),  # not a power of two: nvrtc would run its tile kernel
+        (100, "float32", "nvrtc"),  # short: the tile kernel beats a GEMV with a tiny inner dimension
+        (4096, "float16", "nvrtc"),
+        (3000, "float16", "nvmath"),
+        (128, "float64", "nvrtc"),
+        (96, "float64", "cub"),
+    ],
+)
+def test_shipped_table_tells_powers_of_two_apart(monkeypatch, length, dtype, first):
+    monkeypatch.setattr(linred.dispatch, "tune_cache_path", lambda: linred.dispatch.Path("/nonexistent/table.json"))
+    linred.dispatch.reload()
+    try:
+        assert linred.dispatch.preference(_gpu_problem(length, dtype))[0] == first
+    finally:
+        linred.dispatch.reload()
+
+
+def test_a_table_with_unknown_lengths_is_rejected(tmp_path):
+    path = tmp_path / "table.json"
+    rule = {"layout": "fixed", "op": "sum", "dtypes": ["float32"], "lengths": "odd", "order": ["cub"]}
+    path.write_text(json.dumps({"version": linred.dispatch.TABLE_VERSION, "rules": [rule]}))
+    with pytest.raises(ValueError, match="'lengths' must be one of"):
+        linred.dispatch._load(path)
+
+
+def test_tune_rules_merge_runs_and_keep_the_lengths_apart(tmp_path, monkeypatch):
+    from linred import tune
+
+    assert [tune.fixed_length(s, "pow2") for s in (1, 5)] == [2, 32]
+    assert [tune.fixed_length(s, "other") for s in (1, 5)] == [3, 48]  # the same floor(log2) as 2^s
+    first, second = ["nvrtc", "cublas"], ["cublas", "nvrtc"]
+    rules = tune.build_rules(
+        {
+            ("fixed", "sum", "float32", "pow2"): [(3, first), (1, first), (2, first), (4, second)],
+            ("fixed", "sum", "float32", "other"): [(1, first), (2, second), (3, second)],
+            ("variable", "sum", "float32", "any"): [(2, second)],
+        }
+    )
+    assert rules == [
+        {"layout": "fixed", "op": "sum", "dtypes": ["float32"], "lengths": "pow2", "upto_log2": 3, "order": first},
+        {"layout": "fixed", "op": "sum", "dtypes": ["float32"], "lengths": "pow2", "upto_log2": 64, "order": second},
+        {"layout": "fixed", "op": "sum", "dtypes": ["float32"], "lengths": "other", "upto_log2": 1, "order": first},
+        {"layout": "fixed", "op": "sum", "dtypes": ["float32"], "lengths": "other", "upto_log2": 64, "order": second},
+        {"layout": "variable", "op": "sum", "dtypes": ["float32"], "upto_log2": 64, "order": second},
+    ]
+    # the tuned table comes first and tells 16 (a power of two) from 12 and 24
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"version": linred.dispatch.TABLE_VERSION, "rules": rules}))
+    monkeypatch.setattr(linred.dispatch, "tune_cache_path", lambda: path)
+    linred.dispatch.reload()
+    try:
+        assert linred.dispatch.preference(_gpu_problem(16))[:2] == ("cublas", "nvrtc")
+        assert linred.dispatch.preference(_gpu_problem(8))[:2] == ("nvrtc", "cublas")
+        assert linred.dispatch.preference(_gpu_problem(3))[:2] == ("nvrtc", "cublas")
+        assert linred.dispatch.preference(_gpu_problem(12))[:2] == ("cublas", "nvrtc")
+    finally:
+        linred.dispatch.reload()

@@ -130,6 +130,15 @@ def _doc_dtypes(text: str) -> set[str]:
     return {t.strip() for t in text.split(",")}
 
 
+def _doc_lengths(text: str) -> tuple[str, int]:
+    """A rule's ``lengths`` and ``upto_log2`` from the page's length column."""
+    text = text.strip()
+    for prefix, lengths in (("powers of two ", "pow2"), ("other than powers of two ", "other")):
+        if text.startswith(prefix):
+            return lengths, _doc_upto_log2(text.removeprefix(prefix))
+    return "any", _doc_upto_log2(text)
+
+
 def _doc_upto_log2(text: str) -> int:
     """A rule's ``upto_log2`` from the page's length column: ``< 256``, ``64 - 255`` (en dash), ``≥ 256``, ``any``."""
     text = text.strip()
@@ -150,9 +159,12 @@ def test_backends_page_shows_the_shipped_dispatch_table():
         if not line.startswith("|"):
             break
         layout, op, dtypes, length, order = (cell.strip() for cell in line.strip("|").split("|"))
-        rows.append((layout, op, _doc_dtypes(dtypes), _doc_upto_log2(length), [b.strip() for b in order.split(",")]))
+        rows.append((layout, op, _doc_dtypes(dtypes), *_doc_lengths(length), [b.strip() for b in order.split(",")]))
     shipped = json.loads((ROOT / "linred" / "dispatch_default.json").read_text())["rules"]
-    expected = [(r["layout"], r["op"], set(r["dtypes"]), r.get("upto_log2", 64), r["order"]) for r in shipped]
+    expected = [
+        (r["layout"], r["op"], set(r["dtypes"]), r.get("lengths", "any"), r.get("upto_log2", 64), r["order"])
+        for r in shipped
+    ]
     assert rows == expected, "docs/backends.md's dispatch table differs from linred/dispatch_default.json"
 
 
