@@ -1,5 +1,5 @@
-"""GPU: the nvrtc backend's one-launch fixed-length kernels (``fixed_small``, ``fixed_rows``) at
-every power-of-two length they serve, and just past it, against float64 NumPy.
+"""GPU: the nvrtc backend's one-launch fixed-length kernels (``fixed_small``, ``fixed_rows``,
+``fixed_long``) at every length class they serve, and just past it, against float64 NumPy.
 
 Each case is called twice: the first call plans and takes the validating path, the
 second the repeated-call fast path that hands the kernel the caller's arrays as they
@@ -81,3 +81,54 @@ def test_fixed_rows_exact_for_integers_past_int32():
     got = linred.segmented_sum(x, L, backend="nvrtc")
     assert got.dtype == cupy.int64
     np.testing.assert_array_equal(cupy.asnumpy(got), np.full(8, L * 2**30, dtype=np.int64))
+
+
+#: (dtype, L) for fixed_long: a chunk per segment, several chunks (partials and tickets),
+#: lengths that are not powers of two, and one past fixed_rows
+LONG_CASES = [
+    ("float32", 1028),  # 257 vectors: two per thread at most, one chunk
+    ("float32", 3000),
+    ("float32", 4096),
+    ("float32", 2**16 + 4),  # 16385 vectors: five chunks, the last one nearly empty
+    ("float32", 2**20),  # 256 chunks
+    ("float64", 2**12 + 2),
+    ("float64", 2**17),
+    ("float16", 8192),
+    ("float16", 2**18 + 8),
+    ("int32", 40_000),
+    ("int16", 2**15),
+]
+
+
+@pytest.mark.parametrize(("dtype", "L"), LONG_CASES, ids=[f"{d}-L={L}" for d, L in LONG_CASES])
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max", "min"])
+def test_fixed_long(dtype, L, reduction, rng):
+    x_np = make_data(dtype, 5 * L, rng)
+    x = cupy.asarray(x_np)
+    fn = linred.__dict__[f"segmented_{reduction}"]
+    first = None
+    for _ in range(3):  # the tickets must be back at zero after every call
+        got = fn(x, L, backend="nvrtc")
+        assert_reduction(got, reduction, x_np, segments=segment_bounds(x_np.shape[0], L), like=x)
+        got = cupy.asnumpy(got)
+        if first is None:
+            first = got
+        np.testing.assert_array_equal(got, first)  # the same bits every call: partials added in order
+
+
+@pytest.mark.parametrize("layout", ["batch", "offset by one", "stream"])
+def test_fixed_long_layouts(layout, rng):
+    L = 2**16
+    if layout == "batch":
+        x_np = make_data("float32", (3, 4 * L), rng)
+        x, axis = cupy.asarray(x_np), 1
+    else:
+        buffer = cupy.asarray(make_data("float32", 4 * L + 1, rng))
+        x, axis = (buffer[1:], 0) if layout == "offset by one" else (buffer[:-1], 0)
+        x_np = cupy.asnumpy(x)
+    stream = cupy.cuda.Stream(non_blocking=True) if layout == "stream" else None
+    for _ in range(2):
+        got = linred.segmented_sum(x, L, axis=axis, backend="nvrtc", stream=stream)
+        if stream is not None:
+            stream.synchronize()
+        assert_reduction(got, "sum", x_np, segments=segment_bounds(4 * L, L), axis=axis, like=x)

@@ -13,7 +13,9 @@ kernels (``linred/kernels/segreduce.cuh``):
   vectors (2048 float32 elements), each warp streaming a contiguous run of rows
   and reducing a segment's rows lane by lane, then across the warp.  Both are
   one launch that reads only the data's and the result's device pointers,
-  which keeps small calls cheap;
+  which keeps small calls cheap; ``fixed_long`` for longer fixed lengths of
+  whole vectors: blocks reduce chunks of up to 4096 vectors and the last block
+  of each segment adds the partials in order (one launch, deterministic);
 - ``tile_reduce`` + ``tile_fixup`` for everything else with one feature column:
   tiles of 4096 elements, every segment in a tile reduced by a group of lanes
   sized to the tile's segment count (or, where a tile holds many segments, every
@@ -162,12 +164,19 @@ class _Launcher:
     def ptr(self, a: Any) -> int:
         return a.data.ptr if self.kind == "cupy" else a.data_ptr()
 
-    def empty(self, count: int, dtype: str) -> Any:
+    def _adapter(self) -> Any:
         if self.kind == "cupy":
             from linred.arrays._cupy import CUPY as adapter
         else:
             from linred.arrays._torch import TORCH as adapter
-        return adapter.empty((count,), dtype, self.device)
+        return adapter
+
+    def empty(self, count: int, dtype: str) -> Any:
+        return self._adapter().empty((count,), dtype, self.device)
+
+    def fill(self, a: Any, value: Any, stream: int) -> None:
+        """Fill ``a`` with ``value`` on ``stream`` (ordered with the kernels launched there)."""
+        self._adapter().fill(a, value, stream)
 
 
 def _fixed_layout(problem: Problem, tuning: Tuning) -> tuple[str, int]:
@@ -188,6 +197,27 @@ def _fixed_wrapper(problem: Problem, tuning: Tuning) -> str:
         f"linred_fixed(const {t}* x, {o}* out, long long nvec) {{\n"
         f"    {kernel}<{t}, {a}, {o}, {op}, {problem.segment_length}, {mean}, "
         f"{tuning.threads}, {unroll}>(x, out, nvec);\n}}\n"
+    )
+
+
+def _long_unroll(problem: Problem, tuning: Tuning) -> int:
+    """Vectors per thread in fixed_long: the fewest (a power of two, at most 16) that let one
+    block's chunk cover a whole segment, so that short-enough segments need no partials."""
+    lv = problem.segment_length // _vec(problem)
+    unroll = 1
+    while unroll < 16 and tuning.threads * unroll < lv:
+        unroll *= 2
+    return unroll
+
+
+def _long_wrapper(problem: Problem, tuning: Tuning) -> str:
+    t, o, a, op, mean = _kernel_types(problem)
+    return (
+        f'extern "C" __global__ void __launch_bounds__({tuning.threads}) '
+        f"linred_long(const {t}* x, {o}* out, {a}* partials, unsigned* tickets, long long lv, long long chunks, "
+        "long long m) {\n"
+        f"    fixed_long<{t}, {a}, {o}, {op}, {mean}, {tuning.threads}, {_long_unroll(problem, tuning)}>"
+        "(x, out, partials, tickets, lv, chunks, m);\n}\n"
     )
 
 
@@ -309,6 +339,70 @@ class _FixedExecutor:
         if self._tiles is not None:
             self._tiles.free()
         self._go = self._tiles = None
+
+
+class _LongExecutor:
+    """Long fixed lengths of whole 16-byte vectors on contiguous data: ``fixed_long``, one launch
+    (blocks reduce chunks of a segment; the last one of a segment adds the partials in order).
+    Data that is not 16-byte aligned goes to the tile kernel instead."""
+
+    flat = True  # reads only the device pointers (see _FixedExecutor)
+
+    def __init__(self, problem: Problem) -> None:
+        self._problem = problem
+        self._tuning = tuning = TUNING
+        self._launch = launch = _Launcher(problem)
+        self._ptr = (lambda a: a.data.ptr) if problem.kind == "cupy" else (lambda a: a.data_ptr())
+        b, _, _ = problem.in_shape
+        self._m = b * problem.num_segments
+        self._lv = problem.segment_length // _vec(problem)
+        self._chunks = -(-self._lv // (tuning.threads * _long_unroll(problem, tuning)))
+        # Partials and tickets only where a segment spans several blocks.  The tickets start at
+        # zero (set on the first call's stream) and every call leaves them at zero.
+        many = self._chunks > 1
+        self._partials = launch.empty(self._m * self._chunks, _acc_dtype(problem)) if many else None
+        self._tickets = launch.empty(self._m, "uint32") if many else None
+        self._zeroed = not many
+        self._go: Any = None
+        self._tiles: _TileExecutor | None = None
+
+    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
+        ptr = self._ptr
+        xp = ptr(x)
+        if xp % 16:
+            if self._tiles is None:
+                self._tiles = _TileExecutor(self._problem)
+            self._tiles(x, out, segments, stream)
+            return
+        if not self._zeroed:
+            self._launch.fill(self._tickets, 0, stream)
+            self._zeroed = True
+        (self._go or self._compile())(stream, xp, ptr(out))
+
+    def _compile(self) -> Any:
+        from cuda.core import LaunchConfig, launch
+
+        from linred.kernels.compiler import get_kernels
+
+        problem, streams = self._problem, self._launch.stream
+        (kernel,) = get_kernels(self._launch.device, _long_wrapper(problem, self._tuning), ("linred_long",))
+        work = self._m * self._chunks
+        config = LaunchConfig(grid=max(1, min(work, 2**31 - 1)), block=self._tuning.threads)
+        ptr = self._ptr
+        partials = 0 if self._partials is None else ptr(self._partials)
+        tickets = 0 if self._tickets is None else ptr(self._tickets)
+        lv, chunks, m = self._lv, self._chunks, self._m
+
+        def go(stream: int, xp: int, op: int) -> None:
+            launch(streams(stream), config, kernel, xp, op, partials, tickets, lv, chunks, m)
+
+        self._go = go
+        return go
+
+    def free(self) -> None:
+        if self._tiles is not None:
+            self._tiles.free()
+        self._go = self._tiles = self._partials = self._tickets = None
 
 
 def _index_ctype(problem: Problem) -> str:
@@ -475,6 +569,11 @@ class NvrtcBackend(Backend):
         short = problem.fixed and _is_pow2(L) and longest >= L
         if short and _flat(problem) and (problem.batch * problem.n) % vec == 0:
             return _FixedExecutor(problem)
+        # Long fixed lengths of whole vectors (at least one per thread of a block): fixed_long,
+        # like fixed_rows not for 1-byte data (its widened sums would crowd the registers).
+        long = problem.fixed and L % vec == 0 and L // vec >= TUNING.threads and vec <= 8
+        if long and problem.features == 1 and _flat(problem):
+            return _LongExecutor(problem)
         launch = _Launcher(problem)
         if problem.features != 1:
             return _FeaturesExecutor(problem, launch)

@@ -7,6 +7,8 @@
 //    with warp shuffles.  No shared memory, no offsets.
 //  - fixed_rows: longer power-of-two lengths, up to 32 * UNROLL vectors: a warp
 //    streams a contiguous run of rows and reduces R rows per segment.
+//  - fixed_long: long fixed lengths of whole vectors: blocks reduce chunks of a
+//    segment, and the last block of a segment adds their partials in order.
 //  - tile_reduce: any segments (offsets, or a fixed length of any size).  A block
 //    walks K consecutive tiles of TILE elements, staging each in shared memory
 //    while the next one loads, and reduces every segment that intersects it:
@@ -243,6 +245,85 @@ __device__ __forceinline__ void fixed_rows(const T* __restrict__ x, O* __restric
 #pragma unroll
             for (int off = 16; off > 0; off /= 2) acc = OP::combine(acc, shfl_xor(acc, off));
             if (lane == 0) out[base / (32 * R) + k] = finish<O, MEAN>(acc, L);
+        }
+    }
+}
+
+// ---- fixed_long -------------------------------------------------------------------
+// Long fixed lengths of whole vectors (L = LV * VEC): segment s is cut into chunks of
+// THREADS * UNROLL vectors, one block per chunk.  A segment of one chunk is written by
+// its block; otherwise each block leaves its partial, and the block that finishes a
+// segment's chunks last (a per-segment ticket) adds the partials in chunk order and
+// writes the result: one launch, the same bits every run.  The last block sets the
+// ticket back to zero for the next call.
+// Combine one value per thread across the block; the result is valid in thread 0.
+// A fixed tree (lanes, then warps in order): the same bits every run.
+template <class A, class OP, int THREADS>
+__device__ __forceinline__ A block_combine(A acc, A identity, A* shared) {
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) acc = OP::combine(acc, shfl_xor(acc, off));
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();  // the previous use of shared is over
+    if (lane == 0) shared[warp] = acc;
+    __syncthreads();
+    if (warp == 0) {
+        acc = lane < THREADS / 32 ? shared[lane] : identity;
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) acc = OP::combine(acc, shfl_xor(acc, off));
+    }
+    return acc;
+}
+
+template <class T, class A, class O, class OP, bool MEAN, int THREADS, int UNROLL>
+__device__ __forceinline__ void fixed_long(const T* __restrict__ x, O* __restrict__ out, A* __restrict__ partials,
+                                           unsigned* __restrict__ tickets, i64 LV, i64 chunks, i64 m) {
+    typedef typename VecOf<T>::type V;
+    constexpr int VEC = VecOf<T>::N;
+    constexpr i64 CH = (i64)THREADS * UNROLL;
+    __shared__ A shared[THREADS / 32];
+    __shared__ bool last;
+    const V* xv = reinterpret_cast<const V*>(x);
+    for (i64 w = blockIdx.x; w < m * chunks; w += gridDim.x) {
+        const i64 s = w / chunks, c = w - s * chunks;
+        const i64 begin = s * LV + c * CH;
+        const i64 end = min(begin + CH, (s + 1) * LV);
+        V buf[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const i64 v = begin + (i64)u * THREADS + threadIdx.x;
+            if (v < end) buf[u] = xv[v];
+        }
+        A acc = OP::template identity<O, A>();
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (begin + (i64)u * THREADS + threadIdx.x < end) {
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) acc = OP::combine(acc, to_acc<A>(buf[u].v[i]));
+            }
+        }
+        acc = block_combine<A, OP, THREADS>(acc, OP::template identity<O, A>(), shared);
+        if (chunks == 1) {
+            if (threadIdx.x == 0) out[s] = finish<O, MEAN>(acc, LV * VEC);
+            continue;
+        }
+        if (threadIdx.x == 0) {
+            partials[w] = acc;
+            __threadfence();  // the partial is visible before the ticket says so
+            last = atomicAdd(&tickets[s], 1u) == (unsigned)(chunks - 1);
+        }
+        __syncthreads();
+        if (last) {  // uniform across the block
+            __threadfence();
+            A total = OP::template identity<O, A>();
+            // A fixed assignment of partials to threads and a fixed tree: deterministic.
+            for (i64 k = threadIdx.x; k < chunks; k += THREADS) {
+                total = OP::combine(total, *(volatile A*)&partials[s * chunks + k]);
+            }
+            total = block_combine<A, OP, THREADS>(total, OP::template identity<O, A>(), shared);
+            if (threadIdx.x == 0) {
+                out[s] = finish<O, MEAN>(total, LV * VEC);
+                tickets[s] = 0u;
+            }
         }
     }
 }
