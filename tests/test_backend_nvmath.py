@@ -1016,3 +1016,27 @@ def test_gpu_torch_bfloat16(features):
     assert got[0].float().eq(1000).all() and got[1].float().eq(2000).all()
     got = linred.segmented_sum(x, offsets=[0, 3000], dtype="float32", backend="nvmath")
     assert got.dtype == torch.float32 and got.eq(3000).all()
+
+
+@needs_host
+def test_host_without_batched_products_refuses_feature_columns(monkeypatch, clean_plan_cache):
+    """A CPU library that serves plain products but not strided-batched ones (nvmath without MKL)
+    must make nvmath refuse the layouts that need them, with the reason, not fail inside execute."""
+    from linred.backends import nvmath as nvmath_backend
+
+    why = "nvmath's CPU library has no batched matmul here (FunctionNotFoundError: cblas_sgemm_batch_strided)"
+    monkeypatch.setattr(nvmath_backend, "_host_batched_error", lambda: why)
+    x = np.ones((64, 8), dtype=np.float32)  # 8 feature columns: a batched product on the host
+    with pytest.raises(linred.BackendError, match="no batched matmul"):
+        linred.segmented_sum(x, 8, backend="nvmath")
+    np.testing.assert_array_equal(linred.segmented_sum(x[:, 0].copy(), 8, backend="nvmath"), np.full(8, 8.0))
+    np.testing.assert_array_equal(linred.segmented_sum(x, 8), np.full((8, 8), 8.0))  # auto: numpy serves it
+
+
+@needs_host
+def test_host_products_probe():
+    from linred.backends.nvmath import _host_batched_error, _host_product
+
+    assert _host_product(batched=False) is None
+    assert _host_product(batched=True) is None  # MKL here: both kinds of product work
+    assert _host_batched_error() is None

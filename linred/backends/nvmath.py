@@ -73,33 +73,51 @@ def _import_error() -> str | None:
 
 
 @functools.cache
-def _host_error() -> str | None:
-    """Run a tiny product on the CPU: nvmath needs MKL (the ``cpu`` extra) for host execution."""
+def _host_product(batched: bool) -> str | None:
+    """Run a tiny product on the CPU (batched: a stack of two), or say why it fails."""
     try:
         import numpy as np
         from nvmath.linalg import Matmul, MatmulOptions
         from nvmath.linalg.generic import ExecutionCPU
 
-        a = np.arange(6, dtype=np.float32).reshape(3, 2)
-        c = np.empty((3, 1), dtype=np.float32)
-        with Matmul(
-            a,
-            np.ones((2, 1), dtype=np.float32),
-            c=c,
-            beta=0.0,
-            options=MatmulOptions(inplace=True, logger=LOGGER),
-            execution=ExecutionCPU(),
-        ) as mm:
+        a = np.arange(12 if batched else 6, dtype=np.float32).reshape((2, 3, 2) if batched else (3, 2))
+        ones = np.ones((2, 2, 1) if batched else (2, 1), dtype=np.float32)
+        c = np.empty((2, 3, 1) if batched else (3, 1), dtype=np.float32)
+        options = MatmulOptions(inplace=True, logger=LOGGER)
+        with Matmul(a, ones, c=c, beta=0.0, options=options, execution=ExecutionCPU()) as mm:
             mm.plan()
             mm.execute()
-        if c[:, 0].tolist() != [1.0, 5.0, 9.0]:
-            return f"nvmath's CPU matmul returned a wrong result ({c[:, 0].tolist()})"
+        expected = a.astype(np.float64).sum(axis=-1, keepdims=True)
+        if not np.array_equal(c, expected):
+            return f"nvmath's CPU matmul returned a wrong result ({c.ravel().tolist()})"
     except Exception as e:
-        return (
-            f"nvmath cannot execute on the CPU ({type(e).__name__}: {e}); it needs MKL: "
-            "pip install 'nvmath-python[cpu]'"
-        )
+        return f"{type(e).__name__}: {e}"
     return None
+
+
+@functools.cache
+def _host_error() -> str | None:
+    """Why nvmath cannot multiply on the CPU (it needs MKL: the ``cpu`` extra), or None."""
+    reason = _host_product(batched=False)
+    if reason is None:
+        return None
+    return f"nvmath cannot execute on the CPU ({reason}); it needs MKL: pip install 'nvmath-python[cpu]'"
+
+
+@functools.cache
+def _host_batched_error() -> str | None:
+    """Why nvmath cannot run batched products on the CPU, or None.
+
+    A CPU BLAS other than MKL (found by nvmath where MKL is missing) may serve
+    plain products but lack the strided-batched ones that feature columns need.
+    """
+    reason = _host_product(batched=True)
+    if reason is None:
+        return None
+    return (
+        f"nvmath's CPU library has no batched matmul here ({reason}); it needs MKL: "
+        "pip install 'nvmath-python[cpu]'; backend='numpy' serves it"
+    )
 
 
 def _gpu_count() -> int:
@@ -191,6 +209,10 @@ class NvmathBackend(Backend):
         layout = layouts.dense_layout(problem, host=True)
         if isinstance(layout, str):
             return f"{layout}; backend='numpy' serves any layout"
+        if any(len(v.shape) > 2 for p in layout.products for v in (p.a, p.b, p.c)):
+            reason = _host_batched_error()
+            if reason is not None:
+                return reason
         return layouts.check_int32(layout)
 
     def plan(self, problem: Problem) -> Executor:
