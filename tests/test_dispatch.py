@@ -191,12 +191,14 @@ def _gpu_problem(length: int, dtype: str = "float32") -> Any:
     [
         (256, "float32", "nvrtc"),  # a power of two: the one-launch fixed_rows kernel
         (2048, "float32", "nvrtc"),
-        (4096, "float32", "cublas"),  # past fixed_rows
+        (4096, "float32", "nvrtc"),  # fixed_long
+        (2**24, "float32", "nvrtc"),
         (300, "float32", "cublas"),  # not a power of two: nvrtc would run its tile kernel
         (100, "float32", "nvrtc"),  # short: the tile kernel beats a GEMV with a tiny inner dimension
         (4096, "float16", "nvrtc"),
         (3000, "float16", "nvmath"),
         (128, "float64", "nvrtc"),
+        (2**20, "float64", "nvrtc"),
         (96, "float64", "cub"),
     ],
 )

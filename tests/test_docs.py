@@ -133,9 +133,9 @@ def _doc_dtypes(text: str) -> set[str]:
 def _doc_lengths(text: str) -> tuple[str, int]:
     """A rule's ``lengths`` and ``upto_log2`` from the page's length column."""
     text = text.strip()
-    for prefix, lengths in (("powers of two ", "pow2"), ("other than powers of two ", "other")):
+    for prefix, lengths in (("powers of two", "pow2"), ("other than powers of two", "other")):
         if text.startswith(prefix):
-            return lengths, _doc_upto_log2(text.removeprefix(prefix))
+            return lengths, _doc_upto_log2(text.removeprefix(prefix).removeprefix(",").strip())
     return "any", _doc_upto_log2(text)
 
 
