@@ -620,3 +620,83 @@ def test_nvrtc_tile_shared_memory(dtype, reduction, vecload, expected):
     p = problem(reduction, dtype, shape=(1, 1 << 16, 1), length=None, offsets_dtype="int64", segments=100)
     assert (TUNING.tile, TUNING.threads) == (4096, 256)
     assert _tile_shared_bytes(p, vecload, TUNING) == expected
+
+
+# --- nvrtc: which kernel a fixed length gets ---
+
+
+@pytest.fixture
+def nvrtc_executors(monkeypatch):
+    """nvrtc's executors replaced by their names: plan() without a GPU."""
+    from linred.backends import nvrtc
+
+    for name in ("_FixedExecutor", "_LongExecutor", "_TileExecutor", "_FeaturesExecutor"):
+        monkeypatch.setattr(nvrtc, name, lambda *args, name=name: name)
+    monkeypatch.setattr(nvrtc, "_Launcher", lambda problem: None)
+    return nvrtc.BACKEND
+
+
+@pytest.mark.parametrize(
+    "dtype, length, shape, strides, expected",
+    [
+        ("float32", 128, (1, 128 * 64, 1), None, "_FixedExecutor"),  # fixed_small: 32 vectors
+        ("float32", 256, (1, 256 * 64, 1), None, "_FixedExecutor"),  # fixed_rows: 2 rows
+        ("float32", 2048, (1, 2048 * 8, 1), None, "_FixedExecutor"),  # fixed_rows: 16 rows
+        ("float32", 4096, (1, 4096 * 8, 1), None, "_LongExecutor"),
+        ("float32", 3000, (1, 3000 * 8, 1), None, "_LongExecutor"),  # 750 whole vectors
+        ("float32", 1020, (1, 1020 * 8, 1), None, "_TileExecutor"),  # 255 vectors: under one per thread
+        ("float32", 3001, (1, 3001 * 8, 1), None, "_TileExecutor"),  # not whole vectors
+        ("float16", 4096, (1, 4096 * 8, 1), None, "_FixedExecutor"),  # 16 rows of 8 halves
+        ("float16", 8192, (1, 8192 * 8, 1), None, "_LongExecutor"),
+        ("float64", 1024, (1, 1024 * 8, 1), None, "_FixedExecutor"),
+        ("float64", 2048, (1, 2048 * 8, 1), None, "_LongExecutor"),
+        ("int8", 512, (1, 512 * 8, 1), None, "_FixedExecutor"),  # fixed_small: 32 vectors of 16
+        ("int8", 1024, (1, 1024 * 8, 1), None, "_TileExecutor"),  # no rows or long kernel for 1 byte
+        ("float32", 4096, (2, 4096 * 8, 1), None, "_LongExecutor"),  # a contiguous batch
+        ("float32", 4096, (2, 4096 * 8, 1), (4096 * 9, 1, 1), "_TileExecutor"),  # rows apart
+        ("float32", 4096, (1, 4096 * 8, 1), (4096 * 8 * 2, 2, 1), "_TileExecutor"),  # strided elements
+        ("float32", 256, (1, 256 * 8, 4), None, "_FeaturesExecutor"),
+    ],
+)
+def test_nvrtc_fixed_kernel_choice(nvrtc_executors, dtype, length, shape, strides, expected):
+    assert nvrtc_executors.plan(problem(dtype=dtype, shape=shape, strides=strides, length=length)) == expected
+
+
+@pytest.mark.parametrize(
+    "dtype, length, kernel, unroll",
+    [
+        ("float32", 8, "fixed_small", 8),
+        ("float32", 128, "fixed_small", 8),
+        ("float32", 256, "fixed_rows", 8),
+        ("float32", 1024, "fixed_rows", 8),
+        ("float32", 2048, "fixed_rows", 16),  # a vector of each of 16 rows in flight
+        ("float16", 4096, "fixed_rows", 16),
+        ("float64", 128, "fixed_rows", 8),
+    ],
+)
+def test_nvrtc_fixed_layout(dtype, length, kernel, unroll):
+    from linred.backends import nvrtc
+
+    p = problem(dtype=dtype, shape=(1, length * 4, 1), length=length)
+    assert nvrtc._fixed_layout(p, nvrtc.TUNING) == (kernel, unroll)
+    src = nvrtc._fixed_wrapper(p, nvrtc.TUNING)
+    assert f"{kernel}<" in src and f"{nvrtc.TUNING.threads}, {unroll}>(x, out, nvec)" in src
+
+
+@pytest.mark.parametrize(
+    "dtype, length, unroll",
+    [
+        ("float32", 1024, 1),  # 256 vectors: one per thread, one block per segment
+        ("float32", 1028, 2),
+        ("float32", 4096, 4),
+        ("float32", 16384, 16),  # 4096 vectors: still one chunk per segment
+        ("float32", 2**20, 16),  # then chunks of 4096 vectors
+        ("float64", 2048, 4),
+    ],
+)
+def test_nvrtc_long_unroll(dtype, length, unroll):
+    from linred.backends import nvrtc
+
+    p = problem(dtype=dtype, shape=(1, length * 2, 1), length=length)
+    assert nvrtc._long_unroll(p, nvrtc.TUNING) == unroll
+    assert f"{nvrtc.TUNING.threads}, {unroll}>(x, out, partials, tickets" in nvrtc._long_wrapper(p, nvrtc.TUNING)
