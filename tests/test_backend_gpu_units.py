@@ -700,3 +700,102 @@ def test_nvrtc_long_unroll(dtype, length, unroll):
     p = problem(dtype=dtype, shape=(1, length * 2, 1), length=length)
     assert nvrtc._long_unroll(p, nvrtc.TUNING) == unroll
     assert f"{nvrtc.TUNING.threads}, {unroll}>(x, out, partials, tickets" in nvrtc._long_wrapper(p, nvrtc.TUNING)
+
+
+class _FakePointer:
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+
+class _FakeDeviceArray:
+    """Stands for a CuPy array: only ``.data.ptr`` is read by the one-launch executors."""
+
+    def __init__(self, ptr: int) -> None:
+        self.data = _FakePointer(ptr)
+
+
+@pytest.fixture
+def fake_launches(monkeypatch):
+    """cuda.core's launch, LaunchConfig and the kernel compiler replaced by recorders."""
+    import cuda.core
+
+    from linred.backends import nvrtc
+    from linred.kernels import compiler
+
+    calls: dict[str, list] = {"launch": [], "fill": [], "kernels": []}
+
+    class FakeLauncher:
+        device = 0
+
+        def __init__(self, problem: Problem) -> None:
+            self._next = 1 << 20
+
+        def stream(self, handle: int) -> str:
+            return f"stream {handle}"
+
+        def empty(self, count: int, dtype: str) -> _FakeDeviceArray:
+            self._next += 1 << 16
+            return _FakeDeviceArray(self._next)
+
+        def fill(self, a: _FakeDeviceArray, value: int, stream: int) -> None:
+            calls["fill"].append((a.data.ptr, value, stream))
+
+    monkeypatch.setattr(nvrtc, "_Launcher", FakeLauncher)
+    monkeypatch.setattr(nvrtc, "_TileExecutor", lambda problem: lambda *a: calls["launch"].append(("tiles", a[3])))
+    monkeypatch.setattr(cuda.core, "LaunchConfig", lambda grid, block: (grid, block))
+
+    def launch(stream: str, config: tuple[int, int], kernel: str, *args: int) -> None:
+        calls["launch"].append((stream, config, kernel, args))
+
+    def get_kernels(device: int, wrapper: str, names: tuple[str, ...]) -> tuple[str, ...]:
+        calls["kernels"].append(names)
+        return names
+
+    monkeypatch.setattr(cuda.core, "launch", launch)
+    monkeypatch.setattr(compiler, "get_kernels", get_kernels)
+    return nvrtc, calls
+
+
+def test_fixed_executor_launch_arguments(fake_launches):
+    nvrtc, calls = fake_launches
+    p = problem(dtype="float32", shape=(2, 256 * 64, 1), length=256)  # fixed_rows, a contiguous batch
+    ex = nvrtc._FixedExecutor(p)
+    x, out = _FakeDeviceArray(4096), _FakeDeviceArray(8192)
+    ex(x, out, None, 7)
+    ex(x, out, None, 9)
+    nvec = 2 * 256 * 64 // 4
+    grid = -(-nvec // (256 * 8))
+    assert calls["kernels"] == [("linred_fixed",)]  # compiled once
+    launched = ((grid, 256), "linred_fixed", (4096, 8192, nvec))
+    assert calls["launch"] == [("stream 7", *launched), ("stream 9", *launched)]
+    ex(_FakeDeviceArray(4100), out, None, 9)  # not 16-byte aligned: the tile kernel
+    assert calls["launch"][-1] == ("tiles", 9)
+    assert calls["fill"] == []
+
+
+def test_long_executor_launch_arguments(fake_launches):
+    nvrtc, calls = fake_launches
+    L, m = 2**16, 3
+    p = problem(dtype="float32", shape=(1, L * m, 1), length=L)
+    ex = nvrtc._LongExecutor(p)
+    lv, chunks = L // 4, L // 4 // (256 * 16)
+    assert (ex._lv, ex._chunks, ex._m) == (lv, chunks, m) and chunks == 4
+    x, out = _FakeDeviceArray(4096), _FakeDeviceArray(8192)
+    for stream in (5, 6):
+        ex(x, out, None, stream)
+    partials, tickets = ex._partials.data.ptr, ex._tickets.data.ptr
+    assert calls["fill"] == [(tickets, 0, 5)]  # the tickets are zeroed once, on the first call's stream
+    args = (4096, 8192, partials, tickets, lv, chunks, m)
+    launched = ((m * chunks, 256), "linred_long", args)
+    assert calls["launch"] == [("stream 5", *launched), ("stream 6", *launched)]
+    ex.free()
+    assert ex._partials is None and ex._tickets is None
+
+
+def test_long_executor_without_partials(fake_launches):
+    nvrtc, calls = fake_launches
+    p = problem(dtype="float64", shape=(1, 4096 * 5, 1), length=4096)  # 2048 vectors: one chunk each
+    ex = nvrtc._LongExecutor(p)
+    ex(_FakeDeviceArray(4096), _FakeDeviceArray(8192), None, 3)
+    assert ex._tickets is None and calls["fill"] == []
+    assert calls["launch"] == [("stream 3", (5, 256), "linred_long", (4096, 8192, 0, 0, 2048, 1, 5))]

@@ -289,9 +289,10 @@ def _features_wrapper(problem: Problem, index_ctype: str, tuning: Tuning, width:
     )
 
 
-class _FixedExecutor:
-    """Power-of-two fixed lengths on contiguous data: ``fixed_small`` or ``fixed_rows``, one
-    launch.  Data that is not 16-byte aligned goes to the tile kernel instead."""
+class _OneLaunch:
+    """What the one-launch fixed-length executors share: they read only the device pointers of
+    ``x`` and ``out``, launch one kernel bound once by ``_compile``, and hand data that is not
+    16-byte aligned to the tile kernel."""
 
     #: only the device pointers of ``x`` and ``out`` are read, so a repeated call may pass the
     #: caller's arrays without the (batch, n, features) views (see linred.plan._FastCall)
@@ -313,24 +314,25 @@ class _FixedExecutor:
                 self._tiles = _TileExecutor(self._problem)
             self._tiles(x, out, segments, stream)  # it too reads only the pointers
             return
-        (self._go or self._compile())(stream, xp, ptr(out))
+        (self._go or self._compile(stream))(stream, xp, ptr(out))
 
-    def _compile(self) -> Any:
-        """Compile (or load) the kernel and bind everything a call does not change."""
+    def _compile(self, stream: int) -> Any:
+        """Compile (or load) the kernel, bind what a call does not change, store and return
+        ``go(stream, x pointer, out pointer)``; ``stream`` is the first call's."""
+        raise NotImplementedError
+
+    def _bind(self, wrapper: str, name: str, grid: int, *args: Any) -> Any:
+        """``go`` for kernel ``name`` of ``wrapper``: ``(x, out, *args)`` on ``grid`` blocks."""
         from cuda.core import LaunchConfig, launch
 
         from linred.kernels.compiler import get_kernels
 
-        problem, tuning, streams = self._problem, self._tuning, self._launch.stream
-        (kernel,) = get_kernels(self._launch.device, _fixed_wrapper(problem, tuning), ("linred_fixed",))
-        b, n, _ = problem.in_shape
-        nvec = b * n // _vec(problem)
-        _, unroll = _fixed_layout(problem, tuning)
-        # One chunk per block: the block scheduler overlaps finishing blocks with new ones.
-        config = LaunchConfig(grid=max(1, -(-nvec // (tuning.threads * unroll))), block=tuning.threads)
+        (kernel,) = get_kernels(self._launch.device, wrapper, (name,))
+        config = LaunchConfig(grid=max(1, min(grid, 2**31 - 1)), block=self._tuning.threads)
+        streams = self._launch.stream
 
         def go(stream: int, xp: int, op: int) -> None:
-            launch(streams(stream), config, kernel, xp, op, nvec)
+            launch(streams(stream), config, kernel, xp, op, *args)
 
         self._go = go
         return go
@@ -341,68 +343,47 @@ class _FixedExecutor:
         self._go = self._tiles = None
 
 
-class _LongExecutor:
-    """Long fixed lengths of whole 16-byte vectors on contiguous data: ``fixed_long``, one launch
-    (blocks reduce chunks of a segment; the last one of a segment adds the partials in order).
-    Data that is not 16-byte aligned goes to the tile kernel instead."""
+class _FixedExecutor(_OneLaunch):
+    """Power-of-two fixed lengths on contiguous data: ``fixed_small`` or ``fixed_rows``."""
 
-    flat = True  # reads only the device pointers (see _FixedExecutor)
+    def _compile(self, stream: int) -> Any:
+        problem, tuning = self._problem, self._tuning
+        b, n, _ = problem.in_shape
+        nvec = b * n // _vec(problem)
+        _, unroll = _fixed_layout(problem, tuning)
+        # One chunk per block: the block scheduler overlaps finishing blocks with new ones.
+        blocks = -(-nvec // (tuning.threads * unroll))
+        return self._bind(_fixed_wrapper(problem, tuning), "linred_fixed", blocks, nvec)
+
+
+class _LongExecutor(_OneLaunch):
+    """Long fixed lengths of whole 16-byte vectors on contiguous data: ``fixed_long`` (blocks
+    reduce chunks of a segment; the last one of a segment adds the partials in order)."""
 
     def __init__(self, problem: Problem) -> None:
-        self._problem = problem
-        self._tuning = tuning = TUNING
-        self._launch = launch = _Launcher(problem)
-        self._ptr = (lambda a: a.data.ptr) if problem.kind == "cupy" else (lambda a: a.data_ptr())
+        super().__init__(problem)
         b, _, _ = problem.in_shape
         self._m = b * problem.num_segments
         self._lv = problem.segment_length // _vec(problem)
-        self._chunks = -(-self._lv // (tuning.threads * _long_unroll(problem, tuning)))
-        # Partials and tickets only where a segment spans several blocks.  The tickets start at
-        # zero (set on the first call's stream) and every call leaves them at zero.
+        self._chunks = -(-self._lv // (self._tuning.threads * _long_unroll(problem, self._tuning)))
+        # Partials and tickets only where a segment spans several blocks.  The tickets are
+        # zeroed on the first call's stream, and every call leaves them at zero.
         many = self._chunks > 1
-        self._partials = launch.empty(self._m * self._chunks, _acc_dtype(problem)) if many else None
-        self._tickets = launch.empty(self._m, "uint32") if many else None
-        self._zeroed = not many
-        self._go: Any = None
-        self._tiles: _TileExecutor | None = None
+        self._partials = self._launch.empty(self._m * self._chunks, _acc_dtype(problem)) if many else None
+        self._tickets = self._launch.empty(self._m, "uint32") if many else None
 
-    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
-        ptr = self._ptr
-        xp = ptr(x)
-        if xp % 16:
-            if self._tiles is None:
-                self._tiles = _TileExecutor(self._problem)
-            self._tiles(x, out, segments, stream)
-            return
-        if not self._zeroed:
+    def _compile(self, stream: int) -> Any:
+        problem, ptr = self._problem, self._ptr
+        partials = tickets = 0
+        if self._tickets is not None:
             self._launch.fill(self._tickets, 0, stream)
-            self._zeroed = True
-        (self._go or self._compile())(stream, xp, ptr(out))
-
-    def _compile(self) -> Any:
-        from cuda.core import LaunchConfig, launch
-
-        from linred.kernels.compiler import get_kernels
-
-        problem, streams = self._problem, self._launch.stream
-        (kernel,) = get_kernels(self._launch.device, _long_wrapper(problem, self._tuning), ("linred_long",))
-        work = self._m * self._chunks
-        config = LaunchConfig(grid=max(1, min(work, 2**31 - 1)), block=self._tuning.threads)
-        ptr = self._ptr
-        partials = 0 if self._partials is None else ptr(self._partials)
-        tickets = 0 if self._tickets is None else ptr(self._tickets)
-        lv, chunks, m = self._lv, self._chunks, self._m
-
-        def go(stream: int, xp: int, op: int) -> None:
-            launch(streams(stream), config, kernel, xp, op, partials, tickets, lv, chunks, m)
-
-        self._go = go
-        return go
+            partials, tickets = ptr(self._partials), ptr(self._tickets)
+        args = (partials, tickets, self._lv, self._chunks, self._m)
+        return self._bind(_long_wrapper(problem, self._tuning), "linred_long", self._m * self._chunks, *args)
 
     def free(self) -> None:
-        if self._tiles is not None:
-            self._tiles.free()
-        self._go = self._tiles = self._partials = self._tickets = None
+        super().free()
+        self._partials = self._tickets = None
 
 
 def _index_ctype(problem: Problem) -> str:
