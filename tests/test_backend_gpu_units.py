@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -740,6 +741,19 @@ def fake_launches(monkeypatch):
         def fill(self, a: _FakeDeviceArray, value: int, stream: int) -> None:
             calls["fill"].append((a.data.ptr, value, stream))
 
+        def stream_order(self) -> Any:
+            class Order:
+                def begin(self, stream: int) -> None:
+                    calls["launch"].append(("begin", stream))
+
+                def end(self, stream: int) -> None:
+                    calls["launch"].append(("end", stream))
+
+                def wait_idle(self) -> None:
+                    calls["launch"].append(("wait_idle",))
+
+            return Order()
+
     monkeypatch.setattr(nvrtc, "_Launcher", FakeLauncher)
     monkeypatch.setattr(nvrtc, "_TileExecutor", lambda problem: lambda *a: calls["launch"].append(("tiles", a[3])))
     monkeypatch.setattr(cuda.core, "LaunchConfig", lambda grid, block: (grid, block))
@@ -787,8 +801,13 @@ def test_long_executor_launch_arguments(fake_launches):
     assert calls["fill"] == [(tickets, 0, 5)]  # the tickets are zeroed once, on the first call's stream
     args = (4096, 8192, partials, tickets, lv, chunks, m)
     launched = ((m * chunks, 256), "linred_long", args)
-    assert calls["launch"] == [("stream 5", *launched), ("stream 6", *launched)]
+    # partials and tickets serve one stream at a time: each call is ordered after the previous one
+    expected = [(stage, stream) for stream in (5, 6) for stage in ("begin", "launch", "end")]
+    assert calls["launch"] == [
+        (stage, stream) if stage != "launch" else (f"stream {stream}", *launched) for stage, stream in expected
+    ]
     ex.free()
+    assert calls["launch"][-1] == ("wait_idle",)  # the scratch goes back to the pool only when idle
     assert ex._partials is None and ex._tickets is None
 
 

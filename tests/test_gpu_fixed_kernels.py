@@ -132,3 +132,28 @@ def test_fixed_long_layouts(layout, rng):
         if stream is not None:
             stream.synchronize()
         assert_reduction(got, "sum", x_np, segments=segment_bounds(4 * L, L), axis=axis, like=x)
+
+
+@pytest.mark.parametrize("how", ["offsets", "long fixed length"])
+def test_one_plan_on_two_streams_at_once(how, rng):
+    """The scratch buffers of a plan (partials, tickets, tile bounds) serve one stream at a time:
+    calls alternated between two non-blocking streams, never synchronized in between, are each
+    right."""
+    n = 2**22
+    data = [make_data("float32", n, rng) for _ in range(2)]
+    xs = [cupy.asarray(d) for d in data]
+    if how == "offsets":
+        lengths = rng.geometric(1 / 300, size=n // 100)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        offsets = np.append(offsets[offsets < n], n)
+        kwargs = {"offsets": cupy.asarray(offsets), "check": False}
+        bounds = segment_bounds(n, offsets=offsets)
+    else:
+        kwargs = {"segment_length": 2**18}  # 16 chunks per segment: partials and tickets
+        bounds = segment_bounds(n, 2**18)
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+    results = [linred.segmented_sum(xs[i % 2], **kwargs, backend="nvrtc", stream=streams[i % 2]) for i in range(8)]
+    for s in streams:
+        s.synchronize()
+    for i, got in enumerate(results):
+        assert_reduction(got, "sum", data[i % 2], segments=bounds, like=xs[i % 2])

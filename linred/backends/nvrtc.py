@@ -178,6 +178,14 @@ class _Launcher:
         """Fill ``a`` with ``value`` on ``stream`` (ordered with the kernels launched there)."""
         self._adapter().fill(a, value, stream)
 
+    def stream_order(self) -> Any:
+        """A :class:`StreamOrder` for an executor with scratch buffers: a call on another stream
+        than the previous call's waits for it (an event, no host synchronization), so that two
+        streams never use the scratch at once."""
+        from linred.backends._nvmath_gpu_arrays import StreamOrder, ops_for
+
+        return StreamOrder(ops_for(self.kind, self.device))
+
 
 def _fixed_layout(problem: Problem, tuning: Tuning) -> tuple[str, int]:
     """``(kernel, vectors per thread)`` for a power-of-two fixed length: ``fixed_small`` up to
@@ -371,6 +379,16 @@ class _LongExecutor(_OneLaunch):
         many = self._chunks > 1
         self._partials = self._launch.empty(self._m * self._chunks, _acc_dtype(problem)) if many else None
         self._tickets = self._launch.empty(self._m, "uint32") if many else None
+        self._order = self._launch.stream_order() if many else None
+
+    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
+        order = self._order
+        if order is None:
+            super().__call__(x, out, segments, stream)
+            return
+        order.begin(stream)
+        super().__call__(x, out, segments, stream)
+        order.end(stream)
 
     def _compile(self, stream: int) -> Any:
         problem, ptr = self._problem, self._ptr
@@ -382,8 +400,10 @@ class _LongExecutor(_OneLaunch):
         return self._bind(_long_wrapper(problem, self._tuning), "linred_long", self._m * self._chunks, *args)
 
     def free(self) -> None:
+        if self._order is not None:
+            self._order.wait_idle()  # the partials and tickets go back to the pool
         super().free()
-        self._partials = self._tickets = None
+        self._partials = self._tickets = self._order = None
 
 
 def _index_ctype(problem: Problem) -> str:
@@ -414,6 +434,7 @@ class _TileExecutor:
         self._head = launch.empty(self._num_blocks, acc)
         self._tail = launch.empty(self._num_blocks, acc)
         self._tail_seg = launch.empty(self._num_blocks, "int64")
+        self._order = launch.stream_order()  # the partials (and bounds) serve one stream at a time
         # Offsets: the first segment of every tile, found once per call by linred_bounds.
         self._bounds = None if problem.fixed else launch.empty(self._tiles_per_row + 1, "int64")
         self._bounds_config = LaunchConfig(grid=max(1, -(-(self._tiles_per_row + 1) // threads)), block=threads)
@@ -455,13 +476,16 @@ class _TileExecutor:
         out_ptr = launch.ptr(out)
         s = launch.stream(stream)
         cuda_launch = _cuda_launch()
+        self._order.begin(stream)
         if self._bounds is not None:
             cuda_launch(s, self._bounds_config, bounds_kernel, *common)
         cuda_launch(s, tile_config, tile, xp, out_ptr, *common, *partials)
         if self._needs_fixup:
             cuda_launch(s, self._fixup_config, fixup, out_ptr, *common, *partials)
+        self._order.end(stream)
 
     def free(self) -> None:
+        self._order.wait_idle()  # the partials go back to the pool
         self._kernels.clear()
         self._head = self._tail = self._tail_seg = self._bounds = None
 
