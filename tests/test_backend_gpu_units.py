@@ -818,3 +818,21 @@ def test_long_executor_without_partials(fake_launches):
     ex(_FakeDeviceArray(4096), _FakeDeviceArray(8192), None, 3)
     assert ex._tickets is None and calls["fill"] == []
     assert calls["launch"] == [("stream 3", (5, 256), "linred_long", (4096, 8192, 0, 0, 2048, 1, 5))]
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"LINRED_CACHE_DIR": "/tmp/lr", "XDG_CACHE_HOME": "/tmp/xdg"}, "/tmp/lr/kernels"),
+        ({"XDG_CACHE_HOME": "/tmp/xdg"}, "/tmp/xdg/linred/kernels"),
+        ({"HOME": "/tmp/home"}, "/tmp/home/.cache/linred/kernels"),
+    ],
+)
+def test_kernel_cache_dir(monkeypatch, env, expected):
+    from linred.kernels.compiler import cache_dir
+
+    for name in ("LINRED_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert str(cache_dir()) == expected

@@ -2,8 +2,8 @@
 
 Each instantiation becomes an ``extern "C"`` wrapper with a plain name, so the
 binary can be cached as a cubin and loaded again without NVRTC's name-expression
-mapping.  The disk cache lives in ``$LINRED_CACHE_DIR`` (default
-``~/.cache/linred``) under a key that covers the source, the wrapper, the
+mapping.  The disk cache lives in ``$LINRED_CACHE_DIR/kernels`` (default: ``linred/kernels``
+in ``$XDG_CACHE_HOME`` or ``~/.cache``) under a key that covers the source, the wrapper, the
 options, the GPU architecture and the NVRTC version.
 """
 
@@ -37,8 +37,13 @@ def source() -> str:
 
 
 def cache_dir() -> Path:
-    """Where compiled kernels are kept between processes."""
-    root = os.environ.get("LINRED_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "linred")
+    """Where compiled kernels are kept between processes: ``$LINRED_CACHE_DIR/kernels``, else
+    ``linred/kernels`` in the user's cache directory (``$XDG_CACHE_HOME``, else ``~/.cache``),
+    beside the table of ``linred tune``."""
+    root = os.environ.get("LINRED_CACHE_DIR")
+    if not root:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(cache, "linred")
     return Path(root) / "kernels"
 
 
