@@ -728,6 +728,10 @@ def fake_launches(monkeypatch):
     class FakeLauncher:
         device = 0
 
+        @staticmethod
+        def ptr(a: _FakeDeviceArray) -> int:
+            return a.data.ptr
+
         def __init__(self, problem: Problem) -> None:
             self._next = 1 << 20
 

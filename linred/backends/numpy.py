@@ -35,6 +35,7 @@ BLOCK_ELEMENTS = 1 << 18
 THREAD_ELEMENTS = 1 << 20
 
 _pool: ThreadPoolExecutor | None = None
+_pool_workers = 0
 _pool_lock = threading.Lock()
 
 
@@ -54,10 +55,11 @@ def num_threads() -> int:
 
 
 def _executor(workers: int) -> ThreadPoolExecutor:
-    global _pool
+    """A pool of at least ``workers`` threads, shared by every call (made larger when needed)."""
+    global _pool, _pool_workers
     with _pool_lock:
-        if _pool is None or _pool._max_workers < workers:
-            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="linred")
+        if _pool is None or _pool_workers < workers:
+            _pool, _pool_workers = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="linred"), workers
         return _pool
 
 

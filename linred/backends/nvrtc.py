@@ -126,6 +126,14 @@ def _cuda_launch() -> Any:
     return launch
 
 
+def _cupy_pointer(a: Any) -> int:
+    return a.data.ptr
+
+
+def _torch_pointer(a: Any) -> int:
+    return a.data_ptr()
+
+
 class _Launcher:
     """What every executor needs: the device, SM count and cuda.core streams by handle."""
 
@@ -138,6 +146,8 @@ class _Launcher:
         self.sms = dev.properties.multiprocessor_count
         self._streams: dict[int, Any] = {}
         self.kind = problem.kind
+        #: the device pointer of an array of the problem's library (chosen once: calls are hot)
+        self.ptr = _cupy_pointer if problem.kind == "cupy" else _torch_pointer
 
     def stream(self, handle: int) -> Any:
         s = self._streams.get(handle)
@@ -160,9 +170,6 @@ class _Launcher:
             (err,) = driver.cuKernelSetAttribute(attr, value, kernel.handle, self.device)
             if err != driver.CUresult.CUDA_SUCCESS:
                 raise RuntimeError(f"cannot set {attr.name}={value} for a kernel on device {self.device}: {err}")
-
-    def ptr(self, a: Any) -> int:
-        return a.data.ptr if self.kind == "cupy" else a.data_ptr()
 
     def _adapter(self) -> Any:
         if self.kind == "cupy":
@@ -310,7 +317,7 @@ class _OneLaunch:
         self._problem = problem
         self._tuning = TUNING
         self._launch = _Launcher(problem)
-        self._ptr = (lambda a: a.data.ptr) if problem.kind == "cupy" else (lambda a: a.data_ptr())
+        self._ptr = self._launch.ptr
         self._go: Any = None
         self._tiles: _TileExecutor | None = None
 
@@ -568,15 +575,16 @@ class NvrtcBackend(Backend):
 
     def plan(self, problem: Problem):
         L, vec = problem.segment_length, _vec(problem)
-        # fixed_rows keeps 16 vectors in flight per thread; 1-byte data widened to 4- or 8-byte
-        # sums would need over 100 registers for that, so it stops at fixed_small's lengths.
-        longest = 32 * vec * (TUNING.max_rows if vec <= 8 else 1)
+        # fixed_rows and fixed_long keep up to 16 vectors in flight per thread; 1-byte data widened
+        # to 4- or 8-byte sums would need over 100 registers for that, so for 1-byte data only
+        # fixed_small's lengths take a one-launch kernel.
+        wide = vec <= 8
+        longest = 32 * vec * (TUNING.max_rows if wide else 1)
         short = problem.fixed and _is_pow2(L) and longest >= L
         if short and _flat(problem) and (problem.batch * problem.n) % vec == 0:
             return _FixedExecutor(problem)
-        # Long fixed lengths of whole vectors (at least one per thread of a block): fixed_long,
-        # like fixed_rows not for 1-byte data (its widened sums would crowd the registers).
-        long = problem.fixed and L % vec == 0 and L // vec >= TUNING.threads and vec <= 8
+        # Long fixed lengths of whole vectors (at least one per thread of a block): fixed_long.
+        long = wide and problem.fixed and L % vec == 0 and L // vec >= TUNING.threads
         if long and problem.features == 1 and _flat(problem):
             return _LongExecutor(problem)
         launch = _Launcher(problem)
