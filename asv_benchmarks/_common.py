@@ -270,6 +270,19 @@ def gpu_or_skip() -> Any:
     return cupy
 
 
+def torch_peer(method: str, case: _Case, xt: Any, offsets: Any) -> Callable[[], Any]:
+    """PyTorch's ways to the case's segmented sum on tensor ``xt`` (``offsets``: a tensor on
+    ``xt``'s device for variable lengths, None for fixed ones)."""
+    torch = import_torch()
+    if method == "torch-sum":
+        view_t = xt.view(case.m, case.shape.length, *xt.shape[1:])
+        return lambda: view_t.sum(1)
+    if method == "torch-segment_reduce":
+        # unsafe=True skips torch's validation of the offsets, as linred's check=False does
+        return lambda: torch.segment_reduce(xt, "sum", offsets=offsets, axis=0, unsafe=True)
+    raise ValueError(f"unknown method {method!r}")
+
+
 def import_torch() -> Any:
     """``torch``, or NotImplementedError (asv skips) where it is not installed."""
     try:

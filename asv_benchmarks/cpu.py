@@ -14,7 +14,17 @@ from typing import Any
 
 import numpy as np
 
-from ._common import N_CPU, _Case, _SegmentedSum, check, import_torch, linred_sum, make_case, relative_error
+from ._common import (
+    N_CPU,
+    _Case,
+    _SegmentedSum,
+    check,
+    import_torch,
+    linred_sum,
+    make_case,
+    relative_error,
+    torch_peer,
+)
 
 LINRED = ["linred-auto", "linred-numpy", "linred-nvmath"]
 
@@ -64,15 +74,7 @@ def _peer(method: str, case: _Case, x: np.ndarray) -> Callable[[], Any]:
         view3 = x.reshape(case.m, case.shape.length, *rest)
         return lambda: np.matmul(ones, view3)
     torch = import_torch()
-    xt = torch.from_numpy(x)
-    if method == "torch-sum":
-        view_t = xt.view(case.m, case.shape.length, *rest)
-        return lambda: view_t.sum(1)
-    if method == "torch-segment_reduce":
-        offsets = torch.from_numpy(case.offsets)
-        # unsafe=True skips torch's validation of the offsets, as linred's check=False does
-        return lambda: torch.segment_reduce(xt, "sum", offsets=offsets, axis=0, unsafe=True)
-    raise ValueError(f"unknown method {method!r}")
+    return torch_peer(method, case, torch.from_numpy(x), None if case.fixed else torch.from_numpy(case.offsets))
 
 
 class _HostSum(_SegmentedSum):

@@ -25,6 +25,7 @@ from ._common import (
     linred_sum,
     make_case,
     relative_error,
+    torch_peer,
 )
 
 LINRED = ["linred-auto", "linred-nvmath", "linred-cublas", "linred-cub", "linred-nvrtc"]
@@ -97,16 +98,7 @@ def _peer(method: str, inp: _Inputs) -> Callable[[], Any]:
                 shape=(case.m, case.rows),
             )
             return lambda: indicator @ x
-    torch = import_torch()
-    xt = inp.torch(x)
-    if method == "torch-sum":
-        view_t = xt.view(case.m, case.shape.length, *rest)
-        return lambda: view_t.sum(1)
-    if method == "torch-segment_reduce":
-        offsets = inp.torch(inp.offsets)
-        # unsafe=True skips torch's validation of the offsets, as linred's check=False does
-        return lambda: torch.segment_reduce(xt, "sum", offsets=offsets, axis=0, unsafe=True)
-    raise ValueError(f"unknown method {method!r}")
+    return torch_peer(method, case, inp.torch(x), None if case.fixed else inp.torch(inp.offsets))
 
 
 class _DeviceSum(_SegmentedSum):

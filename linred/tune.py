@@ -45,19 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _time(fn: Any, repeats: int) -> float:
-    import cupy
+    """Median seconds of one call between CUDA events, after two untimed calls (the bench's clock)."""
+    from linred.bench.timing import time_device
 
-    for _ in range(2):
-        fn()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    times = []
-    for _ in range(repeats):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
-    return float(np.median(times))
+    # min_sample_s=0: one call per sample; the budget never cuts the repeats short
+    return time_device(fn, lib="cupy", warmup=2, repeats=repeats, budget_s=3600.0, min_sample_s=0.0).seconds
 
 
 def _offsets(n: int, mean: float, rng: np.random.Generator) -> np.ndarray:
