@@ -206,27 +206,6 @@ extern "C" __device__ void linred_batched_offsets64(void* state, void* in, void*
     const long long* offsets = (const long long*)s->a;
     *(long long*)out = b * s->batch_stride + offsets[k - b * s->count + s->shift];
 }""",
-    # max/min that propagate NaN, like NumPy
-    "linred_max_f32": """
-extern "C" __device__ void linred_max_f32(void* a, void* b, void* out) {
-    const float x = *(const float*)a, y = *(const float*)b;
-    *(float*)out = (x != x || x > y) ? x : y;
-}""",
-    "linred_min_f32": """
-extern "C" __device__ void linred_min_f32(void* a, void* b, void* out) {
-    const float x = *(const float*)a, y = *(const float*)b;
-    *(float*)out = (x != x || x < y) ? x : y;
-}""",
-    "linred_max_f64": """
-extern "C" __device__ void linred_max_f64(void* a, void* b, void* out) {
-    const double x = *(const double*)a, y = *(const double*)b;
-    *(double*)out = (x != x || x > y) ? x : y;
-}""",
-    "linred_min_f64": """
-extern "C" __device__ void linred_min_f64(void* a, void* b, void* out) {
-    const double x = *(const double*)a, y = *(const double*)b;
-    *(double*)out = (x != x || x < y) ? x : y;
-}""",
     # 16-bit floats read as 16-bit words, widened exactly
     "linred_f16_to_f32": """
 extern "C" __device__ void linred_f16_to_f32(void* in, void* out) {
@@ -262,6 +241,25 @@ extern "C" __device__ void linred_scale_f64(void* state, void* in, void* out) {
     *(double*)out = *(const double*)in * *(const double*)state;
 }""",
 }
+
+
+def _nan_max_min(op: str, suffix: str, ctype: str) -> str:
+    """max/min that propagate NaN, like NumPy."""
+    compare = ">" if op == "max" else "<"
+    return (
+        f'\nextern "C" __device__ void linred_{op}_{suffix}(void* a, void* b, void* out) {{\n'
+        f"    const {ctype} x = *(const {ctype}*)a, y = *(const {ctype}*)b;\n"
+        f"    *({ctype}*)out = (x != x || x {compare} y) ? x : y;\n}}"
+    )
+
+
+_SOURCES.update(
+    {
+        f"linred_{op}_{suffix}": _nan_max_min(op, suffix, ctype)
+        for op in ("max", "min")
+        for suffix, ctype in (("f32", "float"), ("f64", "double"))
+    }
+)
 
 
 def op_source(name: str) -> str:
