@@ -471,13 +471,16 @@ __device__ __forceinline__ A block_keyed_scan(int key, A value, A identity, A* e
 // it; tail[b] the part of the last segment that began in it and continues past
 // it, whose index is tail_seg[b] (-1 when there is none).
 //
-// Within a tile, three ways to share the work, by how many segments meet it:
+// Within a tile, four ways to share the work, by how many segments meet it:
+//  - one (the tile lies inside a segment), with a 4-byte accumulator: every thread adds
+//    its elements from registers, the block adds the threads' sums ("whole");
 //  - a few (at most one per warp): several warps per segment;
 //  - many, with their boundaries fitting in shared memory: every thread takes 16
 //    consecutive elements whatever the segment lengths, finishes the segments
 //    inside them, and a block-wide segmented scan joins the pieces of those that
 //    cross threads ("balanced": no thread waits for another's long segment);
-//  - more boundaries than that (mostly empty segments): one segment per lane group.
+//  - more than TILE / 2 (a mean length under 2, mostly empty segments): one segment
+//    per lane group.
 // The balanced mode on a tile in registers with a 4-byte accumulator (float32 and
 // 16-bit sums, 32-bit max/min) runs without divergent branches: the starts of the
 // non-empty segments are marked in a bitmask (one bit per element) and a table of
@@ -509,7 +512,9 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
     constexpr int NS = VECLOAD ? 1 : TILE / THREADS;        // scalars per thread per tile
     constexpr int ITEMS = S::ITEMS;                         // elements per thread in balanced mode
     constexpr int PAD = S::PAD;                             // elements of padding after every 16
-    constexpr int CAP = 2 * THREADS > TILE / 8 ? 2 * THREADS : TILE / 8;  // boundaries balanced mode can hold
+    // Boundaries the balanced modes can hold: a tile of up to TILE / 2 segments (mean
+    // length 2) is still reduced in registers; shorter ones go to the lane groups.
+    constexpr int CAP = TILE / 2;
     struct __align__(16) AV { A v[VecOf<T>::N]; };
     A* const sh = reinterpret_cast<A*>(smem);
     __shared__ int sb[CAP + 1];
@@ -519,6 +524,9 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
     __shared__ i64 carry_s, next_s;
     __shared__ int carry_mode, next_mode;
     constexpr bool FAST = S::FAST;
+    // Where the registers allow it (a 4-byte accumulator, no count to keep), a tile inside
+    // one segment is summed from registers.
+    constexpr bool WHOLE = sizeof(A) == 4 && !MEAN;
     constexpr int MARK_WORDS = TILE / 32;
     short* const seg_at = reinterpret_cast<short*>(smem + S::STAGE_BYTES);  // the non-empty segment starting at an element
     __shared__ unsigned marks[2][FAST ? MARK_WORDS : 1];     // its start, one bit per element (by tile parity)
@@ -580,7 +588,10 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
         // A full vector-loaded tile is already in registers, ITEMS consecutive elements
         // per thread: the balanced mode reduces it there; the others need it staged.
         const bool in_regs = VECLOAD && count == TILE;
-        const bool stage = !(balanced && in_regs && blocked);
+        // A tile inside one segment (owned == 0, so items == 1: the head) is summed from
+        // registers too.
+        const bool whole = WHOLE && in_regs && owned == 0;
+        const bool stage = !whole && !(balanced && in_regs && blocked);
         const bool fast = FAST && !stage;
         const int parity = (int)(j & 1);
         // Stage the tile in shared memory, in the accumulator type.
@@ -602,12 +613,30 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
             }
         }
         if (balanced) {  // the owned segments' starts, then the end of the last, relative to t0
-            for (i64 k = tid; k <= owned; k += THREADS) {
-                const i64 v = off(s_first + k) - t0;
+            // Owned segment k, [begin, end) (end unused for k == owned, the end of the last).
+            auto note = [&](i64 k, i64 begin, i64 end) {
+                const i64 v = begin - t0;
                 sb[k] = (int)(v < (i64)count ? v : (i64)count + 1);  // past the tile: count + 1
-                if (fast && k < owned && v < (i64)count && off(s_first + k + 1) - t0 > v) {
+                if (fast && k < owned && v < (i64)count && end > begin) {
                     atomicOr(&marks[parity][(int)v >> 5], 1u << ((int)v & 31));
                     seg_at[(int)v] = (short)k;
+                }
+            };
+            // Two segments per thread at a time, their boundaries loaded together: a tile of
+            // short segments has several per thread, and one load after another would
+            // expose each one's latency (4 at a time measured no better, and spills).
+            constexpr int BATCH = 2;
+            for (i64 k0 = tid; k0 <= owned; k0 += BATCH * THREADS) {
+                i64 begin[BATCH], end[BATCH];
+#pragma unroll
+                for (int u = 0; u < BATCH; ++u) {
+                    const i64 k = k0 + u * THREADS;
+                    begin[u] = k <= owned ? off(s_first + k) : 0;
+                    end[u] = fast && k < owned ? off(s_first + k + 1) : 0;
+                }
+#pragma unroll
+                for (int u = 0; u < BATCH; ++u) {
+                    if (k0 + u * THREADS <= owned) note(k0 + u * THREADS, begin[u], end[u]);
                 }
             }
         }
@@ -641,7 +670,25 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
             }
         };
 
-        if (items <= WARPS) {
+        if (whole) {
+            // Inside one segment: the threads' sums join.
+            A acc = OP::template identity<O, A>();
+#pragma unroll
+            for (int k = 0; k < NV; ++k) {
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) acc = OP::combine(acc, to_acc<A>(vbuf[k].v[i]));
+            }
+            if (j + 1 < j1) fetch(j + 1);  // the registers are free again
+#pragma unroll
+            for (int o = 16; o > 0; o /= 2) acc = OP::combine(acc, shfl_xor(acc, o));
+            if (lane == 0) red[warp] = acc;
+            __syncthreads();
+            if (tid == 0) {
+                A total = red[0];
+                for (int w = 1; w < WARPS; ++w) total = OP::combine(total, red[w]);
+                emit(true, s_head, off(s_head), off(s_first), total);
+            }
+        } else if (items <= WARPS) {
             // Few segments: WARPS / items warps per segment, partials combined in shared memory.
             const int per = WARPS / (int)items;
             const int item = warp % (int)items, part = warp / (int)items;
@@ -670,11 +717,17 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
             unsigned mask = marks[parity][r0 >> 5];
             if (ITEMS < 32) mask = (mask >> (r0 & 31)) & ((1u << (ITEMS & 31)) - 1u);
             A acc = identity;
+            // r0 is a multiple of 16 when ITEMS is, so the padding of r0 + i is known
+            // from i alone: one address for all the thread's stores.
+            A* const mine = sh + at(r0);
 #pragma unroll
             for (int i = 0; i < ITEMS; ++i) {
                 const A v = to_acc<A>(vbuf[i / VEC].v[i % VEC]);
                 const bool start = (mask >> i) & 1u;
-                if (start) sh[at(r0 + i)] = acc;
+                if (start) {
+                    if (ITEMS % 16 == 0) mine[i + (i >> 4) * PAD] = acc;
+                    else sh[at(r0 + i)] = acc;
+                }
                 acc = start ? v : OP::combine(acc, v);
             }
             if (j + 1 < j1) fetch(j + 1);  // the registers are free again
