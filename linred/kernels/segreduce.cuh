@@ -257,13 +257,14 @@ __device__ __forceinline__ void fixed_rows(const T* __restrict__ x, O* __restric
 // writes the result: one launch, the same bits every run.  The last block sets the
 // ticket back to zero for the next call.
 // Combine one value per thread across the block; the result is valid in thread 0.
-// A fixed tree (lanes, then warps in order): the same bits every run.
-template <class A, class OP, int THREADS>
+// A fixed tree (lanes, then warps in order): the same bits every run.  WAIT = false
+// where the caller's previous use of shared is already behind a barrier.
+template <class A, class OP, int THREADS, bool WAIT = true>
 __device__ __forceinline__ A block_combine(A acc, A identity, A* shared) {
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) acc = OP::combine(acc, shfl_xor(acc, off));
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    __syncthreads();  // the previous use of shared is over
+    if (WAIT) __syncthreads();  // the previous use of shared is over
     if (lane == 0) shared[warp] = acc;
     __syncthreads();
     if (warp == 0) {
@@ -376,44 +377,6 @@ struct TileArgs {
 
 // The open segment a block carries from one of its tiles to the next.
 enum { CARRY_NONE = 0, CARRY_FROM_BEFORE = 1, CARRY_OWN = 2 };
-
-// Segmented inclusive scan over the block's threads of (flag, value): a set flag
-// starts a new segment.  Returns the thread's inclusive value; *exclusive gets
-// the value of the threads before it since the last flag (identity if none).
-template <class A, class OP, int THREADS>
-__device__ __forceinline__ A block_segmented_scan(bool flag, A value, A identity, A* exclusive, A* warp_val,
-                                                  int* warp_flag) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int f = flag;
-    A v = value;
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-        const A v_up = __shfl_up_sync(0xffffffffu, v, d);
-        const int f_up = __shfl_up_sync(0xffffffffu, f, d);
-        if (lane >= d) {
-            if (!f) v = OP::combine(v_up, v);
-            f |= f_up;
-        }
-    }
-    if (lane == 31) {
-        warp_val[warp] = v;
-        warp_flag[warp] = f;
-    }
-    __syncthreads();
-    // The carry into this warp: the warps before it, back to the last one with a flag.
-    A carry = identity;
-    for (int w = warp - 1; w >= 0; --w) {
-        carry = OP::combine(warp_val[w], carry);
-        if (warp_flag[w]) break;
-    }
-    if (!f) v = OP::combine(carry, v);
-    // Exclusive: the previous thread's inclusive value, unless this thread starts a segment.
-    A prev = __shfl_up_sync(0xffffffffu, v, 1);
-    if (lane == 0) prev = carry;
-    *exclusive = prev;
-    __syncthreads();  // warp_val is reused by the next call
-    return v;
-}
 
 // Segmented scan over the block's threads keyed by the position of each thread's
 // last segment start (-1 when it has none): a thread with a start begins a new
@@ -679,15 +642,9 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                 for (int i = 0; i < VEC; ++i) acc = OP::combine(acc, to_acc<A>(vbuf[k].v[i]));
             }
             if (j + 1 < j1) fetch(j + 1);  // the registers are free again
-#pragma unroll
-            for (int o = 16; o > 0; o /= 2) acc = OP::combine(acc, shfl_xor(acc, o));
-            if (lane == 0) red[warp] = acc;
-            __syncthreads();
-            if (tid == 0) {
-                A total = red[0];
-                for (int w = 1; w < WARPS; ++w) total = OP::combine(total, red[w]);
-                emit(true, s_head, off(s_head), off(s_first), total);
-            }
+            // red's last use, in the previous tile, is behind the end-of-tile barrier.
+            acc = block_combine<A, OP, THREADS, false>(acc, OP::template identity<O, A>(), red);
+            if (tid == 0) emit(true, s_head, off(s_head), off(s_first), acc);
         } else if (items <= WARPS) {
             // Few segments: WARPS / items warps per segment, partials combined in shared memory.
             const int per = WARPS / (int)items;
@@ -804,7 +761,9 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
             // segment's pieces in the threads before it.
             const bool starts_here = !active || first_closed || !first_open;
             A before;
-            const A total = block_segmented_scan<A, OP, THREADS>(starts_here, acc, identity, &before, red, red_flag);
+            int before_key, total_key;  // unused: the segments are known from cur and k0
+            const A total = block_keyed_scan<A, OP, THREADS>(starts_here ? tid : -1, acc, identity, &before, &before_key,
+                                                             &total_key, red, red_flag);
             if (active) {
                 if (first_closed) {  // the segment at r0 ended inside this thread
                     const i64 s = k0 < 0 ? s_head : s_first + k0;
