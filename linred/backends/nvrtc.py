@@ -53,6 +53,8 @@ class Tuning:
     min_blocks: int = 5  #: resident blocks per SM that tile_reduce's registers must allow
     min_blocks_wide: int = 4  #: the same with 8-byte accumulators (more registers without spilling)
     max_tiles_per_block: int = 16  #: consecutive tiles one block reduces (fewer when the data is small)
+    max_tiles_per_warp: int = 16  #: consecutive tiles one warp reduces in warp_reduce (fewer for small data)
+    min_blocks_warp: int = 4  #: resident blocks per SM that warp_reduce's registers must allow
 
 
 TUNING = Tuning()
@@ -254,15 +256,19 @@ def _offsets(problem: Problem, index_ctype: str) -> str:
     return "FixedOffsets{L}" if problem.fixed else f"ArrayOffsets<{index_ctype}>{{offsets}}"
 
 
-def _fixup_and_bounds(problem: Problem, index_ctype: str, threads: int, tile: int) -> str:
+def _fixup_and_bounds(problem: Problem, index_ctype: str, threads: int, tile: int, run: int = 1, group: int = 1) -> str:
+    """The fix-up of segments that span runs of ``run`` tiles of ``tile`` elements (with the
+    heads of ``group`` consecutive runs also joined, when ``group`` > 1), and the kernel that
+    finds the first segment of every run (one thread per run; ``bpr`` runs per row)."""
     t, o, a, op, mean = _kernel_types(problem)
     common, offsets = _COMMON.format(i=index_ctype), _offsets(problem, index_ctype)
+    count = "tpr" if run == 1 else "bpr"
     return (
         f'extern "C" __global__ void __launch_bounds__({threads}) linred_fixup({o}* out, {common}, '
-        f"const {a}* head, const {a}* tail, const long long* ts) {{\n    {_ARGS}\n"
-        f"    tile_fixup<{t}, {a}, {o}, {op}, {mean}, {tile}>(out, {offsets}, a, head, tail, ts);\n}}\n"
+        f"const {a}* head, const {a}* tail, const long long* ts, const {a}* gh) {{\n    {_ARGS}\n"
+        f"    tile_fixup<{t}, {a}, {o}, {op}, {mean}, {tile}, {group}>(out, {offsets}, a, head, tail, ts, gh);\n}}\n"
         f'extern "C" __global__ void __launch_bounds__({threads}) linred_bounds({common}) {{\n'
-        f"    tile_bounds<{tile}>({offsets}, m, n, tpr, const_cast<long long*>(bounds));\n}}\n"
+        f"    tile_bounds<{tile * run}>({offsets}, m, n, {count}, const_cast<long long*>(bounds));\n}}\n"
     )
 
 
@@ -488,13 +494,134 @@ class _TileExecutor:
             cuda_launch(s, self._bounds_config, bounds_kernel, *common)
         cuda_launch(s, tile_config, tile, xp, out_ptr, *common, *partials)
         if self._needs_fixup:
-            cuda_launch(s, self._fixup_config, fixup, out_ptr, *common, *partials)
+            cuda_launch(s, self._fixup_config, fixup, out_ptr, *common, *partials, 0)
         self._order.end(stream)
 
     def free(self) -> None:
         self._order.wait_idle()  # the partials go back to the pool
         self._kernels.clear()
         self._head = self._tail = self._tail_seg = self._bounds = None
+
+
+def _warp_items(problem: Problem) -> int:
+    """Elements per lane of warp_reduce: WarpShared::ITEMS in segreduce.cuh."""
+    return max(_vec(problem), 8 if itemsize(_acc_dtype(problem)) == 8 else 16)
+
+
+def _warp_shared_bytes(problem: Problem, tuning: Tuning) -> int:
+    """Dynamic shared memory of linred_warp: WarpShared::WARP_BYTES per warp of a block."""
+    acc = itemsize(_acc_dtype(problem))
+    wt = 32 * _warp_items(problem)
+    pieces = -(-(wt + wt // 16 * max(1, 16 // acc)) * acc // 16) * 16
+    return tuning.threads // 32 * (pieces + wt * 4 + -(-wt // 32) * 4)
+
+
+def _warp_wrapper(problem: Problem, index_ctype: str, tuning: Tuning, k: int) -> str:
+    t, o, a, op, mean = _kernel_types(problem)
+    threads = tuning.threads
+    common, offsets = _COMMON.format(i=index_ctype), _offsets(problem, index_ctype)
+    return (
+        f'extern "C" __global__ void __launch_bounds__({threads}, {tuning.min_blocks_warp}) '
+        f"linred_warp(const {t}* x, {o}* out, {common}, {a}* head, {a}* tail, long long* ts, {a}* gh) {{\n"
+        "    extern __shared__ __align__(16) unsigned char smem[];\n"
+        f"    {_ARGS}\n"
+        f"    warp_reduce<{t}, {a}, {o}, {op}, {mean}, {threads}, {k}>"
+        f"(x, out, {offsets}, a, bounds, head, tail, ts, gh, smem);\n}}\n"
+    ) + _fixup_and_bounds(problem, index_ctype, threads, 32 * _warp_items(problem), k, threads // 32)
+
+
+class _WarpExecutor:
+    """Any segments (fixed or offsets) of contiguous, 16-byte aligned rows with one feature
+    column: ``warp_reduce``, every warp a run of tiles of its own, partials of segments that
+    span runs joined by the fix-up.  Other layouts go to ``tile_reduce``."""
+
+    def __init__(self, problem: Problem, launch: _Launcher) -> None:
+        from cuda.core import LaunchConfig
+
+        self._problem = problem
+        self._tuning = tuning = TUNING
+        self._launch = launch
+        self._tiles: _TileExecutor | None = None
+        b, n, _ = problem.in_shape
+        threads, warps = tuning.threads, tuning.threads // 32
+        wt = 32 * _warp_items(problem)
+        self._tiles_per_row = -(-n // wt)
+        # Tiles per warp: as many as leave a few waves of warps for every SM.
+        k = tuning.max_tiles_per_warp
+        while k > 1 and b * -(-self._tiles_per_row // k) < 4 * tuning.min_blocks_warp * warps * launch.sms:
+            k //= 2
+        self._k = k
+        self._runs_per_row = -(-self._tiles_per_row // k)
+        self._runs = b * self._runs_per_row
+        acc = _acc_dtype(problem)
+        self._head = launch.empty(self._runs, acc)
+        self._tail = launch.empty(self._runs, acc)
+        self._tail_seg = launch.empty(self._runs, "int64")
+        self._grid = -(-self._runs // warps)
+        self._group_head = launch.empty(self._grid, acc)  # the heads of each block's runs, joined
+        self._order = launch.stream_order()  # the partials (and bounds) serve one stream at a time
+        # Offsets: the first segment of every run, found once per call by linred_bounds.
+        self._bounds = None if problem.fixed else launch.empty(self._runs_per_row + 1, "int64")
+        self._bounds_config = LaunchConfig(grid=max(1, -(-(self._runs_per_row + 1) // threads)), block=threads)
+        self._fixup_config = LaunchConfig(grid=max(1, -(-self._runs // warps)), block=threads)
+        L = problem.segment_length
+        # Fixed lengths dividing a run never span two runs: no partials to combine.
+        self._needs_fixup = not (problem.fixed and (wt * k) % L == 0)
+        self._kernels: tuple[Any, Any, Any] | None = None
+        self._config: Any = None
+
+    def _compile(self) -> None:
+        from cuda.core import LaunchConfig
+
+        from linred.kernels.compiler import get_kernels
+
+        problem, launch, tuning = self._problem, self._launch, self._tuning
+        wrapper = _warp_wrapper(problem, _index_ctype(problem), tuning, self._k)
+        kernels = get_kernels(launch.device, wrapper, ("linred_warp", "linred_fixup", "linred_bounds"))
+        shared = _warp_shared_bytes(problem, tuning)
+        launch.allow_shared_memory(kernels[0], shared)
+        self._config = LaunchConfig(grid=self._grid, block=tuning.threads, shmem_size=shared)
+        self._kernels = kernels
+
+    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
+        problem, launch = self._problem, self._launch
+        b, n, _ = problem.in_shape
+        s0, s1, _ = problem.strides
+        xp = launch.ptr(x)
+        # Whole 16-byte vectors of every row (and segment indices that fit the int of its
+        # per-tile table), else tile_reduce.
+        aligned = s1 == 1 and xp % 16 == 0 and (b == 1 or (s0 * itemsize(problem.dtype)) % 16 == 0)
+        if not aligned or problem.num_segments >= 2**31:
+            if self._tiles is None:
+                self._tiles = _TileExecutor(problem, launch)
+            self._tiles(x, out, segments, stream)
+            return
+        if self._kernels is None:
+            self._compile()
+        kernel, fixup, bounds_kernel = self._kernels
+        offsets = launch.ptr(segments.offsets) if isinstance(segments, VariableSegments) else 0
+        bounds = 0 if self._bounds is None else launch.ptr(self._bounds)
+        common = (offsets, problem.segment_length or 0, n, problem.num_segments, s0, s1, self._tiles_per_row,
+                  self._runs_per_row, self._runs, self._k, bounds)  # fmt: skip
+        partials = (launch.ptr(self._head), launch.ptr(self._tail), launch.ptr(self._tail_seg),
+                    launch.ptr(self._group_head))  # fmt: skip
+        out_ptr = launch.ptr(out)
+        s = launch.stream(stream)
+        cuda_launch = _cuda_launch()
+        self._order.begin(stream)
+        if self._bounds is not None:
+            cuda_launch(s, self._bounds_config, bounds_kernel, *common)
+        cuda_launch(s, self._config, kernel, xp, out_ptr, *common, *partials)
+        if self._needs_fixup:
+            cuda_launch(s, self._fixup_config, fixup, out_ptr, *common, *partials)
+        self._order.end(stream)
+
+    def free(self) -> None:
+        self._order.wait_idle()  # the partials go back to the pool
+        if self._tiles is not None:
+            self._tiles.free()
+        self._kernels = self._tiles = None
+        self._head = self._tail = self._tail_seg = self._group_head = self._bounds = None
 
 
 class _FeaturesExecutor:
@@ -590,7 +717,7 @@ class NvrtcBackend(Backend):
         launch = _Launcher(problem)
         if problem.features != 1:
             return _FeaturesExecutor(problem, launch)
-        return _TileExecutor(problem, launch)
+        return _WarpExecutor(problem, launch)
 
 
 BACKEND = NvrtcBackend()
