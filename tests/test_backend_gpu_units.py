@@ -631,7 +631,7 @@ def nvrtc_executors(monkeypatch):
     """nvrtc's executors replaced by their names: plan() without a GPU."""
     from linred.backends import nvrtc
 
-    for name in ("_FixedExecutor", "_LongExecutor", "_TileExecutor", "_FeaturesExecutor"):
+    for name in ("_FixedExecutor", "_LongExecutor", "_WarpExecutor", "_FeaturesExecutor"):
         monkeypatch.setattr(nvrtc, name, lambda *args, name=name: name)
     monkeypatch.setattr(nvrtc, "_Launcher", lambda problem: None)
     return nvrtc.BACKEND
@@ -645,20 +645,22 @@ def nvrtc_executors(monkeypatch):
         ("float32", 2048, (1, 2048 * 8, 1), None, "_FixedExecutor"),  # fixed_rows: 16 rows
         ("float32", 4096, (1, 4096 * 8, 1), None, "_LongExecutor"),
         ("float32", 3000, (1, 3000 * 8, 1), None, "_LongExecutor"),  # 750 whole vectors
-        ("float32", 1020, (1, 1020 * 8, 1), None, "_TileExecutor"),  # 255 vectors: under one per thread
-        ("float32", 3001, (1, 3001 * 8, 1), None, "_TileExecutor"),  # not whole vectors
+        ("float32", 1020, (1, 1020 * 8, 1), None, "_WarpExecutor"),  # 255 vectors: under one per thread
+        ("float32", 3001, (1, 3001 * 8, 1), None, "_WarpExecutor"),  # not whole vectors
         ("float16", 4096, (1, 4096 * 8, 1), None, "_FixedExecutor"),  # 16 rows of 8 halves
         ("float16", 8192, (1, 8192 * 8, 1), None, "_LongExecutor"),
         ("float64", 1024, (1, 1024 * 8, 1), None, "_FixedExecutor"),
         ("float64", 2048, (1, 2048 * 8, 1), None, "_LongExecutor"),
         ("int8", 512, (1, 512 * 8, 1), None, "_FixedExecutor"),  # fixed_small: 32 vectors of 16
-        ("int8", 1024, (1, 1024 * 8, 1), None, "_TileExecutor"),  # no rows or long kernel for 1 byte
+        ("int8", 1024, (1, 1024 * 8, 1), None, "_WarpExecutor"),  # no rows or long kernel for 1 byte
         ("float32", 4096, (2, 4096 * 8, 1), None, "_LongExecutor"),  # a contiguous batch
-        ("float32", 4096, (2, 4096 * 8, 1), (4096 * 9, 1, 1), "_TileExecutor"),  # rows apart
-        ("float32", 4096, (1, 4096 * 8, 1), (4096 * 8 * 2, 2, 1), "_TileExecutor"),  # strided elements
+        ("float32", 4096, (2, 4096 * 8, 1), (4096 * 9, 1, 1), "_WarpExecutor"),  # rows apart
+        ("float32", 4096, (1, 4096 * 8, 1), (4096 * 8 * 2, 2, 1), "_WarpExecutor"),  # strided elements
         ("float32", 256, (1, 256 * 8, 4), None, "_FeaturesExecutor"),
     ],
 )
+# _WarpExecutor: everything else with one feature column; it runs warp_reduce on aligned,
+# contiguous rows and tile_reduce on the rest (chosen per call, by the data's alignment).
 def test_nvrtc_fixed_kernel_choice(nvrtc_executors, dtype, length, shape, strides, expected):
     assert nvrtc_executors.plan(problem(dtype=dtype, shape=shape, strides=strides, length=length)) == expected
 
