@@ -280,7 +280,7 @@ def _tile_wrapper(problem: Problem, vecload: bool, index_ctype: str, tuning: Tun
     min_blocks = tuning.min_blocks if itemsize(_acc_dtype(problem)) <= 4 else tuning.min_blocks_wide
     return (
         f'extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) '
-        f"linred_tile(const {t}* x, {o}* out, {common}, {a}* head, {a}* tail, long long* ts) {{\n"
+        f"linred_tile(const {t}* x, {o}* out, {common}, {a}* head, {a}* tail, long long* ts, {a}*) {{\n"
         "    extern __shared__ __align__(16) unsigned char smem[];\n"
         f"    {_ARGS}\n"
         f"    tile_reduce<{t}, {a}, {o}, {op}, {mean}, {threads}, {tile}, {k}, {vl}>"
@@ -423,35 +423,85 @@ def _index_ctype(problem: Problem) -> str:
     return "long long" if problem.fixed else _ctype(problem.offsets_dtype)
 
 
-class _TileExecutor:
-    """Any segments (fixed or offsets) with one feature column, any strides: rows cut into
-    tiles, runs of tiles given to blocks, per-block partials joined by the fix-up."""
+class _Runs:
+    """What the executors of ``tile_reduce`` and ``warp_reduce`` share: every row cut into tiles
+    of ``tile`` elements, runs of ``k`` consecutive tiles each reduced by one worker (a block of
+    ``tile_reduce``, a warp of ``warp_reduce``; ``per_block`` workers to a block), the partials of
+    the segments that span runs, for offsets the first segment of every tile or of every run
+    (``bounds_per_run``), and the three launches: bounds, reduction, fix-up."""
 
-    def __init__(self, problem: Problem, launch: _Launcher | None = None) -> None:
+    def __init__(
+        self, problem: Problem, launch: _Launcher, *, tile: int, max_k: int, per_block: int, min_blocks: int,
+        bounds_per_run: bool,
+    ) -> None:  # fmt: skip
         from cuda.core import LaunchConfig
 
         self._problem = problem
         self._tuning = tuning = TUNING
-        self._launch = launch = launch or _Launcher(problem)
+        self._launch = launch
         b, n, _ = problem.in_shape
         threads = tuning.threads
-        self._tiles_per_row = -(-n // tuning.tile)
-        # Tiles per block: as many as keep every SM busy with a few waves of blocks.
-        k = tuning.max_tiles_per_block
-        while k > 1 and b * -(-self._tiles_per_row // k) < 4 * tuning.min_blocks * launch.sms:
+        self._tiles_per_row = -(-n // tile)
+        # Tiles per run: as many as leave a few waves of workers for every SM.
+        k = max_k
+        while k > 1 and b * -(-self._tiles_per_row // k) < 4 * min_blocks * per_block * launch.sms:
             k //= 2
         self._k = k
-        self._blocks_per_row = -(-self._tiles_per_row // k)
-        self._num_blocks = b * self._blocks_per_row
+        self._runs_per_row = -(-self._tiles_per_row // k)
+        self._runs = b * self._runs_per_row
+        self._grid = -(-self._runs // per_block)
         acc = _acc_dtype(problem)
-        self._head = launch.empty(self._num_blocks, acc)
-        self._tail = launch.empty(self._num_blocks, acc)
-        self._tail_seg = launch.empty(self._num_blocks, "int64")
+        self._head = launch.empty(self._runs, acc)
+        self._tail = launch.empty(self._runs, acc)
+        self._tail_seg = launch.empty(self._runs, "int64")
+        # The heads of each block's runs, joined (where a block holds several runs).
+        self._group_head = launch.empty(self._grid, acc) if per_block > 1 else None
         self._order = launch.stream_order()  # the partials (and bounds) serve one stream at a time
-        # Offsets: the first segment of every tile, found once per call by linred_bounds.
-        self._bounds = None if problem.fixed else launch.empty(self._tiles_per_row + 1, "int64")
-        self._bounds_config = LaunchConfig(grid=max(1, -(-(self._tiles_per_row + 1) // threads)), block=threads)
-        self._fixup_config = LaunchConfig(grid=max(1, -(-self._num_blocks // (threads // 32))), block=threads)
+        # Offsets: the first segment of every tile (or run), found once per call by linred_bounds.
+        count = (self._runs_per_row if bounds_per_run else self._tiles_per_row) + 1
+        self._bounds = None if problem.fixed else launch.empty(count, "int64")
+        self._bounds_config = LaunchConfig(grid=max(1, -(-count // threads)), block=threads)
+        self._fixup_config = LaunchConfig(grid=max(1, -(-self._runs // (threads // 32))), block=threads)
+        self._needs_fixup = True
+
+    def _run(self, xp: int, out: Any, segments: Segments, stream: Any, kernels: tuple, config: Any) -> None:
+        """Launch the bounds (for offsets), the reduction ``kernels[0]`` and the fix-up
+        ``kernels[1]``; both take the group heads' pointer (0 without them; tile_reduce ignores it)."""
+        problem, launch = self._problem, self._launch
+        kernel, fixup, bounds_kernel = kernels
+        _, n, _ = problem.in_shape
+        s0, s1, _ = problem.strides
+        offsets = launch.ptr(segments.offsets) if isinstance(segments, VariableSegments) else 0
+        bounds = 0 if self._bounds is None else launch.ptr(self._bounds)
+        common = (offsets, problem.segment_length or 0, n, problem.num_segments, s0, s1, self._tiles_per_row,
+                  self._runs_per_row, self._runs, self._k, bounds)  # fmt: skip
+        group = 0 if self._group_head is None else launch.ptr(self._group_head)
+        partials = (launch.ptr(self._head), launch.ptr(self._tail), launch.ptr(self._tail_seg), group)
+        out_ptr = launch.ptr(out)
+        s = launch.stream(stream)
+        cuda_launch = _cuda_launch()
+        self._order.begin(stream)
+        if self._bounds is not None:
+            cuda_launch(s, self._bounds_config, bounds_kernel, *common)
+        cuda_launch(s, config, kernel, xp, out_ptr, *common, *partials)
+        if self._needs_fixup:
+            cuda_launch(s, self._fixup_config, fixup, out_ptr, *common, *partials)
+        self._order.end(stream)
+
+    def free(self) -> None:
+        self._order.wait_idle()  # the partials go back to the pool
+        self._head = self._tail = self._tail_seg = self._group_head = self._bounds = None
+
+
+class _TileExecutor(_Runs):
+    """Any segments (fixed or offsets) with one feature column, any strides: rows cut into
+    tiles, runs of tiles given to blocks, per-block partials joined by the fix-up."""
+
+    def __init__(self, problem: Problem, launch: _Launcher | None = None) -> None:
+        tuning = TUNING
+        launch = launch or _Launcher(problem)
+        super().__init__(problem, launch, tile=tuning.tile, max_k=tuning.max_tiles_per_block, per_block=1,
+                         min_blocks=tuning.min_blocks, bounds_per_run=False)  # fmt: skip
         L = problem.segment_length
         # Fixed lengths dividing the tile never span two tiles: no partials to combine.
         self._needs_fixup = not (problem.fixed and tuning.tile >= L and tuning.tile % L == 0)
@@ -468,39 +518,23 @@ class _TileExecutor:
         kernels = get_kernels(launch.device, wrapper, ("linred_tile", "linred_fixup", "linred_bounds"))
         shared = _tile_shared_bytes(problem, vecload, tuning)
         launch.allow_shared_memory(kernels[0], shared)
-        config = LaunchConfig(grid=self._num_blocks, block=tuning.threads, shmem_size=shared)
+        config = LaunchConfig(grid=self._grid, block=tuning.threads, shmem_size=shared)
         return kernels, config
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
-        problem, launch = self._problem, self._launch
-        b, n, _ = problem.in_shape
+        problem = self._problem
+        b, _, _ = problem.in_shape
         s0, s1, _ = problem.strides
-        xp = launch.ptr(x)
+        xp = self._launch.ptr(x)
         vecload = s1 == 1 and xp % 16 == 0 and (b == 1 or (s0 * itemsize(problem.dtype)) % 16 == 0)
         compiled = self._kernels.get(vecload)
         if compiled is None:
             compiled = self._kernels[vecload] = self._compile(vecload)
-        (tile, fixup, bounds_kernel), tile_config = compiled
-        offsets = launch.ptr(segments.offsets) if isinstance(segments, VariableSegments) else 0
-        bounds = 0 if self._bounds is None else launch.ptr(self._bounds)
-        common = (offsets, problem.segment_length or 0, n, problem.num_segments, s0, s1, self._tiles_per_row,
-                  self._blocks_per_row, self._num_blocks, self._k, bounds)  # fmt: skip
-        partials = (launch.ptr(self._head), launch.ptr(self._tail), launch.ptr(self._tail_seg))
-        out_ptr = launch.ptr(out)
-        s = launch.stream(stream)
-        cuda_launch = _cuda_launch()
-        self._order.begin(stream)
-        if self._bounds is not None:
-            cuda_launch(s, self._bounds_config, bounds_kernel, *common)
-        cuda_launch(s, tile_config, tile, xp, out_ptr, *common, *partials)
-        if self._needs_fixup:
-            cuda_launch(s, self._fixup_config, fixup, out_ptr, *common, *partials, 0)
-        self._order.end(stream)
+        self._run(xp, out, segments, stream, *compiled)
 
     def free(self) -> None:
-        self._order.wait_idle()  # the partials go back to the pool
+        super().free()
         self._kernels.clear()
-        self._head = self._tail = self._tail_seg = self._bounds = None
 
 
 def _warp_items(problem: Problem) -> int:
@@ -530,47 +564,23 @@ def _warp_wrapper(problem: Problem, index_ctype: str, tuning: Tuning, k: int) ->
     ) + _fixup_and_bounds(problem, index_ctype, threads, 32 * _warp_items(problem), k, threads // 32)
 
 
-class _WarpExecutor:
+class _WarpExecutor(_Runs):
     """Any segments (fixed or offsets) of contiguous, 16-byte aligned rows with one feature
     column: ``warp_reduce``, every warp a run of tiles of its own, partials of segments that
     span runs joined by the fix-up.  Other layouts go to ``tile_reduce``."""
 
     def __init__(self, problem: Problem, launch: _Launcher) -> None:
-        from cuda.core import LaunchConfig
-
-        self._problem = problem
-        self._tuning = tuning = TUNING
-        self._launch = launch
-        self._tiles: _TileExecutor | None = None
-        b, n, _ = problem.in_shape
-        threads, warps = tuning.threads, tuning.threads // 32
+        tuning = TUNING
         wt = 32 * _warp_items(problem)
-        self._tiles_per_row = -(-n // wt)
-        # Tiles per warp: as many as leave a few waves of warps for every SM.
-        k = tuning.max_tiles_per_warp
-        while k > 1 and b * -(-self._tiles_per_row // k) < 4 * tuning.min_blocks_warp * warps * launch.sms:
-            k //= 2
-        self._k = k
-        self._runs_per_row = -(-self._tiles_per_row // k)
-        self._runs = b * self._runs_per_row
-        acc = _acc_dtype(problem)
-        self._head = launch.empty(self._runs, acc)
-        self._tail = launch.empty(self._runs, acc)
-        self._tail_seg = launch.empty(self._runs, "int64")
-        self._grid = -(-self._runs // warps)
-        self._group_head = launch.empty(self._grid, acc)  # the heads of each block's runs, joined
-        self._order = launch.stream_order()  # the partials (and bounds) serve one stream at a time
-        # Offsets: the first segment of every run, found once per call by linred_bounds.
-        self._bounds = None if problem.fixed else launch.empty(self._runs_per_row + 1, "int64")
-        self._bounds_config = LaunchConfig(grid=max(1, -(-(self._runs_per_row + 1) // threads)), block=threads)
-        self._fixup_config = LaunchConfig(grid=max(1, -(-self._runs // warps)), block=threads)
+        super().__init__(problem, launch, tile=wt, max_k=tuning.max_tiles_per_warp, per_block=tuning.threads // 32,
+                         min_blocks=tuning.min_blocks_warp, bounds_per_run=True)  # fmt: skip
         L = problem.segment_length
         # Fixed lengths dividing a run never span two runs: no partials to combine.
-        self._needs_fixup = not (problem.fixed and (wt * k) % L == 0)
-        self._kernels: tuple[Any, Any, Any] | None = None
-        self._config: Any = None
+        self._needs_fixup = not (problem.fixed and (wt * self._k) % L == 0)
+        self._tiles: _TileExecutor | None = None
+        self._compiled: tuple[tuple[Any, Any, Any], Any] | None = None
 
-    def _compile(self) -> None:
+    def _compile(self) -> tuple[tuple[Any, Any, Any], Any]:
         from cuda.core import LaunchConfig
 
         from linred.kernels.compiler import get_kernels
@@ -580,48 +590,30 @@ class _WarpExecutor:
         kernels = get_kernels(launch.device, wrapper, ("linred_warp", "linred_fixup", "linred_bounds"))
         shared = _warp_shared_bytes(problem, tuning)
         launch.allow_shared_memory(kernels[0], shared)
-        self._config = LaunchConfig(grid=self._grid, block=tuning.threads, shmem_size=shared)
-        self._kernels = kernels
+        return kernels, LaunchConfig(grid=self._grid, block=tuning.threads, shmem_size=shared)
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
-        problem, launch = self._problem, self._launch
-        b, n, _ = problem.in_shape
+        problem = self._problem
+        b, _, _ = problem.in_shape
         s0, s1, _ = problem.strides
-        xp = launch.ptr(x)
+        xp = self._launch.ptr(x)
         # Whole 16-byte vectors of every row (and segment indices that fit the int of its
         # per-tile table), else tile_reduce.
         aligned = s1 == 1 and xp % 16 == 0 and (b == 1 or (s0 * itemsize(problem.dtype)) % 16 == 0)
         if not aligned or problem.num_segments >= 2**31:
             if self._tiles is None:
-                self._tiles = _TileExecutor(problem, launch)
+                self._tiles = _TileExecutor(problem, self._launch)
             self._tiles(x, out, segments, stream)
             return
-        if self._kernels is None:
-            self._compile()
-        kernel, fixup, bounds_kernel = self._kernels
-        offsets = launch.ptr(segments.offsets) if isinstance(segments, VariableSegments) else 0
-        bounds = 0 if self._bounds is None else launch.ptr(self._bounds)
-        common = (offsets, problem.segment_length or 0, n, problem.num_segments, s0, s1, self._tiles_per_row,
-                  self._runs_per_row, self._runs, self._k, bounds)  # fmt: skip
-        partials = (launch.ptr(self._head), launch.ptr(self._tail), launch.ptr(self._tail_seg),
-                    launch.ptr(self._group_head))  # fmt: skip
-        out_ptr = launch.ptr(out)
-        s = launch.stream(stream)
-        cuda_launch = _cuda_launch()
-        self._order.begin(stream)
-        if self._bounds is not None:
-            cuda_launch(s, self._bounds_config, bounds_kernel, *common)
-        cuda_launch(s, self._config, kernel, xp, out_ptr, *common, *partials)
-        if self._needs_fixup:
-            cuda_launch(s, self._fixup_config, fixup, out_ptr, *common, *partials)
-        self._order.end(stream)
+        if self._compiled is None:
+            self._compiled = self._compile()
+        self._run(xp, out, segments, stream, *self._compiled)
 
     def free(self) -> None:
-        self._order.wait_idle()  # the partials go back to the pool
+        super().free()
         if self._tiles is not None:
             self._tiles.free()
-        self._kernels = self._tiles = None
-        self._head = self._tail = self._tail_seg = self._group_head = self._bounds = None
+        self._compiled = self._tiles = None
 
 
 class _FeaturesExecutor:

@@ -194,22 +194,20 @@ class _Runner:
         try:
             self.data.sync(lib)
             try:
-                try:
-                    fn = method.make(inp)
-                    res.note = getattr(fn, "note", "")
-                    out = fn()
-                    self.data.sync(lib)
-                except Exception as e:
-                    if not is_out_of_memory(e):
-                        raise
-                    # The pools of the methods before hold memory this one's library cannot
-                    # use: return it to the driver and try once more.
-                    fn = out = None
-                    self.data.release()
-                    fn = method.make(inp)
-                    res.note = getattr(fn, "note", "")
-                    out = fn()
-                    self.data.sync(lib)
+                for retry in (False, True):
+                    try:
+                        fn = method.make(inp)
+                        res.note = getattr(fn, "note", "")
+                        out = fn()
+                        self.data.sync(lib)
+                        break
+                    except Exception as e:
+                        if retry or not is_out_of_memory(e):
+                            raise
+                        # The pools of the methods before hold memory this one's library
+                        # cannot use: return it to the driver and try once more.
+                        fn = out = None
+                        self.data.release()
             except Skip as e:
                 res.status, res.note = "skipped", str(e)
                 return res, None

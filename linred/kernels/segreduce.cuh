@@ -329,6 +329,38 @@ __device__ __forceinline__ void fixed_long(const T* __restrict__ x, O* __restric
     }
 }
 
+// The combination of a thread's N vectors of elements held in registers.
+template <class A, class O, class OP, int N, class V>
+__device__ __forceinline__ A combine_registers(const V (&vbuf)[N]) {
+    A acc = OP::template identity<O, A>();
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+#pragma unroll
+        for (int i = 0; i < (int)(sizeof(vbuf[k].v) / sizeof(vbuf[k].v[0])); ++i)
+            acc = OP::combine(acc, to_acc<A>(vbuf[k].v[i]));
+    }
+    return acc;
+}
+
+// The branch-free pass over a thread's ITEMS consecutive elements in registers (vectors
+// of VEC), with the segment starts among them marked in mask (bit i: element i): the
+// piece that ends just before each mark i is stored at mine[i + (i / 16) * PAD] (the
+// padded position, relative to the thread's first element, which begins a run of 16
+// or lies in one with all of its ITEMS elements), and the piece open at the end is
+// returned.  A select per element: no lane waits on another's branch.
+template <class A, class O, class OP, int ITEMS, int VEC, int PAD, class V, int N>
+__device__ __forceinline__ A marked_pieces(const V (&vbuf)[N], unsigned mask, A* mine) {
+    A acc = OP::template identity<O, A>();
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const A v = to_acc<A>(vbuf[i / VEC].v[i % VEC]);
+        const bool start = (mask >> i) & 1u;
+        if (start) mine[i + (i >> 4) * PAD] = acc;
+        acc = start ? v : OP::combine(acc, v);
+    }
+    return acc;
+}
+
 // ---- tile_reduce ---------------------------------------------------------------
 // Segment boundaries: offsets[s] from an array, or s * L for a fixed length.
 template <class I> struct ArrayOffsets {
@@ -385,6 +417,24 @@ struct TileArgs {
 // The open segment a block carries from one of its tiles to the next.
 enum { CARRY_NONE = 0, CARRY_FROM_BEFORE = 1, CARRY_OWN = 2 };
 
+// Inclusive scan over a warp's lanes keyed by the position of each lane's last segment
+// start (-1 when it has none): a lane with a start begins a new segment.  On return
+// value is the segment open at the lane's end since its start (or since lane 0), key
+// the position of that start (or -1).
+template <class A, class OP>
+__device__ __forceinline__ void warp_keyed_scan(A& value, int& key) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+        const A v_up = __shfl_up_sync(0xffffffffu, value, d);
+        const int k_up = __shfl_up_sync(0xffffffffu, key, d);
+        if (lane >= d) {
+            if (key < 0) value = OP::combine(v_up, value);
+            key = max(key, k_up);
+        }
+    }
+}
+
 // Segmented scan over the block's threads keyed by the position of each thread's
 // last segment start (-1 when it has none): a thread with a start begins a new
 // segment.  Returns the thread's inclusive value (the segment open at its end)
@@ -397,15 +447,7 @@ __device__ __forceinline__ A block_keyed_scan(int key, A value, A identity, A* e
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int k = key;
     A v = value;
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-        const A v_up = __shfl_up_sync(0xffffffffu, v, d);
-        const int k_up = __shfl_up_sync(0xffffffffu, k, d);
-        if (lane >= d) {
-            if (k < 0) v = OP::combine(v_up, v);
-            k = max(k, k_up);
-        }
-    }
+    warp_keyed_scan<A, OP>(v, k);
     if (lane == 31) {
         warp_val[warp] = v;
         warp_key[warp] = k;
@@ -642,12 +684,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
 
         if (whole) {
             // Inside one segment: the threads' sums join.
-            A acc = OP::template identity<O, A>();
-#pragma unroll
-            for (int k = 0; k < NV; ++k) {
-#pragma unroll
-                for (int i = 0; i < VEC; ++i) acc = OP::combine(acc, to_acc<A>(vbuf[k].v[i]));
-            }
+            A acc = combine_registers<A, O, OP>(vbuf);
             if (j + 1 < j1) fetch(j + 1);  // the registers are free again
             // red's last use, in the previous tile, is behind the end-of-tile barrier.
             acc = block_combine<A, OP, THREADS, false>(acc, OP::template identity<O, A>(), red);
@@ -680,20 +717,10 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
             const int r0 = tid * ITEMS;
             unsigned mask = marks[parity][r0 >> 5];
             if (ITEMS < 32) mask = (mask >> (r0 & 31)) & ((1u << (ITEMS & 31)) - 1u);
-            A acc = identity;
-            // r0 is a multiple of 16 when ITEMS is, so the padding of r0 + i is known
-            // from i alone: one address for all the thread's stores.
-            A* const mine = sh + at(r0);
-#pragma unroll
-            for (int i = 0; i < ITEMS; ++i) {
-                const A v = to_acc<A>(vbuf[i / VEC].v[i % VEC]);
-                const bool start = (mask >> i) & 1u;
-                if (start) {
-                    if (ITEMS % 16 == 0) mine[i + (i >> 4) * PAD] = acc;
-                    else sh[at(r0 + i)] = acc;
-                }
-                acc = start ? v : OP::combine(acc, v);
-            }
+            // ITEMS divides 32, so r0 begins a run of 16 elements or lies in one with all
+            // of the thread's: the padding of r0 + i is known from i alone, one address for
+            // all the thread's stores.
+            A acc = marked_pieces<A, O, OP, ITEMS, VEC, PAD>(vbuf, mask, sh + at(r0));
             if (j + 1 < j1) fetch(j + 1);  // the registers are free again
             A before;
             int before_key, total_key;
@@ -956,12 +983,7 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
 
         if (owned == 0 && count == WT) {
             // Inside one segment: the lanes' sums join the carried one.
-            A acc = identity;
-#pragma unroll
-            for (int k = 0; k < NVL; ++k) {
-#pragma unroll
-                for (int i = 0; i < VEC; ++i) acc = OP::combine(acc, to_acc<A>(vbuf[k].v[i]));
-            }
+            A acc = combine_registers<A, O, OP>(vbuf);
             if (j + 1 < j1) fetch(j + 1);  // the registers are free again
 #pragma unroll
             for (int o = 16; o > 0; o /= 2) acc = OP::combine(acc, shfl_xor(acc, o));
@@ -970,27 +992,12 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
         } else {
             unsigned mask = marks[r0 >> 5];
             if (ITEMS < 32) mask = (mask >> (r0 & 31)) & ((1u << (ITEMS & 31)) - 1u);
-            A acc = identity;
-#pragma unroll
-            for (int i = 0; i < ITEMS; ++i) {
-                const A v = to_acc<A>(vbuf[i / VEC].v[i % VEC]);
-                const bool start = (mask >> i) & 1u;
-                if (start) mine[i + (i >> 4) * PAD] = acc;  // the piece ending before the mark
-                acc = start ? v : OP::combine(acc, v);
-            }
+            A acc = marked_pieces<A, O, OP, ITEMS, VEC, PAD>(vbuf, mask, mine);
             if (j + 1 < j1) fetch(j + 1);  // the registers are free again
             // Inclusive scan keyed by each lane's last mark: the value of the segment open
             // at the lane's end since its start in the tile (key >= 0) or since t0 (key -1).
             int key = mask ? r0 + 31 - __clz(mask) : -1;
-#pragma unroll
-            for (int d = 1; d < 32; d *= 2) {
-                const A v_up = __shfl_up_sync(0xffffffffu, acc, d);
-                const int k_up = __shfl_up_sync(0xffffffffu, key, d);
-                if (lane >= d) {
-                    if (key < 0) acc = OP::combine(v_up, acc);
-                    key = max(key, k_up);
-                }
-            }
+            warp_keyed_scan<A, OP>(acc, key);
             A before = __shfl_up_sync(0xffffffffu, acc, 1);
             int before_key = __shfl_up_sync(0xffffffffu, key, 1);
             if (lane == 0) {
