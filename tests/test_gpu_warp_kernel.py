@@ -3,9 +3,12 @@ by offsets, or by a fixed length that is not a power of two), against float64 Nu
 
 The layouts aim at its parts: a tile's offsets read 64 at a time (dense and empty
 segments, many batches per tile), the segment open at a tile's end carried to the next
-one, a segment spanning thousands of warps' runs (joined by the fix-up through the
-per-block group sums), the ragged last tile of a row and the empty segments at its end,
-rows of a batch, and unaligned data, which goes to ``tile_reduce``.
+one, tiles with no segment start (whose offsets are not read), a segment spanning
+thousands of warps' runs (joined by the fix-up through the per-block group sums),
+segments spanning a few runs (joined by one thread of the fix-up, or by a warp past
+four), segments starting exactly where warps' runs start (each warp's search for its
+first segment), the ragged last tile of a row and the empty segments at its end, rows of
+a batch, and unaligned data, which goes to ``tile_reduce``.
 """
 
 from __future__ import annotations
@@ -32,12 +35,23 @@ def _offsets(layout: str, rng: np.random.Generator) -> np.ndarray:
         lengths = np.concatenate([rng.integers(0, 20, 3000), [1 << 21], rng.integers(0, 20, 3000), [0, 0, 0]])
     elif layout == "long segments, ragged end":  # tiles inside segments, a ragged last tile
         lengths = np.concatenate([rng.integers(500, 5000, 300), [7]])
+    elif layout == "segments over a few runs":  # 6M elements, runs of one tile: spans of 0-40 runs
+        lengths = rng.integers(1, 40 * 512, 600)
+    elif layout == "boundaries on tiles":  # every segment (and the empty ones) starts at a tile's start
+        lengths = 512 * rng.integers(0, 4, 2000)
     else:
         raise AssertionError(layout)
     return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
 
 
-LAYOUTS = ["dense with empties", "many empties in one tile", "one segment over many runs", "long segments, ragged end"]
+LAYOUTS = [
+    "dense with empties",
+    "many empties in one tile",
+    "one segment over many runs",
+    "long segments, ragged end",
+    "segments over a few runs",
+    "boundaries on tiles",
+]
 KINDS = [
     ("float32", "sum"),
     ("float32", "mean"),

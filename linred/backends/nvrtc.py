@@ -16,6 +16,12 @@ kernels (``linred/kernels/segreduce.cuh``):
   which keeps small calls cheap; ``fixed_long`` for longer fixed lengths of
   whole vectors: blocks reduce chunks of up to 4096 vectors and the last block
   of each segment adds the partials in order (one launch, deterministic);
+- ``warp_reduce`` + ``tile_fixup`` for offsets, and fixed lengths that are not powers
+  of two, on 16-byte aligned contiguous rows: every warp reduces a run of tiles of
+  512 elements on its own (no block barriers), finding its first segment with a
+  32-way search, marking the segment starts of a tile in a bitmask and joining the
+  pieces that cross lanes with a keyed warp scan; segments that span runs are
+  completed from per-run partials in a fixed order;
 - ``tile_reduce`` + ``tile_fixup`` for everything else with one feature column:
   tiles of 4096 elements, every segment in a tile reduced by a group of lanes
   sized to the tile's segment count (or, where a tile holds many segments, every
@@ -256,19 +262,24 @@ def _offsets(problem: Problem, index_ctype: str) -> str:
     return "FixedOffsets{L}" if problem.fixed else f"ArrayOffsets<{index_ctype}>{{offsets}}"
 
 
-def _fixup_and_bounds(problem: Problem, index_ctype: str, threads: int, tile: int, run: int = 1, group: int = 1) -> str:
-    """The fix-up of segments that span runs of ``run`` tiles of ``tile`` elements (with the
-    heads of ``group`` consecutive runs also joined, when ``group`` > 1), and the kernel that
-    finds the first segment of every run (one thread per run; ``bpr`` runs per row)."""
+def _fixup(problem: Problem, index_ctype: str, threads: int, tile: int, group: int = 1) -> str:
+    """The fix-up of segments that span runs of tiles of ``tile`` elements (with the heads of
+    ``group`` consecutive runs also joined, when ``group`` > 1): one thread per run."""
     t, o, a, op, mean = _kernel_types(problem)
     common, offsets = _COMMON.format(i=index_ctype), _offsets(problem, index_ctype)
-    count = "tpr" if run == 1 else "bpr"
     return (
         f'extern "C" __global__ void __launch_bounds__({threads}) linred_fixup({o}* out, {common}, '
         f"const {a}* head, const {a}* tail, const long long* ts, const {a}* gh) {{\n    {_ARGS}\n"
         f"    tile_fixup<{t}, {a}, {o}, {op}, {mean}, {tile}, {group}>(out, {offsets}, a, head, tail, ts, gh);\n}}\n"
+    )
+
+
+def _bounds(problem: Problem, index_ctype: str, threads: int, tile: int) -> str:
+    """The first segment of every tile of ``tile`` elements (one thread per tile)."""
+    common, offsets = _COMMON.format(i=index_ctype), _offsets(problem, index_ctype)
+    return (
         f'extern "C" __global__ void __launch_bounds__({threads}) linred_bounds({common}) {{\n'
-        f"    tile_bounds<{tile * run}>({offsets}, m, n, {count}, const_cast<long long*>(bounds));\n}}\n"
+        f"    tile_bounds<{tile}>({offsets}, m, n, tpr, const_cast<long long*>(bounds));\n}}\n"
     )
 
 
@@ -279,13 +290,17 @@ def _tile_wrapper(problem: Problem, vecload: bool, index_ctype: str, tuning: Tun
     vl = "true" if vecload else "false"
     min_blocks = tuning.min_blocks if itemsize(_acc_dtype(problem)) <= 4 else tuning.min_blocks_wide
     return (
-        f'extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) '
-        f"linred_tile(const {t}* x, {o}* out, {common}, {a}* head, {a}* tail, long long* ts, {a}*) {{\n"
-        "    extern __shared__ __align__(16) unsigned char smem[];\n"
-        f"    {_ARGS}\n"
-        f"    tile_reduce<{t}, {a}, {o}, {op}, {mean}, {threads}, {tile}, {k}, {vl}>"
-        f"(x, out, {offsets}, a, bounds, head, tail, ts, smem);\n}}\n"
-    ) + _fixup_and_bounds(problem, index_ctype, threads, tile)
+        (
+            f'extern "C" __global__ void __launch_bounds__({threads}, {min_blocks}) '
+            f"linred_tile(const {t}* x, {o}* out, {common}, {a}* head, {a}* tail, long long* ts, {a}*) {{\n"
+            "    extern __shared__ __align__(16) unsigned char smem[];\n"
+            f"    {_ARGS}\n"
+            f"    tile_reduce<{t}, {a}, {o}, {op}, {mean}, {threads}, {tile}, {k}, {vl}>"
+            f"(x, out, {offsets}, a, bounds, head, tail, ts, smem);\n}}\n"
+        )
+        + _fixup(problem, index_ctype, threads, tile)
+        + _bounds(problem, index_ctype, threads, tile)
+    )
 
 
 def _tile_shared_bytes(problem: Problem, vecload: bool, tuning: Tuning) -> int:
@@ -428,11 +443,12 @@ class _Runs:
     of ``tile`` elements, runs of ``k`` consecutive tiles each reduced by one worker (a block of
     ``tile_reduce``, a warp of ``warp_reduce``; ``per_block`` workers to a block), the partials of
     the segments that span runs, for offsets the first segment of every tile or of every run
-    (``bounds_per_run``), and the three launches: bounds, reduction, fix-up."""
+    (``bounds``: ``tile_reduce`` reads the first segment of every tile, ``warp_reduce``'s warps
+    search for their own), and the launches: bounds, reduction, fix-up."""
 
     def __init__(
         self, problem: Problem, launch: _Launcher, *, tile: int, max_k: int, per_block: int, min_blocks: int,
-        bounds_per_run: bool,
+        bounds: bool,
     ) -> None:  # fmt: skip
         from cuda.core import LaunchConfig
 
@@ -457,11 +473,11 @@ class _Runs:
         # The heads of each block's runs, joined (where a block holds several runs).
         self._group_head = launch.empty(self._grid, acc) if per_block > 1 else None
         self._order = launch.stream_order()  # the partials (and bounds) serve one stream at a time
-        # Offsets: the first segment of every tile (or run), found once per call by linred_bounds.
-        count = (self._runs_per_row if bounds_per_run else self._tiles_per_row) + 1
-        self._bounds = None if problem.fixed else launch.empty(count, "int64")
+        # Offsets: the first segment of every tile, found once per call by linred_bounds.
+        count = self._tiles_per_row + 1
+        self._bounds = launch.empty(count, "int64") if bounds and not problem.fixed else None
         self._bounds_config = LaunchConfig(grid=max(1, -(-count // threads)), block=threads)
-        self._fixup_config = LaunchConfig(grid=max(1, -(-self._runs // (threads // 32))), block=threads)
+        self._fixup_config = LaunchConfig(grid=max(1, -(-self._runs // threads)), block=threads)
         self._needs_fixup = True
 
     def _run(self, xp: int, out: Any, segments: Segments, stream: Any, kernels: tuple, config: Any) -> None:
@@ -501,7 +517,7 @@ class _TileExecutor(_Runs):
         tuning = TUNING
         launch = launch or _Launcher(problem)
         super().__init__(problem, launch, tile=tuning.tile, max_k=tuning.max_tiles_per_block, per_block=1,
-                         min_blocks=tuning.min_blocks, bounds_per_run=False)  # fmt: skip
+                         min_blocks=tuning.min_blocks, bounds=True)  # fmt: skip
         L = problem.segment_length
         # Fixed lengths dividing the tile never span two tiles: no partials to combine.
         self._needs_fixup = not (problem.fixed and tuning.tile >= L and tuning.tile % L == 0)
@@ -547,7 +563,7 @@ def _warp_shared_bytes(problem: Problem, tuning: Tuning) -> int:
     acc = itemsize(_acc_dtype(problem))
     wt = 32 * _warp_items(problem)
     pieces = -(-(wt + wt // 16 * max(1, 16 // acc)) * acc // 16) * 16
-    return tuning.threads // 32 * (pieces + wt * 4 + -(-wt // 32) * 4)
+    return tuning.threads // 32 * (pieces + wt * 4 + -(-wt // 32) * 4 + 32)  # 32: WarpState
 
 
 def _warp_wrapper(problem: Problem, index_ctype: str, tuning: Tuning, k: int) -> str:
@@ -561,7 +577,7 @@ def _warp_wrapper(problem: Problem, index_ctype: str, tuning: Tuning, k: int) ->
         f"    {_ARGS}\n"
         f"    warp_reduce<{t}, {a}, {o}, {op}, {mean}, {threads}, {k}>"
         f"(x, out, {offsets}, a, bounds, head, tail, ts, gh, smem);\n}}\n"
-    ) + _fixup_and_bounds(problem, index_ctype, threads, 32 * _warp_items(problem), k, threads // 32)
+    ) + _fixup(problem, index_ctype, threads, 32 * _warp_items(problem), threads // 32)
 
 
 class _WarpExecutor(_Runs):
@@ -573,7 +589,7 @@ class _WarpExecutor(_Runs):
         tuning = TUNING
         wt = 32 * _warp_items(problem)
         super().__init__(problem, launch, tile=wt, max_k=tuning.max_tiles_per_warp, per_block=tuning.threads // 32,
-                         min_blocks=tuning.min_blocks_warp, bounds_per_run=True)  # fmt: skip
+                         min_blocks=tuning.min_blocks_warp, bounds=False)  # fmt: skip
         L = problem.segment_length
         # Fixed lengths dividing a run never span two runs: no partials to combine.
         self._needs_fixup = not (problem.fixed and (wt * self._k) % L == 0)
@@ -587,10 +603,10 @@ class _WarpExecutor(_Runs):
 
         problem, launch, tuning = self._problem, self._launch, self._tuning
         wrapper = _warp_wrapper(problem, _index_ctype(problem), tuning, self._k)
-        kernels = get_kernels(launch.device, wrapper, ("linred_warp", "linred_fixup", "linred_bounds"))
+        warp, fixup = get_kernels(launch.device, wrapper, ("linred_warp", "linred_fixup"))
         shared = _warp_shared_bytes(problem, tuning)
-        launch.allow_shared_memory(kernels[0], shared)
-        return kernels, LaunchConfig(grid=self._grid, block=tuning.threads, shmem_size=shared)
+        launch.allow_shared_memory(warp, shared)
+        return (warp, fixup, None), LaunchConfig(grid=self._grid, block=tuning.threads, shmem_size=shared)
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
         problem = self._problem

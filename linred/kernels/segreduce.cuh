@@ -17,10 +17,11 @@
 //    to the next; one still open at the end of the block leaves a partial.
 //  - features_reduce: segments of rows of several feature columns, one thread
 //    per segment and group of consecutive features.
-//  - tile_bounds: for offsets, the first segment of every tile (binary search).
-//  - tile_fixup: one warp per block whose last segment continues into later
-//    blocks sums that segment's partials in a fixed order (deterministic) and
-//    writes the result.
+//  - tile_bounds: for offsets, the first segment of every tile of tile_reduce
+//    (a binary search per tile; warp_reduce's warps search for their own).
+//  - tile_fixup: one thread per block (or run) whose last segment continues
+//    into later ones sums that segment's partials in a fixed order
+//    (deterministic) and writes the result.
 //
 // Self-contained: NVRTC needs no headers (half and bfloat16 conversions use PTX).
 
@@ -387,6 +388,28 @@ template <class Off> __device__ __forceinline__ i64 segment_at_or_after(const Of
 __device__ __forceinline__ i64 segment_at_or_after(const FixedOffsets& off, const i64*, i64, i64 m, i64 v) {
     const i64 s = (v + off.L - 1) / off.L;
     return s < m ? s : m;
+}
+
+// The same for warp_reduce, found by the warp itself: a 32-way search over [0, m]
+// (each step the lanes probe 32 evenly spaced offsets and a ballot narrows the range
+// 32 times; 5 steps for 16 million segments, their loads mostly L2 hits shared with
+// the neighbouring runs), in place of a binary search 24 loads deep.
+template <class Off> __device__ __forceinline__ i64 warp_segment_at_or_after(const Off& off, i64 m, i64 v, int lane) {
+    i64 lo = 0, hi = m;  // the answer lies in [lo, hi]; off(hi) >= v
+    while (hi > lo) {
+        const i64 step = (hi - lo + 31) >> 5;
+        const i64 q = lo + lane * step;
+        const unsigned below = __ballot_sync(0xffffffffu, q < hi && off(q) < v);
+        const int c = __popc(below);  // probes 0 .. c - 1 lie below v, the others (or hi) at or past it
+        if (c == 0) break;
+        const i64 next = lo + (i64)c * step;
+        lo += (i64)(c - 1) * step + 1;
+        hi = min(next, hi);
+    }
+    return lo;
+}
+__device__ __forceinline__ i64 warp_segment_at_or_after(const FixedOffsets& off, i64 m, i64 v, int) {
+    return segment_at_or_after(off, nullptr, 0, m, v);
 }
 
 // bounds[j] = the first s in [0, m] with off(s) >= min(j * TILE, n), for j in [0, tiles_per_row].
@@ -870,7 +893,9 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
 // segment open at a tile's end is carried in registers to the next tile and is
 // finished there, at the next tile's first mark; one still open at the end of
 // the warp's run leaves a partial for tile_fixup, as tile_reduce's blocks do.
-// A tile with no segment start is summed from registers and a warp reduction.
+// A tile with no segment start is summed from registers and a warp reduction; the
+// tile before it knows (where the next segment starts), so its offsets are not read.
+// Each warp finds its run's first segment itself (warp_segment_at_or_after).
 template <class T, class A> struct WarpShared {
     static const int VEC = VecOf<T>::N;
     static const int ITEMS = VEC > (sizeof(A) == 8 ? 8 : 16) ? VEC : (sizeof(A) == 8 ? 8 : 16);
@@ -881,7 +906,15 @@ template <class T, class A> struct WarpShared {
     static const int PIECE_BYTES = ((WT + WT / 16 * PAD) * (int)sizeof(A) + 15) / 16 * 16;
     static const int SEG_BYTES = WT * (int)sizeof(int);
     static const int MARK_WORDS = (WT + 31) / 32;
-    static const int WARP_BYTES = PIECE_BYTES + SEG_BYTES + MARK_WORDS * 4;
+    // Values that live from tile to tile but are seldom read, kept here rather than in
+    // registers (the kernel is at its register limit): see WarpState.
+    static const int STATE_BYTES = 32;
+    static const int WARP_BYTES = PIECE_BYTES + SEG_BYTES + MARK_WORDS * 4 + STATE_BYTES;
+};
+struct WarpState {
+    i64 carry_s;      // the segment carried in registers, when it began in this warp's tiles
+    i64 carry_begin;  // and its first element
+    i64 next_begin;   // where the first segment not yet owned starts (-1: not known)
 };
 
 template <class T, class A, class O, class OP, bool MEAN, int THREADS, int K, class Off>
@@ -902,6 +935,7 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
     A* const sh = reinterpret_cast<A*>(mem);
     int* const seg_at = reinterpret_cast<int*>(mem + S::PIECE_BYTES);  // owned segment starting at a mark
     unsigned* const marks = reinterpret_cast<unsigned*>(mem + S::PIECE_BYTES + S::SEG_BYTES);
+    WarpState* const st = reinterpret_cast<WarpState*>(mem + S::PIECE_BYTES + S::SEG_BYTES + S::MARK_WORDS * 4);
     auto at = [](int e) { return e + (e >> 4) * PAD; };  // padded position of element e
 
     const i64 row = c / a.blocks_per_row;
@@ -938,49 +972,57 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
     // this warp's tiles (its part goes to head[c]), or one of its own (index, start).
     int mode = CARRY_NONE;
     A carry = identity;
-    i64 carry_s = -1, carry_begin = 0;
-    i64 s_first = active ? segment_at_or_after(off, bounds, cj, a.m, j0 * (i64)WT) : 0;  // first segment at or after t0
+    i64 s_first = active ? warp_segment_at_or_after(off, a.m, j0 * (i64)WT, lane) : 0;  // first segment at or after t0
+    if (lane == 0) st->next_begin = -1;
+    __syncwarp();
     for (i64 j = j0; j < j1; ++j) {
         const i64 t0 = j * (i64)WT;
         const i64 t1 = min(t0 + (i64)WT, a.n);
         const int count = (int)(t1 - t0);
         const bool last = t1 == a.n;  // the row's last tile also owns the empty segments at n
-        if (lane < S::MARK_WORDS) marks[lane] = 0;
-        __syncwarp();
-        // The segments starting in the tile: 64 at a time, until one falls past it.
+        // No segment starts in the tile when the one after the previous tile's segments
+        // starts past it: its offsets are not read at all.
+        const bool skip = !last && st->next_begin >= t1;
         i64 owned = 0;
-        for (;;) {
-            unsigned ball[WB];
+        if (!skip) {
+            if (lane < S::MARK_WORDS) marks[lane] = 0;
+            __syncwarp();
+            // The segments starting in the tile, 64 at a time until one falls past it (where
+            // that one starts is kept in next_begin).
+            for (;;) {
+                unsigned ball[WB];
+                int got = 0;
 #pragma unroll
-            for (int u = 0; u < WB; ++u) {
-                const i64 k = owned + u * 32 + lane, s = s_first + k;
-                i64 begin = a.n, end = a.n;
-                if (s < a.m) {
-                    begin = off(s);
-                    end = off(s + 1);
-                }
-                const bool in = s < a.m && (last || begin < t1);
-                ball[u] = __ballot_sync(0xffffffffu, in);
-                if (in) {
-                    const int v = (int)(begin - t0);
-                    if (end > begin) {
-                        atomicOr(&marks[v >> 5], 1u << (v & 31));
-                        seg_at[v] = (int)k;
-                    } else {
-                        outr[s] = finish<O, MEAN>(identity, 0);
+                for (int u = 0; u < WB; ++u) {
+                    const i64 k = owned + u * 32 + lane, s = s_first + k;
+                    i64 begin = a.n, end = a.n;
+                    if (s < a.m) {
+                        begin = off(s);
+                        end = off(s + 1);
                     }
+                    const bool in = s < a.m && (last || begin < t1);
+                    ball[u] = __ballot_sync(0xffffffffu, in);
+                    if (got == 32 * u && lane == __ffs(~ball[u]) - 1) st->next_begin = begin;  // the first one out
+                    if (in) {
+                        const int v = (int)(begin - t0);
+                        if (end > begin) {
+                            atomicOr(&marks[v >> 5], 1u << (v & 31));
+                            seg_at[v] = (int)k;
+                        } else {
+                            outr[s] = finish<O, MEAN>(identity, 0);
+                        }
+                    }
+                    got += __popc(ball[u]);
                 }
+                owned += got;
+                if (got < 32 * WB) break;
             }
-#pragma unroll
-            for (int u = 0; u < WB; ++u) owned += __popc(ball[u]);
-            if (ball[WB - 1] != 0xffffffffu) break;
+            // The next tile's offsets, into L2: as many as this tile had.
+            if (!last) off.prefetch(s_first + owned, lane, owned);
+            // Past the end of a ragged tile: a mark, so that what lies there joins no segment.
+            if (count < WT && lane == 0) atomicOr(&marks[count >> 5], 1u << (count & 31));
+            __syncwarp();
         }
-        // The next tile's offsets, into L2: as many as this tile had.
-        if (!last) off.prefetch(s_first + owned, lane, owned);
-        // Past the end of a ragged tile: a mark, so that what lies there joins no segment.
-        if (count < WT && lane == 0) atomicOr(&marks[count >> 5], 1u << (count & 31));
-        __syncwarp();
-
         if (owned == 0 && count == WT) {
             // Inside one segment: the lanes' sums join the carried one.
             A acc = combine_registers<A, O, OP>(vbuf);
@@ -1015,7 +1057,7 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
                 if (before_key >= 0) {
                     outr[s_first + seg_at[before_key]] = finish<O, MEAN>(first, p - before_key);
                 } else if (mode == CARRY_OWN) {
-                    outr[carry_s] = finish<O, MEAN>(OP::combine(carry, first), t0 + p - carry_begin);
+                    outr[st->carry_s] = finish<O, MEAN>(OP::combine(carry, first), t0 + p - st->carry_begin);
                 } else if (mode == CARRY_FROM_BEFORE || p > 0) {  // it began before this warp's tiles
                     head[c] = OP::combine(carry, first);
                 }
@@ -1028,8 +1070,11 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
             if (total_key >= 0) {  // the segment open at the tile's end began in it
                 mode = CARRY_OWN;
                 carry = total;
-                carry_s = s_first + seg_at[total_key];
-                carry_begin = t0 + total_key;
+                __syncwarp();  // the carried segment's state was read
+                if (lane == 0) {
+                    st->carry_s = s_first + seg_at[total_key];
+                    st->carry_begin = t0 + total_key;
+                }
             } else {
                 carry = OP::combine(carry, total);
                 if (mode == CARRY_NONE) mode = CARRY_FROM_BEFORE;
@@ -1039,7 +1084,7 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
             // A ragged tile's mark at count finished the row's last segment; a full one
             // leaves it open here, at n.
             if (count == WT && lane == 0) {
-                if (mode == CARRY_OWN) outr[carry_s] = finish<O, MEAN>(carry, a.n - carry_begin);
+                if (mode == CARRY_OWN) outr[st->carry_s] = finish<O, MEAN>(carry, a.n - st->carry_begin);
                 else if (mode == CARRY_FROM_BEFORE) head[c] = carry;
             }
             mode = CARRY_NONE;
@@ -1052,7 +1097,7 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
         if (active) {
             if (mode == CARRY_OWN) tail[c] = carry;
             else if (mode == CARRY_FROM_BEFORE) head[c] = carry;
-            tail_seg[c] = mode == CARRY_OWN ? carry_s : -1;
+            tail_seg[c] = mode == CARRY_OWN ? st->carry_s : -1;
         }
         run_head[warp] = carry;  // the run's sum where it lies inside one segment
     }
@@ -1149,39 +1194,59 @@ __device__ __forceinline__ A warp_range(const A* __restrict__ h, i64 lo, i64 hi,
     return OP::combine(OP::combine(acc0, acc1), OP::combine(acc2, acc3));
 }
 
-// One warp per block: a segment that continues past block b is completed from
-// the head pieces of the blocks it covers, summed in a fixed order (deterministic).
-// With G > 1, group_head[g] holds the sum of head[g * G .. g * G + G - 1], valid
-// where those blocks lie inside one segment, which is where it is read: a segment
-// spanning thousands of blocks reads G times fewer partials.
+// One thread per run b (a block of tile_reduce, a warp's run of warp_reduce) whose
+// last segment continues into later runs: it is completed from the head pieces of
+// the runs it covers, summed in a fixed order (deterministic).  A thread adds up to
+// SHORT heads itself, with their loads in flight together; longer spans are taken
+// by the whole warp, one at a time.  With G > 1, group_head[g] holds the sum of
+// head[g * G .. g * G + G - 1], valid where those runs lie inside one segment,
+// which is where it is read: a segment spanning thousands of runs reads G times
+// fewer partials.
 template <class T, class A, class O, class OP, bool MEAN, int TILE, int G, class Off>
 __device__ __forceinline__ void tile_fixup(O* __restrict__ out, Off off, TileArgs a, const A* __restrict__ head,
                                            const A* __restrict__ tail, const i64* __restrict__ tail_seg,
                                            const A* __restrict__ group_head) {
+    constexpr int SHORT = 4;
     const int lane = threadIdx.x & 31;
-    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
-    for (i64 b = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); b < a.num_blocks; b += warps) {
-        const i64 s = tail_seg[b];
-        if (s < 0) continue;  // uniform across the warp
+    const i64 b = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    const A identity = OP::template identity<O, A>();
+    const i64 s = b < a.num_blocks ? tail_seg[b] : -1;
+    i64 lo = 0, hi = 0, len = 0, at = 0;
+    A acc = identity;
+    if (s >= 0) {
         const i64 row = b / a.blocks_per_row;
         const i64 bj = b - row * a.blocks_per_row;
         const i64 begin = off(s), end = off(s + 1);
-        const i64 last = (end - 1) / ((i64)TILE * a.tiles_per_block);  // the block holding the segment's last element
-        // The heads of blocks b + 1 .. b + last - bj, by their index over all rows.
-        const i64 lo = b + 1, hi = b + 1 + (last - bj);
-        A acc;
-        // Whole groups of blocks inside the segment: in [lo, hi - 1), before the block
-        // holding its last element.
-        const i64 g0 = (lo + G - 1) / G, g1 = (hi - 1) / G;
+        const i64 last = (end - 1) / ((i64)TILE * a.tiles_per_block);  // the run holding the segment's last element
+        // The heads of runs b + 1 .. b + last - bj, by their index over all rows.
+        lo = b + 1;
+        hi = b + 1 + (last - bj);
+        len = end - begin;
+        at = row * a.m + s;
+        acc = tail[b];
+        if (hi - lo <= SHORT) {
+#pragma unroll
+            for (int q = 0; q < SHORT; ++q)
+                if (lo + q < hi) acc = OP::combine(acc, head[lo + q]);
+            out[at] = finish<O, MEAN>(acc, len);
+        }
+    }
+    for (unsigned spans = __ballot_sync(0xffffffffu, s >= 0 && hi - lo > SHORT); spans; spans &= spans - 1) {
+        const int src = __ffs(spans) - 1;
+        const i64 l = __shfl_sync(0xffffffffu, lo, src), h = __shfl_sync(0xffffffffu, hi, src);
+        // Whole groups of runs inside the segment: in [l, h - 1), before the run holding
+        // its last element.
+        const i64 g0 = (l + G - 1) / G, g1 = (h - 1) / G;
+        A part;
         if (G > 1 && g1 > g0) {
-            acc = OP::combine(warp_range<A, O, OP>(head, lo, g0 * G, lane),
-                              warp_range<A, O, OP>(group_head, g0, g1, lane));
-            acc = OP::combine(acc, warp_range<A, O, OP>(head, g1 * G, hi, lane));
+            part = OP::combine(warp_range<A, O, OP>(head, l, g0 * G, lane),
+                               warp_range<A, O, OP>(group_head, g0, g1, lane));
+            part = OP::combine(part, warp_range<A, O, OP>(head, g1 * G, h, lane));
         } else {
-            acc = warp_range<A, O, OP>(head, lo, hi, lane);
+            part = warp_range<A, O, OP>(head, l, h, lane);
         }
 #pragma unroll
-        for (int o = 16; o > 0; o /= 2) acc = OP::combine(acc, shfl_xor(acc, o));
-        if (lane == 0) out[row * a.m + s] = finish<O, MEAN>(OP::combine(tail[b], acc), end - begin);
+        for (int o = 16; o > 0; o /= 2) part = OP::combine(part, shfl_xor(part, o));
+        if (lane == src) out[at] = finish<O, MEAN>(OP::combine(acc, part), len);
     }
 }
