@@ -442,9 +442,9 @@ class _Runs:
     """What the executors of ``tile_reduce`` and ``warp_reduce`` share: every row cut into tiles
     of ``tile`` elements, runs of ``k`` consecutive tiles each reduced by one worker (a block of
     ``tile_reduce``, a warp of ``warp_reduce``; ``per_block`` workers to a block), the partials of
-    the segments that span runs, for offsets the first segment of every tile or of every run
-    (``bounds``: ``tile_reduce`` reads the first segment of every tile, ``warp_reduce``'s warps
-    search for their own), and the launches: bounds, reduction, fix-up."""
+    the segments that span runs, for offsets the first segment of every tile (``bounds``:
+    ``tile_reduce`` reads them, ``warp_reduce``'s warps search for their own), compiling, and
+    the launches: bounds, reduction, fix-up."""
 
     def __init__(
         self, problem: Problem, launch: _Launcher, *, tile: int, max_k: int, per_block: int, min_blocks: int,
@@ -479,6 +479,26 @@ class _Runs:
         self._bounds_config = LaunchConfig(grid=max(1, -(-count // threads)), block=threads)
         self._fixup_config = LaunchConfig(grid=max(1, -(-self._runs // threads)), block=threads)
         self._needs_fixup = True
+
+    def _rows_aligned(self, xp: int) -> bool:
+        """Whether every row of the data at ``xp`` is contiguous and made of whole 16-byte vectors."""
+        problem = self._problem
+        b, _, _ = problem.in_shape
+        s0, s1, _ = problem.strides
+        return s1 == 1 and xp % 16 == 0 and (b == 1 or (s0 * itemsize(problem.dtype)) % 16 == 0)
+
+    def _compile_kernels(self, wrapper: str, names: tuple[str, ...], shared: int) -> tuple[tuple[Any, Any, Any], Any]:
+        """The kernels ``names`` of ``wrapper`` (reduction, fix-up, then the bounds kernel where
+        there is one; None in its place otherwise) and the reduction's launch shape with
+        ``shared`` bytes of dynamic shared memory."""
+        from cuda.core import LaunchConfig
+
+        from linred.kernels.compiler import get_kernels
+
+        kernels = tuple(get_kernels(self._launch.device, wrapper, names))
+        self._launch.allow_shared_memory(kernels[0], shared)
+        config = LaunchConfig(grid=self._grid, block=self._tuning.threads, shmem_size=shared)
+        return kernels + (None,) * (3 - len(kernels)), config
 
     def _run(self, xp: int, out: Any, segments: Segments, stream: Any, kernels: tuple, config: Any) -> None:
         """Launch the bounds (for offsets), the reduction ``kernels[0]`` and the fix-up
@@ -524,28 +544,17 @@ class _TileExecutor(_Runs):
         # Per vector-load variant: the three kernels and the tile kernel's launch shape.
         self._kernels: dict[bool, tuple[tuple[Any, Any, Any], Any]] = {}
 
-    def _compile(self, vecload: bool) -> tuple[tuple[Any, Any, Any], Any]:
-        from cuda.core import LaunchConfig
-
-        from linred.kernels.compiler import get_kernels
-
-        problem, launch, tuning = self._problem, self._launch, self._tuning
-        wrapper = _tile_wrapper(problem, vecload, _index_ctype(problem), tuning, self._k)
-        kernels = get_kernels(launch.device, wrapper, ("linred_tile", "linred_fixup", "linred_bounds"))
-        shared = _tile_shared_bytes(problem, vecload, tuning)
-        launch.allow_shared_memory(kernels[0], shared)
-        config = LaunchConfig(grid=self._grid, block=tuning.threads, shmem_size=shared)
-        return kernels, config
-
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
-        problem = self._problem
-        b, _, _ = problem.in_shape
-        s0, s1, _ = problem.strides
+        problem, tuning = self._problem, self._tuning
         xp = self._launch.ptr(x)
-        vecload = s1 == 1 and xp % 16 == 0 and (b == 1 or (s0 * itemsize(problem.dtype)) % 16 == 0)
+        vecload = self._rows_aligned(xp)
         compiled = self._kernels.get(vecload)
         if compiled is None:
-            compiled = self._kernels[vecload] = self._compile(vecload)
+            compiled = self._kernels[vecload] = self._compile_kernels(
+                _tile_wrapper(problem, vecload, _index_ctype(problem), tuning, self._k),
+                ("linred_tile", "linred_fixup", "linred_bounds"),
+                _tile_shared_bytes(problem, vecload, tuning),
+            )
         self._run(xp, out, segments, stream, *compiled)
 
     def free(self) -> None:
@@ -576,7 +585,7 @@ def _warp_wrapper(problem: Problem, index_ctype: str, tuning: Tuning, k: int) ->
         "    extern __shared__ __align__(16) unsigned char smem[];\n"
         f"    {_ARGS}\n"
         f"    warp_reduce<{t}, {a}, {o}, {op}, {mean}, {threads}, {k}>"
-        f"(x, out, {offsets}, a, bounds, head, tail, ts, gh, smem);\n}}\n"
+        f"(x, out, {offsets}, a, head, tail, ts, gh, smem);\n}}\n"
     ) + _fixup(problem, index_ctype, threads, 32 * _warp_items(problem), threads // 32)
 
 
@@ -596,33 +605,22 @@ class _WarpExecutor(_Runs):
         self._tiles: _TileExecutor | None = None
         self._compiled: tuple[tuple[Any, Any, Any], Any] | None = None
 
-    def _compile(self) -> tuple[tuple[Any, Any, Any], Any]:
-        from cuda.core import LaunchConfig
-
-        from linred.kernels.compiler import get_kernels
-
-        problem, launch, tuning = self._problem, self._launch, self._tuning
-        wrapper = _warp_wrapper(problem, _index_ctype(problem), tuning, self._k)
-        warp, fixup = get_kernels(launch.device, wrapper, ("linred_warp", "linred_fixup"))
-        shared = _warp_shared_bytes(problem, tuning)
-        launch.allow_shared_memory(warp, shared)
-        return (warp, fixup, None), LaunchConfig(grid=self._grid, block=tuning.threads, shmem_size=shared)
-
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
-        problem = self._problem
-        b, _, _ = problem.in_shape
-        s0, s1, _ = problem.strides
+        problem, tuning = self._problem, self._tuning
         xp = self._launch.ptr(x)
         # Whole 16-byte vectors of every row (and segment indices that fit the int of its
         # per-tile table), else tile_reduce.
-        aligned = s1 == 1 and xp % 16 == 0 and (b == 1 or (s0 * itemsize(problem.dtype)) % 16 == 0)
-        if not aligned or problem.num_segments >= 2**31:
+        if not self._rows_aligned(xp) or problem.num_segments >= 2**31:
             if self._tiles is None:
                 self._tiles = _TileExecutor(problem, self._launch)
             self._tiles(x, out, segments, stream)
             return
         if self._compiled is None:
-            self._compiled = self._compile()
+            self._compiled = self._compile_kernels(
+                _warp_wrapper(problem, _index_ctype(problem), tuning, self._k),
+                ("linred_warp", "linred_fixup"),
+                _warp_shared_bytes(problem, tuning),
+            )
         self._run(xp, out, segments, stream, *self._compiled)
 
     def free(self) -> None:

@@ -919,7 +919,7 @@ struct WarpState {
 
 template <class T, class A, class O, class OP, bool MEAN, int THREADS, int K, class Off>
 __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, TileArgs a,
-                                            const i64* __restrict__ bounds, A* __restrict__ head, A* __restrict__ tail,
+                                            A* __restrict__ head, A* __restrict__ tail,
                                             i64* __restrict__ tail_seg, A* __restrict__ group_head,
                                             unsigned char* __restrict__ smem) {
     typedef WarpShared<T, A> S;
