@@ -645,7 +645,10 @@ def nvrtc_executors(monkeypatch):
         ("float32", 2048, (1, 2048 * 8, 1), None, "_FixedExecutor"),  # fixed_rows: 16 rows
         ("float32", 4096, (1, 4096 * 8, 1), None, "_LongExecutor"),
         ("float32", 3000, (1, 3000 * 8, 1), None, "_LongExecutor"),  # 750 whole vectors
-        ("float32", 1020, (1, 1020 * 8, 1), None, "_WarpExecutor"),  # 255 vectors: under one per thread
+        ("float32", 1020, (1, 1020 * 8, 1), None, "_LongExecutor"),  # 255 vectors: 128 threads
+        ("float32", 500, (1, 500 * 8, 1), None, "_LongExecutor"),  # 2000 bytes: 64 threads
+        ("float32", 492, (1, 492 * 8, 1), None, "_WarpExecutor"),  # 1968 bytes: too short for a block each
+        ("float16", 1000, (1, 1000 * 8, 1), None, "_LongExecutor"),
         ("float32", 3001, (1, 3001 * 8, 1), None, "_WarpExecutor"),  # not whole vectors
         ("float16", 4096, (1, 4096 * 8, 1), None, "_FixedExecutor"),  # 16 rows of 8 halves
         ("float16", 8192, (1, 8192 * 8, 1), None, "_LongExecutor"),
@@ -674,6 +677,9 @@ def test_nvrtc_fixed_kernel_choice(nvrtc_executors, dtype, length, shape, stride
         ("float32", 1024, "fixed_rows", 8),
         ("float32", 2048, "fixed_rows", 16),  # a vector of each of 16 rows in flight
         ("float16", 4096, "fixed_rows", 16),
+        ("float16", 128, "fixed_small", 4),  # 2-byte data: fewer vectors per thread
+        ("bfloat16", 8, "fixed_small", 4),
+        ("bfloat16", 512, "fixed_rows", 8),
         ("float64", 128, "fixed_rows", 8),
     ],
 )
@@ -687,22 +693,29 @@ def test_nvrtc_fixed_layout(dtype, length, kernel, unroll):
 
 
 @pytest.mark.parametrize(
-    "dtype, length, unroll",
+    "dtype, length, threads, unroll",
     [
-        ("float32", 1024, 1),  # 256 vectors: one per thread, one block per segment
-        ("float32", 1028, 2),
-        ("float32", 4096, 4),
-        ("float32", 16384, 16),  # 4096 vectors: still one chunk per segment
-        ("float32", 2**20, 16),  # then chunks of 4096 vectors
-        ("float64", 2048, 4),
+        ("float32", 500, 64, 2),  # 125 vectors: at least 2 per thread, one block per segment
+        ("float16", 1000, 64, 2),
+        ("float64", 300, 64, 4),  # 150 vectors
+        ("float32", 1000, 64, 4),  # 250 vectors: 4 for each of 64
+        ("float32", 1024, 128, 2),  # 256 vectors: 2 for each of 128
+        ("float32", 1028, 128, 4),  # 257
+        ("float32", 2048, 256, 2),  # 512 vectors: 2 for each of 256
+        ("float32", 4096, 256, 4),
+        ("float32", 16384, 256, 16),  # 4096 vectors: still one chunk per segment
+        ("float32", 2**20, 256, 16),  # then chunks of 4096 vectors
+        ("float64", 2048, 256, 4),
     ],
 )
-def test_nvrtc_long_unroll(dtype, length, unroll):
+def test_nvrtc_long_shape(dtype, length, threads, unroll):
     from linred.backends import nvrtc
 
     p = problem(dtype=dtype, shape=(1, length * 2, 1), length=length)
+    assert nvrtc._long_threads(p, nvrtc.TUNING) == threads
     assert nvrtc._long_unroll(p, nvrtc.TUNING) == unroll
-    assert f"{nvrtc.TUNING.threads}, {unroll}>(x, out, partials, tickets" in nvrtc._long_wrapper(p, nvrtc.TUNING)
+    src = nvrtc._long_wrapper(p, nvrtc.TUNING)
+    assert f"__launch_bounds__({threads})" in src and f"{threads}, {unroll}>(x, out, partials, tickets" in src
 
 
 class _FakePointer:

@@ -86,7 +86,11 @@ def test_fixed_rows_exact_for_integers_past_int32():
 #: (dtype, L) for fixed_long: a chunk per segment, several chunks (partials and tickets),
 #: lengths that are not powers of two, and one past fixed_rows
 LONG_CASES = [
-    ("float32", 1028),  # 257 vectors: two per thread at most, one chunk
+    ("float32", 500),  # 125 vectors: blocks of 64 threads, 2 vectors each at most
+    ("float64", 300),  # 150 vectors: 64 threads, 4 each at most
+    ("float16", 1000),
+    ("float32", 1000),  # 250 vectors: 64 threads, 4 each at most
+    ("float32", 1028),  # 257 vectors: 128 threads, 4 each at most, one chunk
     ("float32", 3000),
     ("float32", 4096),
     ("float32", 2**16 + 4),  # 16385 vectors: five chunks, the last one nearly empty

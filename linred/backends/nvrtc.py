@@ -54,7 +54,16 @@ class Tuning:
 
     threads: int = 256  #: threads per block
     unroll: int = 8  #: 16-byte vectors per thread in fixed_small and fixed_rows
+    #: the same for fixed_small with 2-byte data (float16 and bfloat16 ran 4-8% faster with 4
+    #: than with 8 for L = 32 to 256 on an H100, and as fast for L = 2 and 8)
+    unroll_2byte: int = 4
     max_rows: int = 16  #: longest fixed_rows segment, in warp-rows of 32 vectors (then the tile kernel)
+    #: most threads per block of fixed_long (fewer for short segments: see _long_threads)
+    long_threads: int = 256
+    #: shortest segment fixed_long reduces, in bytes: each block reads a segment's chunk, and
+    #: blocks of shorter segments start too slowly (1200-byte segments ran at 66% of copy on
+    #: an H100, 2000-byte ones at 104%); shorter ones go to warp_reduce
+    long_min_bytes: int = 2000
     tile: int = 4096  #: elements per tile in tile_reduce
     min_blocks: int = 5  #: resident blocks per SM that tile_reduce's registers must allow
     min_blocks_wide: int = 4  #: the same with 8-byte accumulators (more registers without spilling)
@@ -208,7 +217,7 @@ def _fixed_layout(problem: Problem, tuning: Tuning) -> tuple[str, int]:
     least one vector of each row of its segment, so the unroll grows with the rows)."""
     rows = problem.segment_length // (32 * _vec(problem))
     if rows <= 1:
-        return "fixed_small", tuning.unroll
+        return "fixed_small", tuning.unroll_2byte if itemsize(problem.dtype) == 2 else tuning.unroll
     return "fixed_rows", max(tuning.unroll, rows)
 
 
@@ -223,23 +232,37 @@ def _fixed_wrapper(problem: Problem, tuning: Tuning) -> str:
     )
 
 
+def _long_threads(problem: Problem, tuning: Tuning) -> int:
+    """Threads per block of fixed_long: up to ``tuning.long_threads``, halved (to 64 at least)
+    until every thread has at least 2 of a segment's vectors to load.  One vector per thread
+    left too few loads in flight (1000 float32 elements: 77% of copy with 256 threads, 104%
+    with 128)."""
+    lv = problem.segment_length // _vec(problem)
+    threads = tuning.long_threads
+    while threads > 64 and 2 * threads > lv:
+        threads //= 2
+    return threads
+
+
 def _long_unroll(problem: Problem, tuning: Tuning) -> int:
     """Vectors per thread in fixed_long: the fewest (a power of two, at most 16) that let one
     block's chunk cover a whole segment, so that short-enough segments need no partials."""
     lv = problem.segment_length // _vec(problem)
+    threads = _long_threads(problem, tuning)
     unroll = 1
-    while unroll < 16 and tuning.threads * unroll < lv:
+    while unroll < 16 and threads * unroll < lv:
         unroll *= 2
     return unroll
 
 
 def _long_wrapper(problem: Problem, tuning: Tuning) -> str:
     t, o, a, op, mean = _kernel_types(problem)
+    threads = _long_threads(problem, tuning)
     return (
-        f'extern "C" __global__ void __launch_bounds__({tuning.threads}) '
+        f'extern "C" __global__ void __launch_bounds__({threads}) '
         f"linred_long(const {t}* x, {o}* out, {a}* partials, unsigned* tickets, long long lv, long long chunks, "
         "long long m) {\n"
-        f"    fixed_long<{t}, {a}, {o}, {op}, {mean}, {tuning.threads}, {_long_unroll(problem, tuning)}>"
+        f"    fixed_long<{t}, {a}, {o}, {op}, {mean}, {threads}, {_long_unroll(problem, tuning)}>"
         "(x, out, partials, tickets, lv, chunks, m);\n}\n"
     )
 
@@ -357,6 +380,10 @@ class _OneLaunch:
         ``go(stream, x pointer, out pointer)``; ``stream`` is the first call's."""
         raise NotImplementedError
 
+    def _threads(self) -> int:
+        """Threads per block of the executor's kernel."""
+        return self._tuning.threads
+
     def _bind(self, wrapper: str, name: str, grid: int, *args: Any) -> Any:
         """``go`` for kernel ``name`` of ``wrapper``: ``(x, out, *args)`` on ``grid`` blocks."""
         from cuda.core import LaunchConfig, launch
@@ -364,7 +391,7 @@ class _OneLaunch:
         from linred.kernels.compiler import get_kernels
 
         (kernel,) = get_kernels(self._launch.device, wrapper, (name,))
-        config = LaunchConfig(grid=max(1, min(grid, 2**31 - 1)), block=self._tuning.threads)
+        config = LaunchConfig(grid=max(1, min(grid, 2**31 - 1)), block=self._threads())
         streams = self._launch.stream
 
         def go(stream: int, xp: int, op: int) -> None:
@@ -401,7 +428,7 @@ class _LongExecutor(_OneLaunch):
         b, _, _ = problem.in_shape
         self._m = b * problem.num_segments
         self._lv = problem.segment_length // _vec(problem)
-        self._chunks = -(-self._lv // (self._tuning.threads * _long_unroll(problem, self._tuning)))
+        self._chunks = -(-self._lv // (self._threads() * _long_unroll(problem, self._tuning)))
         # Partials and tickets only where a segment spans several blocks.  The tickets are
         # zeroed on the first call's stream, and every call leaves them at zero.
         many = self._chunks > 1
@@ -417,6 +444,9 @@ class _LongExecutor(_OneLaunch):
         order.begin(stream)
         super().__call__(x, out, segments, stream)
         order.end(stream)
+
+    def _threads(self) -> int:
+        return _long_threads(self._problem, self._tuning)
 
     def _compile(self, stream: int) -> Any:
         problem, ptr = self._problem, self._ptr
@@ -716,8 +746,8 @@ class NvrtcBackend(Backend):
         short = problem.fixed and _is_pow2(L) and longest >= L
         if short and _flat(problem) and (problem.batch * problem.n) % vec == 0:
             return _FixedExecutor(problem)
-        # Long fixed lengths of whole vectors (at least one per thread of a block): fixed_long.
-        long = wide and problem.fixed and L % vec == 0 and L // vec >= TUNING.threads
+        # Long fixed lengths of whole vectors: fixed_long.
+        long = wide and problem.fixed and L % vec == 0 and L * itemsize(problem.dtype) >= TUNING.long_min_bytes
         if long and problem.features == 1 and _flat(problem):
             return _LongExecutor(problem)
         launch = _Launcher(problem)

@@ -990,16 +990,23 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
             // The segments starting in the tile, 64 at a time until one falls past it (where
             // that one starts is kept in next_begin).
             for (;;) {
+                // Every batch's loads go out before the first is used: one wait for L2, not WB.
+                i64 begins[WB], ends[WB];
+#pragma unroll
+                for (int u = 0; u < WB; ++u) {
+                    const i64 s = s_first + owned + u * 32 + lane;
+                    begins[u] = ends[u] = a.n;
+                    if (s < a.m) {
+                        begins[u] = off(s);
+                        ends[u] = off(s + 1);
+                    }
+                }
                 unsigned ball[WB];
                 int got = 0;
 #pragma unroll
                 for (int u = 0; u < WB; ++u) {
                     const i64 k = owned + u * 32 + lane, s = s_first + k;
-                    i64 begin = a.n, end = a.n;
-                    if (s < a.m) {
-                        begin = off(s);
-                        end = off(s + 1);
-                    }
+                    const i64 begin = begins[u], end = ends[u];
                     const bool in = s < a.m && (last || begin < t1);
                     ball[u] = __ballot_sync(0xffffffffu, in);
                     if (got == 32 * u && lane == __ffs(~ball[u]) - 1) st->next_begin = begin;  // the first one out
