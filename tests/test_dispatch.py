@@ -193,11 +193,15 @@ def _gpu_problem(length: int, dtype: str = "float32") -> Any:
         (2048, "float32", "nvrtc"),
         (4096, "float32", "nvrtc"),  # fixed_long
         (2**24, "float32", "nvrtc"),
-        (300, "float32", "cublas"),  # not a power of two: nvrtc would run its tile kernel
+        (300, "float32", "cublas"),  # not a power of two, too short for fixed_long: a GEMV
+        (500, "float32", "cublas"),  # the same rule for the whole octave 256-511
+        (1000, "float32", "nvrtc"),  # fixed_long from 2^9
         (100, "float32", "nvrtc"),  # short: the tile kernel beats a GEMV with a tiny inner dimension
         (4096, "float16", "nvrtc"),
-        (3000, "float16", "nvmath"),
+        (400, "float16", "nvmath"),
+        (3000, "float16", "nvrtc"),
         (128, "float64", "nvrtc"),
+        (300, "float64", "nvrtc"),
         (2**20, "float64", "nvrtc"),
         (96, "float64", "cub"),
     ],
