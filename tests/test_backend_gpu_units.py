@@ -645,7 +645,7 @@ def nvrtc_executors(monkeypatch):
         ("float32", 2048, (1, 2048 * 8, 1), None, "_FixedExecutor"),  # fixed_rows: 16 rows
         ("float32", 4096, (1, 4096 * 8, 1), None, "_LongExecutor"),
         ("float32", 3000, (1, 3000 * 8, 1), None, "_LongExecutor"),  # 750 whole vectors
-        ("float32", 1020, (1, 1020 * 8, 1), None, "_LongExecutor"),  # 255 vectors: 128 threads
+        ("float32", 1020, (1, 1020 * 8, 1), None, "_LongExecutor"),  # 255 vectors: 64 threads
         ("float32", 500, (1, 500 * 8, 1), None, "_LongExecutor"),  # 2000 bytes: 64 threads
         ("float32", 492, (1, 492 * 8, 1), None, "_WarpExecutor"),  # 1968 bytes: too short for a block each
         ("float16", 1000, (1, 1000 * 8, 1), None, "_LongExecutor"),
