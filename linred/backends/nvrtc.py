@@ -602,7 +602,7 @@ def _warp_shared_bytes(problem: Problem, tuning: Tuning) -> int:
     acc = itemsize(_acc_dtype(problem))
     wt = 32 * _warp_items(problem)
     pieces = -(-(wt + wt // 16 * max(1, 16 // acc)) * acc // 16) * 16
-    return tuning.threads // 32 * (pieces + wt * 4 + -(-wt // 32) * 4 + 32)  # 32: WarpState
+    return tuning.threads // 32 * (pieces + -(-wt // 32) * 4 + 48)  # 48: WarpState
 
 
 def _warp_wrapper(problem: Problem, index_ctype: str, tuning: Tuning, k: int) -> str:

@@ -884,38 +884,58 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
 // Any segments of contiguous, 16-byte aligned rows.  Every warp walks up to K
 // consecutive warp tiles of 32 * ITEMS elements on its own (no block barriers):
 // each lane holds ITEMS consecutive elements in registers, loaded a tile ahead.
-// Per tile, the lanes read the offsets of the segments starting in it (32 or 64
-// at a time, ballot-counted, so the next tile's first segment follows without a
-// search), mark the starts of the non-empty ones in a bitmask, and write the
-// empty ones at once.  Every lane adds its elements with a select at each mark,
-// storing each finished piece in shared memory at the mark's position; a warp
-// scan keyed by each lane's last mark joins the pieces that cross lanes.  The
-// segment open at a tile's end is carried in registers to the next tile and is
-// finished there, at the next tile's first mark; one still open at the end of
-// the warp's run leaves a partial for tile_fixup, as tile_reduce's blocks do.
-// A tile with no segment start is summed from registers and a warp reduction; the
-// tile before it knows (where the next segment starts), so its offsets are not read.
-// Each warp finds its run's first segment itself (warp_segment_at_or_after).
+// Per tile, the lanes read the offsets of the segments starting in it (64 at a
+// time, ballot-counted, so the next tile's first segment follows without a search)
+// and mark the starts of the non-empty ones in a bitmask.  Every lane adds its
+// elements with a select at each mark, storing each finished piece in shared memory
+// at the mark's position; a segmented warp scan (a lane with a mark starts a new
+// segment) joins the pieces that cross lanes, after which every mark holds the
+// segment that ends there.  The lanes then write the tile's segments 32 at a time,
+// in order (the first 64 from what they noted while reading the offsets), the
+// empty ones included.  The segment open at a tile's end is carried in registers
+// to the next tile and is finished there, at the next tile's first mark; one still
+// open at the end of the warp's run leaves a partial for tile_fixup, as
+// tile_reduce's blocks do.  A tile with no segment start is summed from registers
+// and a warp reduction; the tile before it knows (where the next segment starts),
+// so its offsets are not read.  Each warp finds its run's first segment itself
+// (warp_segment_at_or_after).
 template <class T, class A> struct WarpShared {
     static const int VEC = VecOf<T>::N;
     static const int ITEMS = VEC > (sizeof(A) == 8 ? 8 : 16) ? VEC : (sizeof(A) == 8 ? 8 : 16);
     static const int WT = 32 * ITEMS;  // elements per warp tile
     static const int PAD = 16 / (int)sizeof(A) > 0 ? 16 / (int)sizeof(A) : 1;
     // Pieces (padded: 16 bytes every 16 elements, so lanes storing at the same item
-    // hit different banks), the segment starting at each position, the marks.
+    // hit different banks), the marks.
     static const int PIECE_BYTES = ((WT + WT / 16 * PAD) * (int)sizeof(A) + 15) / 16 * 16;
-    static const int SEG_BYTES = WT * (int)sizeof(int);
     static const int MARK_WORDS = (WT + 31) / 32;
     // Values that live from tile to tile but are seldom read, kept here rather than in
     // registers (the kernel is at its register limit): see WarpState.
-    static const int STATE_BYTES = 32;
-    static const int WARP_BYTES = PIECE_BYTES + SEG_BYTES + MARK_WORDS * 4 + STATE_BYTES;
+    static const int STATE_BYTES = 48;
+    static const int WARP_BYTES = PIECE_BYTES + MARK_WORDS * 4 + STATE_BYTES;
 };
 struct WarpState {
     i64 carry_s;      // the segment carried in registers, when it began in this warp's tiles
     i64 carry_begin;  // and its first element
     i64 next_begin;   // where the first segment not yet owned starts (-1: not known)
+    i64 open_s;       // the tile's last non-empty segment (open at the tile's end)
+    i64 open_begin;   // and its first element
 };
+
+// Segmented inclusive scan over the lanes, where a lane with a mark (flag set in
+// `starts`) begins a new segment: value becomes the combination of the lanes from
+// the nearest such lane at or before this one (or lane 0).  One shuffle per step:
+// the step adds the lane d below only where no mark lies between (same order of
+// operations, so the same bits, as a scan that shuffles keys along).
+template <class A, class OP> __device__ __forceinline__ A warp_flag_scan(A value, unsigned starts, int lane) {
+    const unsigned upto = starts & (0xffffffffu >> (31 - lane));
+    const int lo = upto ? 31 - __clz(upto) : 0;  // the lowest lane this one may take from
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+        const A v_up = __shfl_up_sync(0xffffffffu, value, d);
+        if (lane - d >= lo) value = OP::combine(v_up, value);
+    }
+    return value;
+}
 
 template <class T, class A, class O, class OP, bool MEAN, int THREADS, int K, class Off>
 __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, TileArgs a,
@@ -933,9 +953,8 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
     const bool active = c < a.num_blocks;           // the last block's spare warps only reach its barrier
     unsigned char* const mem = smem + warp * S::WARP_BYTES;
     A* const sh = reinterpret_cast<A*>(mem);
-    int* const seg_at = reinterpret_cast<int*>(mem + S::PIECE_BYTES);  // owned segment starting at a mark
-    unsigned* const marks = reinterpret_cast<unsigned*>(mem + S::PIECE_BYTES + S::SEG_BYTES);
-    WarpState* const st = reinterpret_cast<WarpState*>(mem + S::PIECE_BYTES + S::SEG_BYTES + S::MARK_WORDS * 4);
+    unsigned* const marks = reinterpret_cast<unsigned*>(mem + S::PIECE_BYTES);
+    WarpState* const st = reinterpret_cast<WarpState*>(mem + S::PIECE_BYTES + S::MARK_WORDS * 4);
     auto at = [](int e) { return e + (e >> 4) * PAD; };  // padded position of element e
 
     const i64 row = c / a.blocks_per_row;
@@ -961,7 +980,9 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) {
                     const i64 e = t0 + r0 + k * VEC + i;
-                    if (e < a.n) vbuf[k].v[i] = xr[e];
+                    // Zeros past n (they join no segment): keeping the old values instead
+                    // made the compiler copy all of vbuf twice per tile (+7% instructions).
+                    vbuf[k].v[i] = e < a.n ? xr[e] : T();
                 }
             }
         }
@@ -980,10 +1001,18 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
         const i64 t1 = min(t0 + (i64)WT, a.n);
         const int count = (int)(t1 - t0);
         const bool last = t1 == a.n;  // the row's last tile also owns the empty segments at n
+        // A segment ends in the tile where it ends before fin (a ragged tile's mark at
+        // count finishes the row's last segment there).
+        const int fin = count + (last && count < WT ? 1 : 0);
         // No segment starts in the tile when the one after the previous tile's segments
         // starts past it: its offsets are not read at all.
         const bool skip = !last && st->next_begin >= t1;
         i64 owned = 0;
+        // What the first 64 segments' lanes note for the writes: where the segment ends
+        // in the tile (-1: not here, -2: empty), and its length.
+        int where[WB], len[WB];
+#pragma unroll
+        for (int u = 0; u < WB; ++u) where[u] = len[u] = -1;
         if (!skip) {
             if (lane < S::MARK_WORDS) marks[lane] = 0;
             __syncwarp();
@@ -1005,18 +1034,21 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
                 int got = 0;
 #pragma unroll
                 for (int u = 0; u < WB; ++u) {
-                    const i64 k = owned + u * 32 + lane, s = s_first + k;
+                    const i64 s = s_first + owned + u * 32 + lane;
                     const i64 begin = begins[u], end = ends[u];
                     const bool in = s < a.m && (last || begin < t1);
                     ball[u] = __ballot_sync(0xffffffffu, in);
                     if (got == 32 * u && lane == __ffs(~ball[u]) - 1) st->next_begin = begin;  // the first one out
-                    if (in) {
+                    if (owned == 0) {
+                        where[u] = !in ? -1 : end == begin ? -2 : end - t0 < fin ? (int)(end - t0) : -1;
+                        len[u] = (int)(end - begin);  // read only where the segment ends in the tile
+                    }
+                    if (in && end > begin) {
                         const int v = (int)(begin - t0);
-                        if (end > begin) {
-                            atomicOr(&marks[v >> 5], 1u << (v & 31));
-                            seg_at[v] = (int)k;
-                        } else {
-                            outr[s] = finish<O, MEAN>(identity, 0);
+                        atomicOr(&marks[v >> 5], 1u << (v & 31));
+                        if (end >= t1) {  // the tile's last non-empty segment
+                            st->open_s = s;
+                            st->open_begin = begin;
                         }
                     }
                     got += __popc(ball[u]);
@@ -1043,44 +1075,48 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
             if (ITEMS < 32) mask = (mask >> (r0 & 31)) & ((1u << (ITEMS & 31)) - 1u);
             A acc = marked_pieces<A, O, OP, ITEMS, VEC, PAD>(vbuf, mask, mine);
             if (j + 1 < j1) fetch(j + 1);  // the registers are free again
-            // Inclusive scan keyed by each lane's last mark: the value of the segment open
-            // at the lane's end since its start in the tile (key >= 0) or since t0 (key -1).
-            int key = mask ? r0 + 31 - __clz(mask) : -1;
-            warp_keyed_scan<A, OP>(acc, key);
+            // The value of the segment open at the lane's end, since its start in the tile
+            // (where a lane at or before this one has a mark) or since t0.
+            const unsigned starts = __ballot_sync(0xffffffffu, mask != 0);
+            acc = warp_flag_scan<A, OP>(acc, starts, lane);
             A before = __shfl_up_sync(0xffffffffu, acc, 1);
-            int before_key = __shfl_up_sync(0xffffffffu, key, 1);
-            if (lane == 0) {
-                before = identity;
-                before_key = -1;
-            }
+            if (lane == 0) before = identity;
             const A total = __shfl_sync(0xffffffffu, acc, 31);
-            const int total_key = __shfl_sync(0xffffffffu, key, 31);
             if (mask) {
-                unsigned mm = mask;
-                int p = r0 + __ffs(mm) - 1;
-                mm &= mm - 1;
+                const int p = r0 + __ffs(mask) - 1;
                 // The segment open at r0 ends at the lane's first mark p.
                 const A first = OP::combine(before, sh[at(p)]);
-                if (before_key >= 0) {
-                    outr[s_first + seg_at[before_key]] = finish<O, MEAN>(first, p - before_key);
+                if (starts & ((1u << lane) - 1u)) {  // it began at an earlier lane's mark
+                    sh[at(p)] = first;
                 } else if (mode == CARRY_OWN) {
                     outr[st->carry_s] = finish<O, MEAN>(OP::combine(carry, first), t0 + p - st->carry_begin);
                 } else if (mode == CARRY_FROM_BEFORE || p > 0) {  // it began before this warp's tiles
                     head[c] = OP::combine(carry, first);
                 }
-                for (int prev = p; mm; prev = p) {  // the segments inside the lane's elements
-                    p = r0 + __ffs(mm) - 1;
-                    mm &= mm - 1;
-                    outr[s_first + seg_at[prev]] = finish<O, MEAN>(sh[at(p)], p - prev);
+            }
+            __syncwarp();  // every mark holds the segment that ends there
+            // The tile's segments that end in it, and its empty ones, in order.
+#pragma unroll
+            for (int u = 0; u < WB; ++u) {
+                const int w = where[u];
+                if (w != -1) {
+                    const A v = sh[at(max(w, 0))];
+                    outr[s_first + u * 32 + lane] = w == -2 ? finish<O, MEAN>(identity, 0) : finish<O, MEAN>(v, len[u]);
                 }
             }
-            if (total_key >= 0) {  // the segment open at the tile's end began in it
+            for (i64 k = 32 * WB + lane; k < owned; k += 32) {  // more than 64: their offsets again
+                const i64 s = s_first + k;
+                const i64 b = off(s), e = off(s + 1);
+                if (e == b) outr[s] = finish<O, MEAN>(identity, 0);
+                else if (e - t0 < fin) outr[s] = finish<O, MEAN>(sh[at((int)(e - t0))], e - b);
+            }
+            if (starts) {  // the segment open at the tile's end began in it
                 mode = CARRY_OWN;
                 carry = total;
                 __syncwarp();  // the carried segment's state was read
                 if (lane == 0) {
-                    st->carry_s = s_first + seg_at[total_key];
-                    st->carry_begin = t0 + total_key;
+                    st->carry_s = st->open_s;
+                    st->carry_begin = st->open_begin;
                 }
             } else {
                 carry = OP::combine(carry, total);
@@ -1097,7 +1133,7 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
             mode = CARRY_NONE;
         }
         s_first += owned;
-        __syncwarp();  // the tile's marks, segments and pieces are read
+        __syncwarp();  // the tile's marks and pieces are read
     }
     __shared__ A run_head[WARPS];
     if (lane == 0) {
