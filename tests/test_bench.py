@@ -17,7 +17,7 @@ from linred import bench
 from linred.bench import cases, peers, report
 from linred.bench.data import TOLERANCE, HostData, bytes_moved
 from linred.bench.runner import CaseResult, MethodResult, Settings, run_cases
-from linred.bench.timing import gbps, plan_samples, time_host
+from linred.bench.timing import HostClock, gbps, lead_calls, plan_samples, take_sample, time_host
 
 TINY = ["--device", "cpu", "--n", "2^12", "--repeats", "3", "--warmup", "1", "--budget", "0.05", "--no-progress"]
 STATUSES = {"ok", "WRONG", "refused", "skipped", "error"}
@@ -272,6 +272,17 @@ def test_plan_samples():
     assert plan_samples(5.0, repeats=2, budget_s=2.0) == (1, 2)
     t = time_host(lambda: 1, warmup=1, repeats=4, budget_s=1.0)
     assert len(t.samples) == 4 and t.last == 1 and t.seconds > 0
+
+
+def test_lead_calls_precede_the_timed_ones():
+    # about 3 ms of untimed calls before a device sample, at least 1, at most 256
+    assert lead_calls(4e-4) == 8
+    assert lead_calls(1.0) == 1
+    assert lead_calls(1e-6) == 256
+    calls = []
+    seconds, last, host = take_sample(lambda: calls.append(len(calls)) or len(calls), HostClock(), 3, lead=5)
+    assert len(calls) == 8 and last == 8  # 5 untimed, then 3 timed: the result is the last timed call's
+    assert seconds >= 0 and host >= 0
 
 
 @pytest.mark.parametrize("layout", ["geometric", "half-empty", "zipf", "one-huge"])

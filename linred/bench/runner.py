@@ -21,7 +21,7 @@ from linred.bench import peers as peers_module
 from linred.bench.cases import Case
 from linred.bench.data import TOLERANCE, DeviceData, HostData, Inputs, bytes_moved, is_out_of_memory
 from linred.bench.peers import Method, Skip
-from linred.bench.timing import HostClock, device_clock, gbps, plan_samples, take_sample, warm_up
+from linred.bench.timing import HostClock, device_clock, gbps, lead_calls, plan_samples, take_sample, warm_up
 
 __all__ = ["CaseResult", "MethodResult", "Settings", "run_cases"]
 
@@ -147,6 +147,7 @@ class _Timed:
     lib: str
     last: Any = None
     verify: bool = True  # False for the copy, which has no result to check
+    lead: int = 0  # untimed calls before each sample (on the device; see linred.bench.timing)
     host: list[float] = field(default_factory=list)  # host time per call of each sample
 
 
@@ -173,7 +174,8 @@ class _Runner:
         # the correctness call before this one was the first warm-up call
         single, last = warm_up(fn, clock, max(1, s.warmup - 1))
         calls, target = plan_samples(single, s.repeats, s.budget_s)
-        return _Timed(res, fn, clock, calls, target, lib, last, verify)
+        lead = lead_calls(single) if s.device == "gpu" else 0
+        return _Timed(res, fn, clock, calls, target, lib, last, verify, lead=lead)
 
     def begin(self, method: Method, inp: Inputs, ref: Any) -> tuple[MethodResult, _Timed | None]:
         """Build the method, check its result, warm it up; None when it is not to be timed."""
@@ -273,7 +275,7 @@ class _Runner:
                         t.last = None
                         self.data.settle()  # untimed: no dirty cache lines of the previous method
                         misses = _plan_misses()
-                        seconds, t.last, host = take_sample(t.fn, t.clock, t.calls)
+                        seconds, t.last, host = take_sample(t.fn, t.clock, t.calls, t.lead)
                         t.res.replans += _plan_misses() - misses
                         t.res.samples.append(seconds)
                         t.host.append(host)
