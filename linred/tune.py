@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _time(fn: Any, repeats: int) -> float:
-    """Median seconds of one call between CUDA events, after two untimed calls (the bench's clock)."""
+    """Median seconds of one call between CUDA events, after two untimed calls (the bench's clock;
+    each timed call follows the bench's untimed lead-in, so the GPU runs it at its steady clocks)."""
     from linred.bench.timing import time_device
 
     # min_sample_s=0: one call per sample; the budget never cuts the repeats short
