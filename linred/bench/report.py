@@ -82,7 +82,9 @@ def format_header(meta: dict[str, Any], results: list[CaseResult]) -> str:
     lines.append(
         _wrap(
             f"timing: {clock}; {s['warmup']} warm-up call(s), then the median of up to {s['repeats']} samples "
-            f"(a sample batches calls up to >= 1 ms; at most {s['budget_s']:g} s per method"
+            f"(a sample batches calls up to >= 1 ms"
+            + (", after about 3 ms of untimed calls of the same method" if meta["device"] == "gpu" else "")
+            + f"; at most {s['budget_s']:g} s per method"
             + ("; the methods of a case take their samples in turns)" if s.get("interleaved") else ")")
         )
     )
