@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from linred._cache import user_cache_dir
 from linred.backends.base import Backend
 from linred.backends.registry import BACKENDS, get_backend, unavailable
 from linred.errors import BackendError
@@ -48,8 +49,7 @@ def tune_cache_path() -> Path:
     path = os.environ.get("LINRED_TUNE_CACHE")
     if path:
         return Path(path)
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "linred" / "dispatch.json"
+    return user_cache_dir() / "dispatch.json"
 
 
 def rule_key(problem: Problem) -> tuple[str, str, str, int]:

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from linred._cache import user_cache_dir
 from linred._dtypes import C_TYPES
 
 logger = logging.getLogger("linred.kernels")
@@ -41,10 +42,7 @@ def cache_dir() -> Path:
     ``linred/kernels`` in the user's cache directory (``$XDG_CACHE_HOME``, else ``~/.cache``),
     beside the table of ``linred tune``."""
     root = os.environ.get("LINRED_CACHE_DIR")
-    if not root:
-        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = os.path.join(cache, "linred")
-    return Path(root) / "kernels"
+    return (Path(root) if root else user_cache_dir()) / "kernels"
 
 
 def _nvrtc_version() -> str:
