@@ -440,22 +440,32 @@ struct TileArgs {
 // The open segment a block carries from one of its tiles to the next.
 enum { CARRY_NONE = 0, CARRY_FROM_BEFORE = 1, CARRY_OWN = 2 };
 
-// Inclusive scan over a warp's lanes keyed by the position of each lane's last segment
-// start (-1 when it has none): a lane with a start begins a new segment.  On return
-// value is the segment open at the lane's end since its start (or since lane 0), key
-// the position of that start (or -1).
-template <class A, class OP>
-__device__ __forceinline__ void warp_keyed_scan(A& value, int& key) {
-    const int lane = threadIdx.x & 31;
+// Segmented inclusive scan over the lanes, where a lane with a mark (flag set in
+// `starts`) begins a new segment: value becomes the combination of the lanes from
+// the nearest such lane at or before this one (or lane 0).  One shuffle per step:
+// the step adds the lane d below only where no mark lies between.
+template <class A, class OP> __device__ __forceinline__ A warp_flag_scan(A value, unsigned starts, int lane) {
+    const unsigned upto = starts & (0xffffffffu >> (31 - lane));
+    const int lo = upto ? 31 - __clz(upto) : 0;  // the lowest lane this one may take from
 #pragma unroll
     for (int d = 1; d < 32; d *= 2) {
         const A v_up = __shfl_up_sync(0xffffffffu, value, d);
-        const int k_up = __shfl_up_sync(0xffffffffu, key, d);
-        if (lane >= d) {
-            if (key < 0) value = OP::combine(v_up, value);
-            key = max(key, k_up);
-        }
+        if (lane - d >= lo) value = OP::combine(v_up, value);
     }
+    return value;
+}
+
+// The same scan keyed by the position of each lane's last segment start (-1 when it
+// has none; positions grow with the lane).  On return value is the segment open at
+// the lane's end since its start (or since lane 0), key the position of that start
+// (or -1): the key of the nearest lane with a start, one shuffle.
+template <class A, class OP>
+__device__ __forceinline__ void warp_keyed_scan(A& value, int& key) {
+    const int lane = threadIdx.x & 31;
+    const unsigned starts = __ballot_sync(0xffffffffu, key >= 0);
+    value = warp_flag_scan<A, OP>(value, starts, lane);
+    const unsigned upto = starts & (0xffffffffu >> (31 - lane));
+    key = __shfl_sync(0xffffffffu, key, upto ? 31 - __clz(upto) : lane);
 }
 
 // Segmented scan over the block's threads keyed by the position of each thread's
@@ -921,22 +931,6 @@ struct WarpState {
     i64 open_begin;   // and its first element
 };
 
-// Segmented inclusive scan over the lanes, where a lane with a mark (flag set in
-// `starts`) begins a new segment: value becomes the combination of the lanes from
-// the nearest such lane at or before this one (or lane 0).  One shuffle per step:
-// the step adds the lane d below only where no mark lies between (same order of
-// operations, so the same bits, as a scan that shuffles keys along).
-template <class A, class OP> __device__ __forceinline__ A warp_flag_scan(A value, unsigned starts, int lane) {
-    const unsigned upto = starts & (0xffffffffu >> (31 - lane));
-    const int lo = upto ? 31 - __clz(upto) : 0;  // the lowest lane this one may take from
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-        const A v_up = __shfl_up_sync(0xffffffffu, value, d);
-        if (lane - d >= lo) value = OP::combine(v_up, value);
-    }
-    return value;
-}
-
 template <class T, class A, class O, class OP, bool MEAN, int THREADS, int K, class Off>
 __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, TileArgs a,
                                             A* __restrict__ head, A* __restrict__ tail,
@@ -1008,8 +1002,17 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
         // starts past it: its offsets are not read at all.
         const bool skip = !last && st->next_begin >= t1;
         i64 owned = 0;
-        // What the first 64 segments' lanes note for the writes: where the segment ends
-        // in the tile (-1: not here, -2: empty), and its length.
+        // Where an owned segment [b, e) ends in the tile: its position, -2 when it is
+        // empty, -1 when it ends past the tile (carried) or is not owned.
+        auto ends_at = [&](i64 b, i64 e) { return e == b ? -2 : e - t0 < fin ? (int)(e - t0) : -1; };
+        // ... and its result, written from the pieces once every mark holds the segment
+        // that ends there (len is read only where the segment ends in the tile).
+        auto write = [&](i64 s, int w, int len) {
+            if (w == -1) return;
+            const A v = sh[at(max(w, 0))];
+            outr[s] = w == -2 ? finish<O, MEAN>(identity, 0) : finish<O, MEAN>(v, len);
+        };
+        // What the first 64 segments' lanes note while reading the offsets, for write.
         int where[WB], len[WB];
 #pragma unroll
         for (int u = 0; u < WB; ++u) where[u] = len[u] = -1;
@@ -1040,8 +1043,8 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
                     ball[u] = __ballot_sync(0xffffffffu, in);
                     if (got == 32 * u && lane == __ffs(~ball[u]) - 1) st->next_begin = begin;  // the first one out
                     if (owned == 0) {
-                        where[u] = !in ? -1 : end == begin ? -2 : end - t0 < fin ? (int)(end - t0) : -1;
-                        len[u] = (int)(end - begin);  // read only where the segment ends in the tile
+                        where[u] = in ? ends_at(begin, end) : -1;
+                        len[u] = (int)(end - begin);
                     }
                     if (in && end > begin) {
                         const int v = (int)(begin - t0);
@@ -1097,18 +1100,11 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
             __syncwarp();  // every mark holds the segment that ends there
             // The tile's segments that end in it, and its empty ones, in order.
 #pragma unroll
-            for (int u = 0; u < WB; ++u) {
-                const int w = where[u];
-                if (w != -1) {
-                    const A v = sh[at(max(w, 0))];
-                    outr[s_first + u * 32 + lane] = w == -2 ? finish<O, MEAN>(identity, 0) : finish<O, MEAN>(v, len[u]);
-                }
-            }
+            for (int u = 0; u < WB; ++u) write(s_first + u * 32 + lane, where[u], len[u]);
             for (i64 k = 32 * WB + lane; k < owned; k += 32) {  // more than 64: their offsets again
                 const i64 s = s_first + k;
                 const i64 b = off(s), e = off(s + 1);
-                if (e == b) outr[s] = finish<O, MEAN>(identity, 0);
-                else if (e - t0 < fin) outr[s] = finish<O, MEAN>(sh[at((int)(e - t0))], e - b);
+                write(s, ends_at(b, e), (int)(e - b));
             }
             if (starts) {  // the segment open at the tile's end began in it
                 mode = CARRY_OWN;
