@@ -199,6 +199,32 @@ def test_torch_stream(backend, reduction, how, way):
 
 
 @needs_cupy
+@pytest.mark.parametrize("kind", ["cupy", "torch"])
+@pytest.mark.parametrize("backend", GPU_BACKEND_PARAMS)
+def test_repeated_call_uses_the_current_stream(kind, backend):
+    """A repeated fixed-length call (the fast path, which skips validation) runs on the stream
+    current at that call, not the one of the call that planned it."""
+    if kind == "torch" and not HAS_TORCH_CUDA:
+        pytest.skip("needs torch with CUDA")
+    n = 256 * 1024
+    if kind == "cupy":
+        stream = cupy.cuda.Stream(non_blocking=True)
+        first = cupy.zeros(n, dtype=cupy.float32)
+        x = _late_ones_cupy((n,), cupy.float32, stream)
+        context = stream
+    else:
+        stream = torch.cuda.Stream()
+        first = torch.zeros(n, dtype=torch.float32, device="cuda")
+        x = _late_ones_torch((n,), torch.float32, stream)
+        context = torch.cuda.stream(stream)
+    run_or_refused(linred.segmented_sum, first, 256, backend=backend)  # plans on the default stream
+    with context:
+        got = run_or_refused(linred.segmented_sum, x, 256, backend=backend)
+    stream.synchronize()
+    assert_reduction(got, "sum", np.ones(n, np.float32), segments=segment_bounds(n, segment_length=256), like=x)
+
+
+@needs_cupy
 @pytest.mark.parametrize("backend", GPU_BACKEND_PARAMS)
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("how", ["fixed", "offsets unchecked"])

@@ -44,6 +44,20 @@ def torch_stream(handle: int, device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.ExternalStream(handle, device=device)
 
 
+def _current_stream_handle(device: int) -> Any:
+    """A function returning the handle of torch's current stream on CUDA device ``device``.
+
+    ``torch._C._cuda_getCurrentRawStream`` (what torch's own generated code and Triton call)
+    returns the handle without building a ``torch.cuda.Stream``, a few microseconds less per
+    call; where a torch build lacks it, the public ``current_stream(device).cuda_stream``.
+    """
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return lambda: raw(device)
+    current = torch.cuda.current_stream
+    return lambda: current(device).cuda_stream
+
+
 def _device(device: int | None) -> torch.device:
     return torch.device("cpu") if device is None else torch.device("cuda", device)
 
@@ -58,7 +72,8 @@ class TorchAdapter(ArrayAdapter):
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
         # A lazily conjugated or negated tensor is stored unconjugated: libraries that
         # read the raw memory would see the wrong values, so materialize it.
-        x = x.detach()
+        if x.requires_grad:  # a tensor without it has no graph to leave (detach costs 0.6 us)
+            x = x.detach()
         return x.resolve_conj().resolve_neg() if x.is_conj() or x.is_neg() else x
 
     def fast_path(self, dtype: str, device: int | None) -> tuple[Any, Any, Any]:
@@ -69,8 +84,7 @@ class TorchAdapter(ArrayAdapter):
 
         if device is None:
             return self.prepare, empty, lambda: None
-        current = torch.cuda.current_stream
-        return self.prepare, empty, lambda: current(device).cuda_stream
+        return self.prepare, empty, _current_stream_handle(device)
 
     def is_writeable(self, x: torch.Tensor) -> bool:
         return not (x.is_conj() or x.is_neg())
