@@ -13,7 +13,33 @@ from linred.arrays._base import ArrayAdapter, ArrayInfo, fast_keys
 from linred.arrays._numpy import _identity, _int_array, _lengths_summary, _lengths_to_offsets, _offsets_summary
 from linred.arrays._streams import stream_handle
 
-__all__ = ["CUPY", "CupyAdapter", "stream_handle"]
+__all__ = ["CUPY", "CupyAdapter", "external_stream", "stream_handle"]
+
+
+class _Handle:
+    """A raw ``cudaStream_t``, described by the CUDA stream protocol."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def external_stream(handle: int, device: int) -> Any:
+    """A CuPy stream object for the raw handle ``handle`` of a stream on ``device``.
+
+    CuPy 14 deprecates ``ExternalStream`` for ``Stream.from_external`` (the CUDA stream
+    protocol), whose stream does not destroy the handle it wraps and belongs to the device
+    current when it is made; older CuPy has only ``ExternalStream``.
+    """
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is None:
+        return cupy.cuda.ExternalStream(handle, device)
+    with cupy.cuda.Device(device):
+        return from_external(_Handle(handle))
 
 
 class CupyAdapter(ArrayAdapter):
@@ -39,7 +65,7 @@ class CupyAdapter(ArrayAdapter):
 
     def fill(self, x: cupy.ndarray, value: Any, stream: Any = None) -> None:
         with x.device:
-            target = cupy.cuda.get_current_stream() if stream is None else cupy.cuda.ExternalStream(stream, x.device.id)
+            target = cupy.cuda.get_current_stream() if stream is None else external_stream(stream, x.device.id)
             with target:
                 x.fill(value)
 
@@ -77,7 +103,7 @@ class CupyAdapter(ArrayAdapter):
     def on_stream(self, stream: Any, device: int | None) -> Any:
         if stream == cupy.cuda.get_current_stream(device).ptr:
             return contextlib.nullcontext()
-        return cupy.cuda.ExternalStream(stream, device)
+        return external_stream(stream, device)
 
     def resolve_stream(self, stream: Any, device: int | None) -> int:
         if stream is None:

@@ -16,21 +16,22 @@ import cupy
 import numpy as np
 
 from linred._dtypes import C_TYPES, COMPLEX, HALF, identity
+from linred.arrays._cupy import external_stream
 
 #: the largest count a 32-bit ``int`` argument of cuBLAS, CUB or CuPy's CUB wrappers takes
 INT32_MAX = (1 << 31) - 1
 
-_streams: dict[tuple[int, int], cupy.cuda.ExternalStream] = {}
+_streams: dict[tuple[int, int], cupy.cuda.Stream] = {}
 _streams_lock = threading.Lock()
 
 
-def cupy_stream(handle: int, device: int) -> cupy.cuda.ExternalStream:
+def cupy_stream(handle: int, device: int) -> cupy.cuda.Stream:
     """A CuPy stream object for a raw ``cudaStream_t`` on ``device`` (cached)."""
     key = (handle, device)
     stream = _streams.get(key)
     if stream is None:
         with _streams_lock:
-            stream = _streams.setdefault(key, cupy.cuda.ExternalStream(handle, device))
+            stream = _streams.setdefault(key, external_stream(handle, device))
     return stream
 
 
@@ -49,7 +50,7 @@ class on_stream:
         self._device = cupy.cuda.Device(device)
         self._stream = cupy_stream(handle, device)
 
-    def __enter__(self) -> cupy.cuda.ExternalStream:
+    def __enter__(self) -> cupy.cuda.Stream:
         self._device.__enter__()
         self._stream.__enter__()
         return self._stream
