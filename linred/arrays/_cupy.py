@@ -11,21 +11,9 @@ import numpy as np
 from linred._dtypes import dtype_name
 from linred.arrays._base import ArrayAdapter, ArrayInfo, fast_keys
 from linred.arrays._numpy import _identity, _int_array, _lengths_summary, _lengths_to_offsets, _offsets_summary
-from linred.arrays._streams import stream_handle
+from linred.arrays._streams import ProtocolStream, stream_handle
 
 __all__ = ["CUPY", "CupyAdapter", "external_stream", "stream_handle"]
-
-
-class _Handle:
-    """A raw ``cudaStream_t``, described by the CUDA stream protocol."""
-
-    __slots__ = ("handle",)
-
-    def __init__(self, handle: int) -> None:
-        self.handle = handle
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.handle)
 
 
 def external_stream(handle: int, device: int) -> Any:
@@ -39,7 +27,7 @@ def external_stream(handle: int, device: int) -> Any:
     if from_external is None:
         return cupy.cuda.ExternalStream(handle, device)
     with cupy.cuda.Device(device):
-        return from_external(_Handle(handle))
+        return from_external(ProtocolStream(handle))
 
 
 class CupyAdapter(ArrayAdapter):

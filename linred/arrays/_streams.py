@@ -8,6 +8,20 @@ from __future__ import annotations
 
 from typing import Any
 
+
+class ProtocolStream:
+    """A raw ``cudaStream_t`` in the CUDA stream protocol (``__cuda_stream__``), for APIs that
+    take stream objects: cuda.compute, CuPy's ``Stream.from_external``."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
 _ACCEPTED = "a CuPy or PyTorch stream, an object with __cuda_stream__, or an int cudaStream_t handle"
 
 

@@ -106,10 +106,11 @@ class TorchOps:
     def __init__(self, device: int) -> None:
         import torch
 
-        from linred.arrays._torch import torch_dtype
+        from linred.arrays._torch import torch_dtype, torch_stream
 
         self._torch = torch
         self._torch_dtype = torch_dtype
+        self._torch_stream = torch_stream
         self.device = device
         self._device = torch.device("cuda", device)
 
@@ -118,12 +119,7 @@ class TorchOps:
         key = (handle, self.device)
         s = _torch_streams.get(key)
         if s is None:
-            cuda = self._torch.cuda
-            if handle == 0:
-                # ExternalStream(0) would be a pooled stream, unordered with the default stream
-                made = cuda.default_stream(self._device)
-            else:
-                made = cuda.ExternalStream(handle, device=self._device)
+            made = self._torch_stream(handle, self._device)  # 0: the default stream, not a pooled one
             with _torch_streams_lock:
                 s = _torch_streams.setdefault(key, made)
         return s

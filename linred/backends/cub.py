@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from linred._dtypes import C_TYPES, COMPLEX, HALF, identity
+from linred.arrays._streams import ProtocolStream
 from linred.backends.base import Backend, cupy_gpu_unavailable
 from linred.problem import Problem
 from linred.segments import FixedSegments, Segments
@@ -306,18 +307,6 @@ def _batch_state(a: int, count: int, batch_stride: int, shift: int) -> bytes:
     return np.array([a, count, batch_stride, shift], dtype=np.int64).tobytes()
 
 
-class _StreamArg:
-    """A raw stream handle in the ``__cuda_stream__`` protocol cuda.compute takes."""
-
-    __slots__ = ("handle",)
-
-    def __init__(self, handle: int) -> None:
-        self.handle = handle
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.handle)
-
-
 # --- the cuda.compute path -------------------------------------------------------------
 
 
@@ -496,7 +485,7 @@ class CcclExecutor:
         hint = self._length if isinstance(segments, FixedSegments) else segments.max_length
         if not self._use_hint:
             hint = None
-        stream_arg = _StreamArg(stream)
+        stream_arg = ProtocolStream(stream)
         for index, (k0, k1) in enumerate(self._chunks()):
             d_out = self._output(target[k0:k1])
             if self._fixed:
