@@ -225,6 +225,45 @@ def test_repeated_call_uses_the_current_stream(kind, backend):
 
 
 @needs_cupy
+def test_cupy_stream_wrappers_follow_the_raw_handle():
+    """The CuPy adapter's fill and ``on_stream``, and the GPU backends' stream cache, wrap a
+    raw handle: their work is ordered after what was enqueued on that stream, the wrappers
+    do not destroy the stream when dropped, and CuPy warns about none of it."""
+    import gc
+    import warnings
+
+    from linred.arrays._cupy import CUPY, external_stream
+    from linred.backends._gpu import cupy_stream, on_stream
+
+    n = 1 << 20
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        x = _late_ones_cupy((n,), cupy.float32, stream)  # ones only after 0.2 s on the stream
+        CUPY.fill(x, 3.0, stream.ptr)  # on another stream it would run before the ones
+        stream.synchronize()
+        assert float(x.sum()) == 3.0 * n
+        x = _late_ones_cupy((n,), cupy.float32, stream)
+        with CUPY.on_stream(stream.ptr, 0):
+            assert cupy.cuda.get_current_stream().ptr == stream.ptr
+            y = x * 2
+        stream.synchronize()
+        assert float(y.sum()) == 2.0 * n
+        with on_stream(stream.ptr, 0):
+            assert cupy.cuda.get_current_stream().ptr == stream.ptr
+        assert external_stream(0, 0) == cupy.cuda.Stream.null  # handle 0: the legacy default stream
+        for wrap in (cupy_stream, external_stream):
+            wrapper = wrap(stream.ptr, 0)
+            assert wrapper.ptr == stream.ptr
+            del wrapper
+            gc.collect()
+            with stream:  # still a live stream
+                x.fill(5)
+            stream.synchronize()
+            assert float(x.sum()) == 5.0 * n
+
+
+@needs_cupy
 @pytest.mark.parametrize("backend", GPU_BACKEND_PARAMS)
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("how", ["fixed", "offsets unchecked"])
