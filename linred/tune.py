@@ -65,6 +65,19 @@ def fixed_length(size: int, lengths: str) -> int:
     return 1 << size if lengths == "pow2" else 3 << (size - 1)
 
 
+def jobs(grid: tuple[tuple[str, str, str, range], ...], n: int) -> list[tuple[str, str, str, int, str]]:
+    """The measurements of a run over ``grid`` with ``n``-element buffers, in order:
+    ``(layout, op, dtype, size, lengths)``.  Fixed sizes are measured at both kinds of
+    length; a fixed length longer than the buffer (no segment to time) is left out."""
+    return [
+        (layout, op, dtype, size, lengths)
+        for layout, op, dtype, sizes in grid
+        for lengths in (("pow2", "other") if layout == "fixed" else ("any",))
+        for size in sizes
+        if not (lengths == "other" and size < 1) and not (layout == "fixed" and fixed_length(size, lengths) > n)
+    ]
+
+
 def measure(
     layout: str, op: str, dtype: str, size: int, n: int, repeats: int, rng: np.random.Generator, lengths: str = "pow2"
 ) -> list[str]:
@@ -150,17 +163,11 @@ def run(args: argparse.Namespace) -> int:
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     results: dict[tuple[str, ...], list[tuple[int, list[str]]]] = {}
-    jobs = [
-        (layout, op, dtype, size, lengths)
-        for layout, op, dtype, sizes in grid
-        for lengths in (("pow2", "other") if layout == "fixed" else ("any",))
-        for size in sizes
-        if not (lengths == "other" and size < 1)
-    ]
-    for done, (layout, op, dtype, size, lengths) in enumerate(jobs, 1):
+    todo = jobs(grid, n)
+    for done, (layout, op, dtype, size, lengths) in enumerate(todo, 1):
         order = measure(layout, op, dtype, size, n, args.repeats, rng, "pow2" if lengths == "any" else lengths)
         what = f"L={fixed_length(size, lengths)}" if layout == "fixed" else f"mean 2^{size}"
-        print(f"[{done}/{len(jobs)}] {layout} {op} {dtype} {what}: {' > '.join(order) or 'none served'}", flush=True)
+        print(f"[{done}/{len(todo)}] {layout} {op} {dtype} {what}: {' > '.join(order) or 'none served'}", flush=True)
         if order:
             results.setdefault((layout, op, dtype, lengths), []).append((size, order))
         linred.clear_plan_cache()

@@ -268,3 +268,51 @@ def test_tune_times_one_call_per_sample_after_two_untimed(monkeypatch):
     seconds = tune._time(lambda: calls.append(1), 5)
     assert len(calls) == 2 + 5 * (timing.MAX_CALLS + 1)
     assert 0 <= seconds < 0.1
+
+
+@pytest.mark.gpu
+def test_tune_measures_this_gpu_and_dispatch_reads_its_table(tmp_path, monkeypatch):
+    """``linred tune --quick`` (on a small buffer): every size it measures is served correctly by
+    some backend, it writes rules for fixed lengths (powers of two and others) and offsets, and
+    ``auto`` then dispatches by that table."""
+    cupy = pytest.importorskip("cupy")
+    from linred import tune
+
+    path = tmp_path / "dispatch.json"
+    monkeypatch.setattr(linred.dispatch, "tune_cache_path", lambda: path)
+    linred.clear_plan_cache()
+    try:
+        assert tune.main(["--quick", "--n", str(1 << 20), "--repeats", "3"]) == 0
+        table = json.loads(path.read_text())
+        assert table["version"] == linred.dispatch.TABLE_VERSION
+        rules = table["rules"]
+        assert {(r["layout"], r.get("lengths", "any")) for r in rules} == {
+            ("fixed", "pow2"),
+            ("fixed", "other"),
+            ("variable", "any"),
+        }
+        for rule in rules:
+            assert rule["order"] and set(rule["order"]) <= set(tune.CANDIDATES), rule
+        assert any(r["upto_log2"] == 64 for r in rules if r["layout"] == "variable")
+        # L = 2 is size 1: the first power-of-two rule covers it, and is the table in force.
+        rule = next(r for r in rules if r.get("lengths") == "pow2")
+        assert linred.dispatch.preference(_gpu_problem(2))[: len(rule["order"])] == tuple(rule["order"])
+        x = np.random.default_rng(5).standard_normal(1 << 16).astype(np.float32)
+        got = cupy.asnumpy(linred.segmented_sum(cupy.asarray(x), 2))
+        want = x.astype(np.float64).reshape(-1, 2).sum(1)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    finally:
+        linred.dispatch.reload()
+        linred.clear_plan_cache()
+
+
+def test_tune_leaves_out_fixed_lengths_longer_than_its_buffer():
+    from linred import tune
+
+    todo = tune.jobs(tune.QUICK_GRID, 1 << 20)
+    fixed = [(size, lengths) for layout, _, _, size, lengths in todo if layout == "fixed"]
+    assert fixed and all(tune.fixed_length(size, lengths) <= 1 << 20 for size, lengths in fixed)
+    assert (19, "pow2") in fixed and (19, "other") in fixed  # 2^19 and 3 * 2^18 fit
+    assert (21, "pow2") not in fixed
+    assert [j for j in todo if j[0] == "variable"] == [("variable", "sum", "float32", s, "any") for s in (2, 5, 8, 11)]
+    assert len(tune.jobs(tune.QUICK_GRID, 1 << 24)) == 12 + 12 + 4  # every size fits 2^24
