@@ -308,11 +308,13 @@ def plan_cache_info() -> dict[str, int]:
 class _FastCall:
     """A repeated fixed-length call, reduced to what must happen per call.
 
-    Calls with a fixed ``segment_length`` and no ``offsets``, ``lengths``, ``out``,
-    ``dtype`` or ``stream`` are fully described by the reduction, ``L``, ``axis``,
-    ``backend`` and the input's type, shape, strides, dtype and device.  Once such
+    Calls with a fixed ``segment_length`` and no ``offsets``, ``lengths``, ``dtype``
+    or ``stream`` are fully described by the reduction, ``L``, ``axis``, ``backend``,
+    the input's type, shape, strides, dtype and device, and the same of ``out`` when
+    one is given (with its writeability where an array can be read-only).  Once such
     a call has gone through the validating path, later ones with the same
-    description skip straight to allocating the result and running the plan.
+    description skip straight to allocating the result (or taking ``out``, whose
+    description is that of an ``out`` already checked) and running the plan.
     """
 
     __slots__ = ("empty", "executor", "flat", "in_shape", "out_shape", "out_shape3", "prepare", "segments", "stream")
@@ -328,14 +330,15 @@ class _FastCall:
         self.out_shape = call.out_shape
         self.out_shape3 = call.problem.out_shape
 
-    def __call__(self, x: Any) -> Any:
+    def __call__(self, x: Any, out: Any = None) -> Any:
         x = self.prepare(x)
-        out = self.empty(self.out_shape)
+        result = self.empty(self.out_shape) if out is None else out
+        target = result if out is None else self.prepare(out)  # a torch out that requires grad: detached
         if self.flat:
-            self.executor(x, out, self.segments, self.stream())
+            self.executor(x, target, self.segments, self.stream())
         else:
-            self.executor(x.reshape(self.in_shape), out.reshape(self.out_shape3), self.segments, self.stream())
-        return out
+            self.executor(x.reshape(self.in_shape), target.reshape(self.out_shape3), self.segments, self.stream())
+        return result
 
 
 _fast: dict[tuple, _FastCall] = {}
@@ -356,34 +359,43 @@ def run(
     check: Any,
 ) -> Any:
     """The body of the public functions: prepare, look up or make a plan, execute."""
-    key = None
-    if (
+    fast_kind = (
         type(segment_length) is int
         and type(axis) is int
         and type(backend) is str
         and offsets is None
         and lengths is None
-        and out is None
         and dtype is None
         and stream is None
         and check is True
-    ):
-        describe = fast_keys.get(type(x))
-        if describe is not None:
-            key = (reduction, segment_length, axis, backend, describe(x), threading.get_ident())
-            fast = _fast.get(key)
-            if fast is not None:
-                _cache.hits += 1
-                return fast(x)
+    )
+    key = _fast_key(reduction, x, segment_length, axis, backend, out) if fast_kind else None
+    if key is not None:
+        fast = _fast.get(key)
+        if fast is not None:
+            _cache.hits += 1
+            return fast(x, out)
     call = _prepare(reduction, x, segment_length, offsets, lengths, axis, dtype, backend, check, stream)
     _, executor = _cache.lookup(call)
     result = _execute(call, executor, out)
-    if key is not None and _cache.maxsize:
-        with _fast_lock:
-            if len(_fast) >= _cache.maxsize:
-                del _fast[next(iter(_fast))]
-            _fast[key] = _FastCall(call, executor)
+    if fast_kind and _cache.maxsize:
+        if key is None:  # an array type seen for the first time: its adapter has just registered its key
+            key = _fast_key(reduction, x, segment_length, axis, backend, out)
+        if key is not None:
+            with _fast_lock:
+                if len(_fast) >= _cache.maxsize:
+                    del _fast[next(iter(_fast))]
+                _fast[key] = _FastCall(call, executor)
     return result
+
+
+def _fast_key(reduction: str, x: Any, segment_length: int, axis: int, backend: str, out: Any) -> tuple | None:
+    """The fast path's key of a call (None where the array type has no fast path)."""
+    describe = fast_keys.get(type(x))
+    if describe is None or (out is not None and type(out) is not type(x)):
+        return None
+    where = None if out is None else describe(out)
+    return (reduction, segment_length, axis, backend, describe(x), where, threading.get_ident())
 
 
 class SegmentedReduction:

@@ -180,6 +180,45 @@ def test_cache_hits(clean_plan_cache):
     assert linred.plan_cache_info()["misses"] == after_first["misses"] + 1
 
 
+def test_repeated_calls_with_out_skip_the_checks_only_for_an_out_already_checked(
+    array_kind, backend, clean_plan_cache, monkeypatch
+):
+    """A repeated fixed-length call with ``out`` takes the fast path when ``out`` is described
+    like one already checked (same type, shape, strides, dtype, device and writeability); any
+    other ``out`` is checked again and refused with the usual error."""
+    import linred.plan
+
+    rng = np.random.default_rng(11)
+    x = to_kind(make_data("float32", (64, 3), rng), array_kind)
+    out = empty_like_kind(array_kind, (16, 3), "float32")
+    got = run_or_refused(linred.segmented_sum, x, 4, out=out, backend=backend)
+    assert got is out
+    prepared = []
+    real_prepare = linred.plan._prepare
+    monkeypatch.setattr(linred.plan, "_prepare", lambda *a: prepared.append(1) or real_prepare(*a))
+    for _ in range(3):
+        data = make_data("float32", (64, 3), rng)
+        other = empty_like_kind(array_kind, (16, 3), "float32")  # a new buffer, described the same
+        assert linred.segmented_sum(to_kind(data, array_kind), 4, out=other, backend=backend) is other
+        assert_reduction(other, "sum", data, segments=segment_bounds(64, segment_length=4), like=x)
+    assert prepared == []  # all three took the fast path
+    with pytest.raises(ValueError, match=r"out must have shape \(16, 3\); got \(8, 3\)"):
+        linred.segmented_sum(x, 4, out=empty_like_kind(array_kind, (8, 3), "float32"), backend=backend)
+    with pytest.raises(ValueError, match=r"out must have dtype float32; got float64"):
+        linred.segmented_sum(x, 4, out=empty_like_kind(array_kind, (16, 3), "float64"), backend=backend)
+    with pytest.raises(ValueError, match=r"out must be C-contiguous"):
+        wide = empty_like_kind(array_kind, (16, 6), "float32")
+        linred.segmented_sum(x, 4, out=wide[:, ::2], backend=backend)
+    with pytest.raises(TypeError, match=r"out must be a"):
+        linred.segmented_sum(x, 4, out=[0.0] * 48, backend=backend)
+    assert len(prepared) == 4  # each went through the checks
+    if array_kind == "numpy":
+        frozen = np.empty((16, 3), np.float32)
+        frozen.flags.writeable = False
+        with pytest.raises(ValueError, match=r"out must be writeable"):
+            linred.segmented_sum(x, 4, out=frozen, backend=backend)
+
+
 def test_cache_is_bounded(clean_plan_cache):
     linred.set_plan_cache_size(2)
     assert linred.plan_cache_info()["maxsize"] == 2

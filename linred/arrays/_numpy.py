@@ -134,4 +134,5 @@ def _no_stream() -> None:
 
 
 NUMPY = NumpyAdapter()
-fast_keys[np.ndarray] = lambda x: (x.shape, x.strides, x.dtype)
+# Writeability: a read-only array described like a checked ``out`` must not pass as one.
+fast_keys[np.ndarray] = lambda x: (x.shape, x.strides, x.dtype, x.flags.writeable)
