@@ -155,11 +155,11 @@ def _cases(x: np.ndarray, segment_lengths: Sequence[int], mean_length: int, rng:
 def _methods(target: _Target, case: _Case, backends: list[str]) -> list[tuple[str, Callable[[Any], Any] | str]]:
     """(label, function of ``out``) for linred's backends and the peers; a string where a backend refuses."""
     kwargs = target.device_kwargs(case.kwargs)
+    checked = {k: v for k, v in kwargs.items() if k != "check"}  # the plans validate the offsets
     methods: list[tuple[str, Callable[[Any], Any] | str]] = []
     for name in ["auto", *backends]:
         label = f"linred {name}"
         try:
-            checked = {k: v for k, v in kwargs.items() if k != "check"}  # the plan validates the offsets
             with linred.SegmentedReduction(target.x, **checked, backend=name) as plan:
                 chosen = plan.backend
         except linred.BackendError as e:

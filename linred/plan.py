@@ -332,8 +332,10 @@ class _FastCall:
 
     def __call__(self, x: Any, out: Any = None) -> Any:
         x = self.prepare(x)
-        result = self.empty(self.out_shape) if out is None else out
-        target = result if out is None else self.prepare(out)  # a torch out that requires grad: detached
+        if out is None:
+            result = target = self.empty(self.out_shape)
+        else:
+            result, target = out, self.prepare(out)  # a torch out that requires grad: detached
         if self.flat:
             self.executor(x, target, self.segments, self.stream())
         else:
