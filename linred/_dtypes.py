@@ -83,7 +83,9 @@ def resolve(reduction: str, in_name: str, requested: str | None) -> tuple[str, s
 
     - sum: bool and signed integers give int64, unsigned integers uint64, floating
       dtypes their own dtype; float16 and bfloat16 are accumulated in float32.
-    - mean: as sum for floating dtypes; integers give float64.
+    - mean: as sum for floating dtypes; integers are accumulated in float64 and give
+      float64, as NumPy's mean does (an int64 sum of, say, epoch-nanosecond timestamps
+      would overflow).
     - max, min: the input dtype (complex is rejected: it has no order).
     - ``requested`` (the ``dtype=`` argument) sets both, except that float16 and
       bfloat16 are still accumulated in float32.
@@ -108,8 +110,10 @@ def resolve(reduction: str, in_name: str, requested: str | None) -> tuple[str, s
         return acc, requested
     if in_name in FLOATING:
         return ("float32" if in_name in HALF else in_name), in_name
+    if reduction == "mean":
+        return "float64", "float64"
     acc = "uint64" if in_name in UNSIGNED else "int64"
-    return acc, ("float64" if reduction == "mean" else acc)
+    return acc, acc
 
 
 def identity(reduction: str, name: str) -> Any:

@@ -138,6 +138,11 @@ def _serve(name: str, problem: Problem) -> tuple[Backend | None, str | None]:
     if reason is not None:
         return None, reason
     backend = get_backend(name)
+    if not problem.plain and backend.reads_pointers:
+        return None, (
+            "it reads the data through raw pointers, and this array is byte-swapped, unaligned or has strides "
+            "that are not a multiple of its itemsize; backend='numpy' serves it, or pass a native contiguous copy"
+        )
     reason = backend.unsupported(problem)
     return (backend, None) if reason is None else (None, reason)
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from linred._dtypes import REDUCTIONS, dtype_name, identity, resolve
-from linred.arrays import ArrayAdapter, as_array, fast_keys
+from linred.arrays import ArrayAdapter, as_array, fast_keys, refusal
 from linred.backends.base import Executor
 from linred.backends.registry import check_backend_name
 from linred.dispatch import select
@@ -105,16 +105,26 @@ def _prepare(
         num_segments=m,
         segment_length=segments.length if isinstance(segments, FixedSegments) else None,
         offsets_dtype=None if isinstance(segments, FixedSegments) else segments.key[2],
+        plain=info.plain,
     )
     out_shape = (*info.shape[:axis], m, *info.shape[axis + 1 :])
     return _Call(problem, backend, adapter, x3, segments, out_shape, handle)
 
 
-def _check_out(out: Any, call: _Call) -> None:
+def _check_out(out: Any, call: _Call) -> bool:
+    """Validate ``out``; return whether the result can be written into it directly.
+
+    It cannot when it overlaps ``x`` (or the offsets), whose elements the reduction
+    still has to read, or when its memory is not plain (byte-swapped or unaligned):
+    the result is then computed into a new array and copied into ``out``.
+    """
     adapter = call.adapter
     problem = call.problem
     if type(out).__module__.split(".")[0] != adapter.kind or not hasattr(out, "shape"):
         raise TypeError(f"out must be a {adapter.type_name} like x; got {type(out).__module__}.{type(out).__name__}")
+    reason = refusal(out, "out")
+    if reason is not None:
+        raise TypeError(reason)
     info = adapter.info(out)
     if info.shape != call.out_shape:
         raise ValueError(f"out must have shape {call.out_shape}; got {info.shape}")
@@ -127,6 +137,10 @@ def _check_out(out: Any, call: _Call) -> None:
         raise ValueError("out must be C-contiguous")
     if not adapter.is_writeable(out):
         raise ValueError("out must be writeable (not read-only, not a lazily conjugated or negated view)")
+    if not info.plain or adapter.overlaps(out, call.x3):
+        return False
+    offsets = getattr(call.segments, "offsets", None)
+    return offsets is None or not adapter.overlaps(out, offsets)
 
 
 class _FillExecutor:
@@ -157,10 +171,14 @@ def _execute(call: _Call, executor: Executor, out: Any) -> Any:
     adapter = call.adapter
     problem = call.problem
     if out is None:
-        out = adapter.empty(call.out_shape, problem.out_dtype, problem.device)
-    else:
-        _check_out(out, call)
-    executor(call.x3, adapter.reshape(out, problem.out_shape), call.segments, call.stream)
+        out = target = adapter.empty(call.out_shape, problem.out_dtype, problem.device)
+    elif _check_out(out, call):
+        target = out
+    else:  # out overlaps the inputs or is not plain: a new result, then copied (NumPy's ufuncs do the same)
+        target = adapter.empty(call.out_shape, problem.out_dtype, problem.device)
+    executor(call.x3, adapter.reshape(target, problem.out_shape), call.segments, call.stream)
+    if target is not out:
+        adapter.copy(out, target, call.stream)
     return out
 
 
@@ -317,11 +335,15 @@ class _FastCall:
     description is that of an ``out`` already checked) and running the plan.
     """
 
-    __slots__ = ("empty", "executor", "flat", "in_shape", "out_shape", "out_shape3", "prepare", "segments", "stream")
+    __slots__ = (
+        "empty", "executor", "flat", "in_shape", "out_shape", "out_shape3", "overlaps", "prepare", "segments", "stream"
+    )  # fmt: skip
 
     def __init__(self, call: _Call, executor: Executor) -> None:
         fast = call.adapter.fast_path(call.problem.out_dtype, call.problem.device)
         self.prepare, self.empty, self.stream = fast
+        #: an ``out`` that overlaps ``x`` takes the checked path (which reduces into a new array)
+        self.overlaps = call.adapter.overlaps
         self.executor = executor
         # An executor that reads only device pointers takes the arrays as they come (no views).
         self.flat = getattr(executor, "flat", False)
@@ -374,13 +396,14 @@ def run(
     key = _fast_key(reduction, x, segment_length, axis, backend, out) if fast_kind else None
     if key is not None:
         fast = _fast.get(key)
-        if fast is not None:
+        if fast is not None and (out is None or not fast.overlaps(x, out)):
             _cache.hits += 1
             return fast(x, out)
     call = _prepare(reduction, x, segment_length, offsets, lengths, axis, dtype, backend, check, stream)
     _, executor = _cache.lookup(call)
     result = _execute(call, executor, out)
-    if fast_kind and _cache.maxsize:
+    # (an out that is not plain is described like no plain one: the fast path never sees it)
+    if fast_kind and _cache.maxsize and (out is None or call.adapter.info(out).plain):
         if key is None:  # an array type seen for the first time: its adapter has just registered its key
             key = _fast_key(reduction, x, segment_length, axis, backend, out)
         if key is not None:
@@ -521,7 +544,7 @@ class SegmentedReduction:
             )
         info = adapter.info(x)
         expected = self._info
-        for field in ("shape", "dtype", "device", "strides"):
+        for field in ("shape", "dtype", "device", "strides", "plain"):
             if getattr(info, field) != getattr(expected, field):
                 raise ValueError(
                     f"x must have the {field} of the array the plan was built for, {getattr(expected, field)}; "

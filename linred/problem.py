@@ -37,6 +37,11 @@ class Problem:
         ``L`` for fixed-length segments; None for offsets.
     offsets_dtype : str or None
         ``"int32"`` or ``"int64"`` for offsets; None for fixed length.
+    plain : bool
+        Whether the data's memory holds its elements as a typed pointer reads them
+        (native byte order, aligned, strides whole multiples of the itemsize; see
+        :class:`linred.arrays.ArrayInfo`).  Backends that read raw memory refuse
+        data that is not.
     """
 
     reduction: str
@@ -52,6 +57,7 @@ class Problem:
     num_segments: int
     segment_length: int | None
     offsets_dtype: str | None = None
+    plain: bool = True
 
     @property
     def fixed(self) -> bool:
@@ -73,6 +79,8 @@ class Problem:
         """A short human-readable summary, used in logs and error messages."""
         seg = f"L={self.segment_length}" if self.fixed else f"m={self.num_segments} variable"
         where = "host" if self.device is None else f"cuda:{self.device}"
+        if not self.plain:
+            where += " (byte-swapped, unaligned or with strides not a multiple of the itemsize)"
         return (
             f"segmented_{self.reduction} of {self.kind} {self.dtype} {self.in_shape} on {where}, {seg}, "
             f"accumulating in {self.acc_dtype}, result {self.out_dtype}"

@@ -71,10 +71,10 @@ def _offsets(value: Any, n: int, axis: int, adapter: ArrayAdapter, device: int |
     count = off.shape[0] - 1
     if not check:
         return VariableSegments(off, count)
-    first, last, lo, at, hi = adapter.offsets_summary(off)
+    first, last, at, lo, hi = adapter.offsets_summary(off)
     if first != 0:
         raise ValueError(f"offsets[0] must be 0; got {first}")
-    if lo < 0:
+    if at >= 0:
         before, after = adapter.value_at(off, at), adapter.value_at(off, at + 1)
         raise ValueError(f"offsets must be non-decreasing: offsets[{at + 1}]={after} < offsets[{at}]={before}")
     if last != n:
@@ -85,16 +85,20 @@ def _offsets(value: Any, n: int, axis: int, adapter: ArrayAdapter, device: int |
 def _lengths(value: Any, n: int, axis: int, adapter: ArrayAdapter, device: int | None, check: bool) -> VariableSegments:
     lengths = adapter.index_array(value, device, "lengths")
     _one_dimensional(lengths, "lengths")
-    max_length = None
-    if check:
-        lo, at, total, max_length = adapter.lengths_summary(lengths)
-        if lo < 0:
-            raise ValueError(f"lengths must be non-negative: lengths[{at}]={lo}")
-        if total != n:
-            raise ValueError(f"lengths must sum to the length of axis {axis} (n={n}); got {total}")
     off = adapter.lengths_to_offsets(lengths)
-    min_length = lo if check and lengths.shape[0] else None
-    return VariableSegments(off, lengths.shape[0], max_length, min_length)
+    if not check:
+        return VariableSegments(off, lengths.shape[0])
+    lo, at, hi, wrapped, total = adapter.lengths_summary(lengths, off)
+    if lo < 0:
+        raise ValueError(f"lengths must be non-negative: lengths[{at}]={lo}")
+    if wrapped:
+        raise ValueError(
+            f"lengths must sum to the length of axis {axis} (n={n}); their sum exceeds the int64 range "
+            f"(the largest is {hi})"
+        )
+    if total != n:
+        raise ValueError(f"lengths must sum to the length of axis {axis} (n={n}); got {total}")
+    return VariableSegments(off, lengths.shape[0], hi, lo if lengths.shape[0] else None)
 
 
 def parse_segments(

@@ -16,7 +16,7 @@ import numpy as np
 from linred.arrays._base import ArrayAdapter, ArrayInfo, fast_keys
 from linred.arrays._numpy import NUMPY
 
-__all__ = ["ArrayAdapter", "ArrayInfo", "adapter_for", "as_array", "fast_keys"]
+__all__ = ["ArrayAdapter", "ArrayInfo", "adapter_for", "as_array", "fast_keys", "refusal"]
 
 
 def _cupy_adapter() -> ArrayAdapter:
@@ -29,6 +29,30 @@ def _torch_adapter() -> ArrayAdapter:
     from linred.arrays._torch import TORCH
 
     return TORCH
+
+
+def refusal(x: Any, name: str) -> str | None:
+    """Why ``x``, a NumPy array or tensor of a known library, is still not an array linred reads.
+
+    Masked and sparse arrays, and array subclasses that carry meaning of their own
+    (``np.matrix``, units), would lose it silently: they are refused, not converted.
+    """
+    if isinstance(x, np.ndarray):
+        if isinstance(x, np.ma.MaskedArray):
+            return (
+                f"{name} is a NumPy masked array: linred does not apply masks; pass {name}.filled(value) "
+                f"or {name}.data to reduce explicit values"
+            )
+        if type(x) is not np.ndarray and not isinstance(x, np.memmap):
+            return (
+                f"{name} is a {type(x).__module__}.{type(x).__name__}, a NumPy array subclass whose meaning "
+                f"linred would drop; pass np.asarray({name}) to reduce its values as a plain array"
+            )
+        return None
+    layout = getattr(x, "layout", None)
+    if layout is not None and type(x).__module__.split(".")[0] == "torch" and str(layout) != "torch.strided":
+        return f"{name} is a torch tensor of layout {layout}: linred reads dense (strided) tensors only"
+    return None
 
 
 def adapter_for(x: Any) -> ArrayAdapter | None:
@@ -44,22 +68,33 @@ def adapter_for(x: Any) -> ArrayAdapter | None:
     return None
 
 
+#: what ``as_array`` converts with :func:`numpy.asarray`: nested Python sequences and numbers,
+#: NumPy scalars; any other object (another library's array, a DataFrame, a lazy or sparse
+#: array) is refused rather than copied to the host behind the caller's back
+_CONVERTIBLE = (list, tuple, int, float, complex, np.generic)
+
+
 def as_array(x: Any, name: str = "x") -> tuple[Any, ArrayAdapter]:
-    """Return ``(array, adapter)``; array-likes (lists, scalars' sequences) become NumPy arrays.
+    """Return ``(array, adapter)``; Python sequences and numbers become NumPy arrays.
 
     Raises
     ------
     TypeError
-        If ``x`` is neither a NumPy, CuPy or PyTorch array nor convertible to a
-        numeric NumPy array.
+        If ``x`` is neither a NumPy, CuPy or PyTorch array nor a sequence of
+        numbers, or is one that linred does not read as it is (masked, sparse,
+        an ndarray subclass).
     """
     adapter = adapter_for(x)
     if adapter is not None:
+        reason = refusal(x, name)
+        if reason is not None:
+            raise TypeError(reason)
         return x, adapter
-    if isinstance(x, (str, bytes, dict, set)) or x is None:
-        raise TypeError(
-            f"{name} must be a NumPy, CuPy or PyTorch array or a sequence of numbers; got {type(x).__name__}"
-        )
+    if not isinstance(x, _CONVERTIBLE) or isinstance(x, bool):
+        where = type(x).__module__
+        kind = type(x).__name__ if where == "builtins" else f"{where}.{type(x).__name__}"
+        hint = "" if where == "builtins" else f"; pass np.asarray({name}) to reduce a host copy of its values"
+        raise TypeError(f"{name} must be a NumPy, CuPy or PyTorch array or a sequence of numbers; got {kind}{hint}")
     try:
         arr = np.asarray(x)
     except (TypeError, ValueError) as e:

@@ -6,6 +6,19 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+
+def byte_range(pointer: int, shape: tuple[int, ...], byte_strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
+    """``[first, last)``: the addresses an array of this layout touches (empty for no element)."""
+    if 0 in shape:
+        return pointer, pointer
+    low = pointer + sum(s * (d - 1) for s, d in zip(byte_strides, shape, strict=True) if s < 0)
+    high = pointer + sum(s * (d - 1) for s, d in zip(byte_strides, shape, strict=True) if s > 0) + itemsize
+    return low, high
+
+
+def ranges_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < a[1] and b[0] < b[1] and a[0] < b[1] and b[0] < a[1]
+
 #: array type -> a cheap function of an array that, with the type, determines its
 #: shape, strides, dtype and device; each adapter module registers its type on import
 fast_keys: dict[type, Any] = {}
@@ -16,13 +29,18 @@ class ArrayInfo:
     """What linred needs to know about an array.
 
     ``strides`` are in elements, not bytes; ``device`` is None for host memory and
-    the CUDA device ordinal otherwise.
+    the CUDA device ordinal otherwise.  ``plain`` says that the memory holds the
+    elements as a typed pointer reads them: native byte order, every element aligned
+    to its itemsize, strides whole multiples of the itemsize (``strides`` is
+    meaningful only then).  A byte-swapped array, a field of a structured array or an
+    unaligned view is not plain.
     """
 
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     dtype: str
     device: int | None
+    plain: bool = True
 
 
 class ArrayAdapter:
@@ -64,6 +82,15 @@ class ArrayAdapter:
         """Set every element of ``x`` to ``value``, on ``stream`` for device arrays."""
         raise NotImplementedError
 
+    def copy(self, dst: Any, src: Any, stream: Any = None) -> None:
+        """``dst[...] = src`` (same shape and dtype), on ``stream`` for device arrays."""
+        raise NotImplementedError
+
+    def overlaps(self, a: Any, b: Any) -> bool:
+        """Whether the memory of ``a`` and ``b`` may overlap (a cheap, conservative test of
+        their address ranges: True may also mean interleaved without a common element)."""
+        raise NotImplementedError
+
     def index_array(self, obj: Any, device: int | None, name: str) -> Any:
         """``obj`` (any array-like) as a 1-D-or-more integer array of this kind on ``device``.
 
@@ -89,15 +116,20 @@ class ArrayAdapter:
     # synchronization, which is all ``check=True`` costs on a device.
 
     def offsets_summary(self, offsets: Any) -> tuple[int, int, int, int, int]:
-        """``(offsets[0], offsets[-1], min step, index of the min step, max step)``.
+        """``(offsets[0], offsets[-1], at, min step, max step)``.
 
-        The steps are ``offsets[1:] - offsets[:-1]`` (the segment lengths); for a
-        single offset the three step values are 0.
+        ``at`` is the first ``i`` with ``offsets[i + 1] < offsets[i]``, or -1 when the
+        offsets never decrease; the steps ``offsets[1:] - offsets[:-1]`` (the segment
+        lengths) are meaningful only then (they may wrap around otherwise).  For a single
+        offset, ``at`` is -1 and the steps 0.
         """
         raise NotImplementedError
 
-    def lengths_summary(self, lengths: Any) -> tuple[int, int, int, int]:
-        """``(min length, index of the min, sum, max length)``; zeros for an empty array."""
+    def lengths_summary(self, lengths: Any, offsets: Any) -> tuple[int, int, int, bool, int]:
+        """``(min length, index of the min, max length, wrapped, offsets[-1])`` of ``lengths`` and
+        the ``offsets`` that :meth:`lengths_to_offsets` made of them; ``wrapped`` says that their
+        running sum overflowed int64 (the offsets decrease somewhere).  Zeros and False for an
+        empty array."""
         raise NotImplementedError
 
     def lengths_to_offsets(self, lengths: Any) -> Any:

@@ -9,7 +9,7 @@ import cupy
 import numpy as np
 
 from linred._dtypes import dtype_name
-from linred.arrays._base import ArrayAdapter, ArrayInfo, fast_keys
+from linred.arrays._base import ArrayAdapter, ArrayInfo, byte_range, fast_keys, ranges_overlap
 from linred.arrays._numpy import _identity, _int_array, _lengths_summary, _lengths_to_offsets, _offsets_summary
 from linred.arrays._streams import ProtocolStream, stream_handle
 
@@ -30,13 +30,18 @@ def external_stream(handle: int, device: int) -> Any:
         return from_external(ProtocolStream(handle))
 
 
+def _range(a: cupy.ndarray) -> tuple[int, int]:
+    return byte_range(a.data.ptr, a.shape, a.strides, a.dtype.itemsize)
+
+
 class CupyAdapter(ArrayAdapter):
     kind = "cupy"
     type_name = "cupy.ndarray"
 
     def info(self, x: cupy.ndarray) -> ArrayInfo:
         itemsize = x.dtype.itemsize
-        return ArrayInfo(x.shape, tuple(s // itemsize for s in x.strides), dtype_name(x.dtype), x.device.id)
+        plain = x.data.ptr % itemsize == 0 and all(s % itemsize == 0 for s in x.strides)
+        return ArrayInfo(x.shape, tuple(s // itemsize for s in x.strides), dtype_name(x.dtype), x.device.id, plain)
 
     def device_of(self, x: cupy.ndarray) -> int:
         return x.device.id
@@ -56,6 +61,17 @@ class CupyAdapter(ArrayAdapter):
             target = cupy.cuda.get_current_stream() if stream is None else external_stream(stream, x.device.id)
             with target:
                 x.fill(value)
+
+    def copy(self, dst: cupy.ndarray, src: cupy.ndarray, stream: Any = None) -> None:
+        with dst.device:
+            target = cupy.cuda.get_current_stream() if stream is None else external_stream(stream, dst.device.id)
+            with target:
+                dst[...] = src
+
+    def overlaps(self, a: cupy.ndarray, b: cupy.ndarray) -> bool:
+        if a.device.id != b.device.id:
+            return False
+        return ranges_overlap(_range(a), _range(b))
 
     def index_array(self, obj: Any, device: int | None, name: str) -> cupy.ndarray:
         if isinstance(obj, cupy.ndarray):
@@ -104,9 +120,9 @@ class CupyAdapter(ArrayAdapter):
         with offsets.device:
             return _offsets_summary(cupy, offsets)
 
-    def lengths_summary(self, lengths: cupy.ndarray) -> tuple[int, int, int, int]:
+    def lengths_summary(self, lengths: cupy.ndarray, offsets: cupy.ndarray) -> tuple[int, int, int, bool, int]:
         with lengths.device:
-            return _lengths_summary(cupy, lengths)
+            return _lengths_summary(cupy, lengths, offsets)
 
     def lengths_to_offsets(self, lengths: cupy.ndarray) -> cupy.ndarray:
         with lengths.device:

@@ -22,40 +22,50 @@ def _int_array(xp: Any, obj: Any, name: str, **asarray_kwargs: Any) -> Any:
     if kind == "b" or kind not in "iu":
         raise TypeError(f"{name} must be an array of integers; got dtype {a.dtype}")
     if a.dtype.name not in ("int32", "int64"):
+        if xp is np and a.dtype == np.uint64 and a.size and int(a.max()) > np.iinfo(np.int64).max:
+            # (device arrays: the wrapped, negative values fail the checks of check=True)
+            raise ValueError(f"{name} must fit in int64; got {int(a.max())}")
         a = a.astype(xp.int64)
     return a
 
 
 def _offsets_summary(xp: Any, off: Any) -> tuple[int, int, int, int, int]:
     if off.shape[0] < 2:
-        return int(off[0]), int(off[-1]), 0, 0, 0
-    steps = xp.diff(off)
+        return int(off[0]), int(off[-1]), -1, 0, 0
+    # Order is tested by comparison, not by the sign of a difference: differences of
+    # far-apart int64 (or int32) offsets wrap around.
+    down = off[1:] < off[:-1]
+    at = xp.argmax(down)
+    steps = xp.diff(off)  # exact once the offsets are known to be ordered and within [0, n]
     summary = xp.stack(
         [
             off[0].astype(xp.int64),
             off[-1].astype(xp.int64),
+            xp.where(down[at], at, -1).astype(xp.int64),
             steps.min().astype(xp.int64),
-            xp.argmin(steps).astype(xp.int64),
             steps.max().astype(xp.int64),
         ]
     )
-    first, last, lo, at, hi = (int(v) for v in summary.tolist())  # the one synchronization
-    return first, last, lo, at, hi
+    first, last, at, lo, hi = (int(v) for v in summary.tolist())  # the one synchronization
+    return first, last, at, lo, hi
 
 
-def _lengths_summary(xp: Any, lengths: Any) -> tuple[int, int, int, int]:
+def _lengths_summary(xp: Any, lengths: Any, off: Any) -> tuple[int, int, int, bool, int]:
     if lengths.shape[0] == 0:
-        return 0, 0, 0, 0
+        return 0, 0, 0, False, 0
+    # Non-negative lengths give non-decreasing offsets unless their running sum wrapped
+    # around int64: a decrease of the offsets is that overflow.
     summary = xp.stack(
         [
             lengths.min().astype(xp.int64),
             xp.argmin(lengths).astype(xp.int64),
-            lengths.sum(dtype=xp.int64),
             lengths.max().astype(xp.int64),
+            (off[1:] < off[:-1]).any().astype(xp.int64),
+            off[-1],
         ]
     )
-    lo, at, total, hi = (int(v) for v in summary.tolist())
-    return lo, at, total, hi
+    lo, at, hi, wrapped, total = (int(v) for v in summary.tolist())
+    return lo, at, hi, bool(wrapped), total
 
 
 def _lengths_to_offsets(xp: Any, lengths: Any) -> Any:
@@ -71,7 +81,8 @@ class NumpyAdapter(ArrayAdapter):
 
     def info(self, x: np.ndarray) -> ArrayInfo:
         itemsize = x.dtype.itemsize
-        return ArrayInfo(x.shape, tuple(s // itemsize for s in x.strides), dtype_name(x.dtype), None)
+        plain = x.dtype.isnative and x.flags.aligned and all(s % itemsize == 0 for s in x.strides)
+        return ArrayInfo(x.shape, tuple(s // itemsize for s in x.strides), dtype_name(x.dtype), None, plain)
 
     def device_of(self, x: np.ndarray) -> None:
         return None
@@ -90,6 +101,12 @@ class NumpyAdapter(ArrayAdapter):
 
     def fill(self, x: np.ndarray, value: Any, stream: Any = None) -> None:
         x.fill(value)
+
+    def copy(self, dst: np.ndarray, src: np.ndarray, stream: Any = None) -> None:
+        np.copyto(dst, src)
+
+    def overlaps(self, a: np.ndarray, b: np.ndarray) -> bool:
+        return bool(np.may_share_memory(a, b))
 
     def index_array(self, obj: Any, device: int | None, name: str) -> np.ndarray:
         if device is not None:
@@ -118,8 +135,8 @@ class NumpyAdapter(ArrayAdapter):
     def offsets_summary(self, offsets: np.ndarray) -> tuple[int, int, int, int, int]:
         return _offsets_summary(np, offsets)
 
-    def lengths_summary(self, lengths: np.ndarray) -> tuple[int, int, int, int]:
-        return _lengths_summary(np, lengths)
+    def lengths_summary(self, lengths: np.ndarray, offsets: np.ndarray) -> tuple[int, int, int, bool, int]:
+        return _lengths_summary(np, lengths, offsets)
 
     def lengths_to_offsets(self, lengths: np.ndarray) -> np.ndarray:
         return _lengths_to_offsets(np, lengths)
@@ -134,5 +151,6 @@ def _no_stream() -> None:
 
 
 NUMPY = NumpyAdapter()
-# Writeability: a read-only array described like a checked ``out`` must not pass as one.
-fast_keys[np.ndarray] = lambda x: (x.shape, x.strides, x.dtype, x.flags.writeable)
+# Writeability: a read-only array described like a checked ``out`` must not pass as one; alignment
+# (and the byte order, in the dtype): an array that is not plain must not pass as a plain one.
+fast_keys[np.ndarray] = lambda x: (x.shape, x.strides, x.dtype, x.flags.writeable, x.flags.aligned)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from linred._dtypes import dtype_name
-from linred.arrays._base import ArrayAdapter, ArrayInfo, fast_keys
+from linred.arrays._base import ArrayAdapter, ArrayInfo, byte_range, fast_keys, ranges_overlap
 from linred.arrays._streams import stream_handle
 
 _TORCH_DTYPES = {
@@ -60,6 +60,11 @@ def _current_stream_handle(device: int) -> Any:
 
 def _device(device: int | None) -> torch.device:
     return torch.device("cpu") if device is None else torch.device("cuda", device)
+
+
+def _range(t: torch.Tensor) -> tuple[int, int]:
+    size = t.element_size()
+    return byte_range(t.data_ptr(), tuple(t.shape), tuple(s * size for s in t.stride()), size)
 
 
 class TorchAdapter(ArrayAdapter):
@@ -113,6 +118,18 @@ class TorchAdapter(ArrayAdapter):
         with torch.cuda.stream(torch_stream(stream, x.device)):
             x.fill_(value)
 
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: Any = None) -> None:
+        if stream is None or dst.device.type != "cuda" or torch.cuda.current_stream(dst.device).cuda_stream == stream:
+            dst.copy_(src)
+            return
+        with torch.cuda.stream(torch_stream(stream, dst.device)):
+            dst.copy_(src)
+
+    def overlaps(self, a: torch.Tensor, b: torch.Tensor) -> bool:
+        if a.device != b.device:
+            return False
+        return ranges_overlap(_range(a), _range(b))
+
     def index_array(self, obj: Any, device: int | None, name: str) -> torch.Tensor:
         if isinstance(obj, torch.Tensor):
             t = obj
@@ -158,22 +175,36 @@ class TorchAdapter(ArrayAdapter):
 
     def offsets_summary(self, offsets: torch.Tensor) -> tuple[int, int, int, int, int]:
         if offsets.shape[0] < 2:
-            return int(offsets[0]), int(offsets[-1]), 0, 0, 0
+            return int(offsets[0]), int(offsets[-1]), -1, 0, 0
+        down = offsets[1:] < offsets[:-1]  # compared, not subtracted: differences may wrap
+        at = down.int().argmax()
         steps = torch.diff(offsets)
         summary = torch.stack(
-            [offsets[0].long(), offsets[-1].long(), steps.min().long(), steps.argmin(), steps.max().long()]
+            [
+                offsets[0].long(),
+                offsets[-1].long(),
+                torch.where(down[at], at, -1).long(),
+                steps.min().long(),
+                steps.max().long(),
+            ]
         )
-        first, last, lo, at, hi = summary.tolist()
-        return first, last, lo, at, hi
+        first, last, at, lo, hi = summary.tolist()
+        return first, last, at, lo, hi
 
-    def lengths_summary(self, lengths: torch.Tensor) -> tuple[int, int, int, int]:
+    def lengths_summary(self, lengths: torch.Tensor, offsets: torch.Tensor) -> tuple[int, int, int, bool, int]:
         if lengths.shape[0] == 0:
-            return 0, 0, 0, 0
+            return 0, 0, 0, False, 0
         summary = torch.stack(
-            [lengths.min().long(), lengths.argmin(), lengths.sum(dtype=torch.int64), lengths.max().long()]
+            [
+                lengths.min().long(),
+                lengths.argmin(),
+                lengths.max().long(),
+                (offsets[1:] < offsets[:-1]).any().long(),
+                offsets[-1],
+            ]
         )
-        lo, at, total, hi = summary.tolist()
-        return lo, at, total, hi
+        lo, at, hi, wrapped, total = summary.tolist()
+        return lo, at, hi, bool(wrapped), total
 
     def lengths_to_offsets(self, lengths: torch.Tensor) -> torch.Tensor:
         off = torch.zeros(lengths.shape[0] + 1, dtype=torch.int64, device=lengths.device)

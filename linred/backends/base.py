@@ -45,6 +45,9 @@ class Backend:
     name: ClassVar[str] = ""
     #: one line for ``linred info``, the README and error messages
     summary: ClassVar[str] = ""
+    #: whether the backend reads the data through raw pointers and element strides (then
+    #: it cannot serve data whose memory is not plain: see :attr:`Problem.plain`)
+    reads_pointers: ClassVar[bool] = True
 
     def unavailable(self) -> str | None:
         """Why this backend cannot run on this machine, or None if it can."""

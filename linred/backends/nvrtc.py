@@ -629,9 +629,9 @@ class _WarpExecutor(_Runs):
         wt = 32 * _warp_items(problem)
         super().__init__(problem, launch, tile=wt, max_k=tuning.max_tiles_per_warp, per_block=tuning.threads // 32,
                          min_blocks=tuning.min_blocks_warp, bounds=False)  # fmt: skip
-        L = problem.segment_length
-        # Fixed lengths dividing a run never span two runs: no partials to combine.
-        self._needs_fixup = not (problem.fixed and (wt * self._k) % L == 0)
+        # Always a fix-up: warp_reduce finishes a segment at the first mark after its end, so a
+        # segment that ends exactly where a run ends (every run's last one, when a fixed length
+        # divides the run) is left open as the run's tail and written by the fix-up.
         self._tiles: _TileExecutor | None = None
         self._compiled: tuple[tuple[Any, Any, Any], Any] | None = None
 
