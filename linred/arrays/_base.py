@@ -19,6 +19,7 @@ def byte_range(pointer: int, shape: tuple[int, ...], byte_strides: tuple[int, ..
 def ranges_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] < a[1] and b[0] < b[1] and a[0] < b[1] and b[0] < a[1]
 
+
 #: array type -> a cheap function of an array that, with the type, determines its
 #: shape, strides, dtype and device; each adapter module registers its type on import
 fast_keys: dict[type, Any] = {}

@@ -160,7 +160,7 @@ def _fixed_sum(x4: np.ndarray, out3: np.ndarray, acc: np.dtype, ones: np.ndarray
         _fixed_sum(x4.imag, out3.imag, real, ones)
         return
     longest = BLAS_BLOCK if D == 1 else BLAS_BLOCK_FEATURES
-    if L > longest:
+    if longest < L:
         _long_sum(x4, out3, acc, ones)
         return
     if x4.dtype == acc and out3.dtype == acc:
