@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from linred import _dynamo
+from linred._dynamo import opaque
 from linred.backends.registry import BackendName
-from linred.plan import run
 
 __all__ = ["segmented_max", "segmented_mean", "segmented_min", "segmented_sum"]
 
@@ -75,6 +76,7 @@ def _doc(summary: str, extended: str, see_also: str, example: str, mean_dtype: s
     )
 
 
+@opaque
 def segmented_sum(
     x: Any,
     segment_length: int | None = None,
@@ -88,9 +90,10 @@ def segmented_sum(
     stream: Any = None,
     check: bool = True,
 ) -> Any:
-    return run("sum", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    return _dynamo.run("sum", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
+@opaque
 def segmented_mean(
     x: Any,
     segment_length: int | None = None,
@@ -104,9 +107,10 @@ def segmented_mean(
     stream: Any = None,
     check: bool = True,
 ) -> Any:
-    return run("mean", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    return _dynamo.run("mean", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
+@opaque
 def segmented_max(
     x: Any,
     segment_length: int | None = None,
@@ -120,9 +124,10 @@ def segmented_max(
     stream: Any = None,
     check: bool = True,
 ) -> Any:
-    return run("max", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    return _dynamo.run("max", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
+@opaque
 def segmented_min(
     x: Any,
     segment_length: int | None = None,
@@ -136,7 +141,7 @@ def segmented_min(
     stream: Any = None,
     check: bool = True,
 ) -> Any:
-    return run("min", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    return _dynamo.run("min", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
 _PRECISION = """\

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from linred._dtypes import dtype_name
+from linred._dynamo import register_torch
 from linred.arrays._base import ArrayAdapter, ArrayInfo, byte_range, fast_keys, ranges_overlap
 from linred.arrays._streams import stream_handle
 
@@ -213,5 +214,6 @@ class TorchAdapter(ArrayAdapter):
 
 
 TORCH = TorchAdapter()
+register_torch()  # linred calls inside torch.compile run eagerly (see linred._dynamo)
 # is_conj/is_neg decide whether prepare() copies: part of what a repeated call must match.
 fast_keys[torch.Tensor] = lambda x: (x.shape, x.stride(), x.dtype, x.device, x.is_conj(), x.is_neg())
