@@ -175,6 +175,8 @@ class Refused(Exception):
 
 
 REFUSALS: collections.Counter = collections.Counter()
+#: calls the differential suite checked (tests/test_differential.py), refused and found wrong
+DIFFERENTIAL: collections.Counter = collections.Counter()
 
 
 def is_host_array(x: Any) -> bool:
@@ -220,6 +222,12 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if DIFFERENTIAL:
+        terminalreporter.section("differential suite")
+        terminalreporter.write_line(
+            f"{DIFFERENTIAL['calls']} calls checked against the float64 reference "
+            f"({DIFFERENTIAL['refused']} proper refusals by named backends), {DIFFERENTIAL['failed']} wrong"
+        )
     if not REFUSALS:
         return
     terminalreporter.section("backend refusals (proper BackendError; counted as passed)")

@@ -31,6 +31,7 @@ from conftest import HAS_CUPY_GPU, HAS_TORCH, HAS_TORCH_CUDA, assert_reduction, 
 import linred
 from linred.backends import _nvmath_layout as layouts
 from linred.backends import registry
+from linred.backends._nvmath_layout import HOST_SEQUENTIAL_MAX
 from linred.problem import Problem
 
 if HAS_TORCH:
@@ -131,9 +132,11 @@ def test_host_forms(case, dtype, reduction, rng):
         got = fixed(reduction, x, L, axis)
     except linred.BackendError as e:
         # complex data is summed as (real, imaginary) features: strided features, or a batch that
-        # does not merge with the segments, have no real form
+        # does not merge with the segments, have no real form; complex64 feature rows longer than
+        # MKL adds accurately in float32 are refused
         assert dtype.startswith("complex"), e.reason
-        assert "complex features" in e.reason or "do not merge" in e.reason, e.reason
+        too_long = dtype == "complex64" and L > HOST_SEQUENTIAL_MAX and "float32 digits" in e.reason
+        assert "complex features" in e.reason or "do not merge" in e.reason or too_long, e.reason
         return
     check(got, reduction, x, L, axis, like=x)
 

@@ -11,35 +11,38 @@ the kernel cache, so that the sanitized runs compile nothing), then once under e
 ``compute-sanitizer --tool memcheck|racecheck|initcheck|synccheck``, parses every
 tool's ``ERROR SUMMARY`` and prints a table.
 
-Usage
------
-On the GPU machine, from the repository root (logs go to ``$OUT/sanitize``)::
-
-    PYTHONPATH=$PWD:/tmp/site python tools/sanitize_kernels.py --log-dir $OUT/sanitize
-
-``--quick`` keeps only the ``k*T`` member of every boundary triple; ``--tools
-memcheck,racecheck`` picks tools; ``--list`` (no GPU needed) prints the planned calls
-and the entry points each should reach; ``--help`` lists the rest.
-
-Entry points
-------------
-``linred/backends/nvrtc.py`` (wrappers of ``linred/kernels/segreduce.cuh``):
-``linred_fixed`` (``fixed_small`` and ``fixed_rows``), ``linred_long`` (``fixed_long``),
-``linred_warp`` + ``linred_fixup`` (``warp_reduce``), ``linred_tile`` + ``linred_fixup`` +
-``linred_bounds`` (``tile_reduce``), ``linred_features`` (``features_reduce``).
-``tile_reduce`` with 16-byte vector loads (``linred_tile:vecload``) is only planned for
-more than 2**31 segments; the driver reaches it by calling ``_TileExecutor`` directly.
+The entry points.  ``linred/backends/nvrtc.py`` (wrappers of
+``linred/kernels/segreduce.cuh``): ``linred_fixed`` (``fixed_small`` and ``fixed_rows``),
+``linred_long`` (``fixed_long``), ``linred_warp`` + ``linred_fixup`` (``warp_reduce``),
+``linred_tile`` + ``linred_fixup`` + ``linred_bounds`` (``tile_reduce``),
+``linred_features`` (``features_reduce``).  ``tile_reduce`` with 16-byte vector loads
+(``linred_tile:vecload``) is planned only for aligned rows with 2**31 segments or more;
+the driver reaches it by calling ``nvrtc._TileExecutor`` directly.
 ``linred/backends/_gpu.py`` (CuPy ``ElementwiseKernel``, compiled with NVRTC, run by the
 ``cub`` backend): ``linred_strided_*``, ``linred_divide_by_lengths_*``,
 ``linred_fill_empty``, ``linred_cast_bf16``.  ``linred/backends/cub.py``'s ``_SOURCES``
-are LTO-IR operators linked into CUB's kernels by cuda.compute (not kernels of their
-own): the driver records which ones the ``cub`` calls build (``op:linred_*``), and the
+are LTO-IR operators that cuda.compute links into CUB's kernels (not kernels of their
+own): the driver records which ones its ``cub`` calls build (``op:linred_*``), and the
 sanitizers check them inside the CUB kernels.
+
+Examples
+--------
+On the GPU machine, from the repository root, all four tools (logs in ``$OUT/sanitize``)::
+
+    PYTHONPATH=$PWD:/tmp/site python tools/sanitize_kernels.py --log-dir $OUT/sanitize
+
+Fewer calls (only the ``k*T`` member of every boundary triple), two tools::
+
+    PYTHONPATH=$PWD:/tmp/site python tools/sanitize_kernels.py --quick --tools memcheck,racecheck
+
+Without a GPU: the planned calls and the entry points each should reach::
+
+    python tools/sanitize_kernels.py --list
 
 Notes
 -----
 - Flags: ``--report-api-errors no --error-exitcode 99 --target-processes all
-  --print-limit 10000 --log-file <log>``; racecheck adds ``--racecheck-report
+  --print-limit 1000 --log-file <log>``; racecheck adds ``--racecheck-report
   analysis``.  No kernel filter by default: every kernel of the driver process is
   checked (nearly all are linred's: ``backend=`` is pinned, the data and offsets are
   copied from the host with ``cudaMemcpy``, offsets are not validated (``check=False``),
@@ -55,13 +58,20 @@ Notes
   (``cupy.cuda.set_allocator(None)``) and PyTorch's caching allocator too
   (``PYTORCH_NO_CUDA_MEMORY_CACHING=1``).
 - Tools run concurrently (``--parallel``, default 4) on the one GPU; ``--parallel 1``
-  runs them one after another.  Each has its own ``--timeout`` (seconds).
+  runs them one after another.  Each has its own ``--timeout`` (seconds, default 420).
+  The native run is split into ``--jobs`` processes, which compile into a shared
+  temporary kernel cache (``LINRED_CACHE_DIR``), removed at the end.
+- Which entry points a call should reach: ``NvrtcBackend.plan`` itself, with its
+  executor classes replaced by stubs for the duration (no GPU touched), then the
+  executors' run-time rule (data that is not 16-byte aligned goes to ``tile_reduce``,
+  via ``_Runs._rows_aligned``).  Two rules without a function of their own are
+  reproduced: the tiles per run (``_Runs.__init__``) and when ``tile_reduce`` needs its
+  fix-up (``_TileExecutor.__init__``).  Launches are counted by wrapping
+  ``linred.kernels.compiler.get_kernels`` and ``cuda.core.launch``; some calls plan
+  with ``_Launcher.sms`` set to 1, so that small data gets several tiles per run.
 - Exit status: 0 clean and correct; 1 a tool reported errors, a result was wrong, an
   entry point was not reached or a run timed out or crashed; 2 compute-sanitizer, CuPy,
   a GPU or linred's nvrtc backend is missing (a one-line reason, no traceback).
-- The boundary arithmetic reproduces two rules of ``nvrtc.py`` that have no function of
-  their own: the tiles per run (``_Runs.__init__``) and when ``tile_reduce`` needs its
-  fix-up (``_TileExecutor.__init__``); the rest calls linred's own functions.
 """
 
 from __future__ import annotations
@@ -169,7 +179,8 @@ class Case:
             seg = f"L={self.L} m={self.m}"
         else:
             ln = self.lengths
-            seg = f"offsets({self.index_dtype}) m={len(ln)} len {int(ln.min())}..{int(ln.max())} empty={int((ln == 0).sum())}"
+            seg = f"offsets({self.index_dtype}) m={len(ln)} len {int(ln.min())}..{int(ln.max())}"
+            seg += f" empty={int((ln == 0).sum())}"
         extra = "".join(
             [
                 f" dtype={self.out_dtype}" if self.out_dtype else "",
@@ -195,6 +206,7 @@ class ShapeSet:
     k: int = 1
     why: str = ""
     cases: list[Case] = field(default_factory=list)
+    tile: int | None = None  #: for quantity "starts": the tile whose segment starts are counted
 
     @property
     def values(self) -> tuple[int, ...]:
@@ -260,6 +272,18 @@ def _tiles_per_run(b: int, n: int, tile: int, max_k: int, per_block: int, min_bl
     return k
 
 
+def _run_with_k(k_of: Callable[[int], int], tile: int, max_k: int, target: int = 1 << 18) -> tuple[int, int]:
+    """(k, m): the most tiles per run k >= 2 (a power of two up to max_k) that ``k_of`` (n -> k) gives
+    for all of m segments of length k*tile - 1, k*tile and k*tile + 1, with m*k*tile near ``target``."""
+    ks = [k for k in (2**i for i in range(max_k.bit_length())) if 2 <= k <= max_k]
+    for k in reversed(ks):
+        run = k * tile
+        m = max(2, target // run)
+        if all(k_of(m * v) == k for v in (run - 1, run, run + 1)):
+            return k, m
+    return 1, max(2, target // tile)
+
+
 class Constants:
     """The tile constants, read from linred.backends.nvrtc through probe problems."""
 
@@ -268,9 +292,7 @@ class Constants:
         self.t = self.nv.TUNING
 
     def probe(self, reduction: str, dtype: str, L: int) -> Any:
-        return _problem_of(
-            Case("probe", reduction, dtype, "cupy", (2 * L,), 0, L=L), host=True, kind="cupy", device=0
-        )
+        return _problem_of(Case("probe", reduction, dtype, "cupy", (2 * L,), 0, L=L))
 
     def vec(self, dtype: str) -> int:
         return self.nv._vec(self.probe("sum", dtype, 64))
@@ -285,9 +307,6 @@ class Constants:
         """Vectors per block chunk of fixed_long for length L."""
         p = self.probe(reduction, dtype, L)
         return self.nv._long_threads(p, self.t) * self.nv._long_unroll(p, self.t)
-
-    def long_threads(self, reduction: str, dtype: str, L: int) -> int:
-        return self.nv._long_threads(self.probe(reduction, dtype, L), self.t)
 
     def warp_tile(self, reduction: str, dtype: str) -> int:
         return 32 * self.nv._warp_items(self.probe(reduction, dtype, 64))
@@ -320,7 +339,6 @@ def _singles(sets: list[ShapeSet], name: str, target: str, cases: Sequence[Case]
 def build_sets(quick: bool = False, groups: Sequence[str] = GROUPS) -> list[ShapeSet]:
     """Every shape set of the driver (``quick``: only the k*T member of each triple)."""
     c = Constants()
-    t = c.t
     sets: list[ShapeSet] = []
     if "nvrtc" in groups:
         _fixed_small_sets(sets, c)
@@ -335,7 +353,6 @@ def build_sets(quick: bool = False, groups: Sequence[str] = GROUPS) -> list[Shap
         for s in sets:
             if s.T is not None:
                 s.cases = [x for x in s.cases if x.value == s.k * s.T]
-    del t
     return sets
 
 
@@ -353,10 +370,9 @@ def _fixed_small_sets(sets: list[ShapeSet], c: Constants) -> None:
     ]
     for dtype, red, kind, per_vec, k in specs:
         L = int(per_vec * c.vec(dtype))
-        kernel, chunk = c.fixed_chunk(red, dtype, L)
-        assert kernel == "fixed_small", (dtype, L, kernel)
+        kernel, chunk = c.fixed_chunk(red, dtype, L)  # fixed_small unless the tuning changed
         _triple(
-            sets, f"fixed_small/{dtype}-{red}-L{L}", "linred_fixed:fixed_small", "m", chunk // L, k,
+            sets, f"{kernel}/{dtype}-{red}-L{L}", f"linred_fixed:{kernel}", "m", chunk // L, k,
             f"segments per block chunk = threads*unroll*vec/L = {chunk}/{L}",
             lambda name, m, dtype=dtype, red=red, kind=kind, L=L: Case(name, red, dtype, kind, (m * L,), 0, L=L),
         )  # fmt: skip
@@ -373,14 +389,13 @@ def _fixed_rows_sets(sets: list[ShapeSet], c: Constants) -> None:
     ]
     for dtype, red, kind, rows, k, b in specs:
         L = rows * 32 * c.vec(dtype)
-        kernel, chunk = c.fixed_chunk(red, dtype, L)
-        assert kernel == "fixed_rows", (dtype, L, kernel)
+        kernel, chunk = c.fixed_chunk(red, dtype, L)  # fixed_rows unless the tuning changed
 
         def make(name: str, m: int, dtype: str = dtype, red: str = red, kind: str = kind, L: int = L, b: int = b):
             shape, axis = ((m * L,), 0) if b == 1 else ((b, m * L), 1)
             return Case(name, red, dtype, kind, shape, axis, L=L)
 
-        _triple(sets, f"fixed_rows/{dtype}-{red}-L{L}-b{b}", "linred_fixed:fixed_rows", "m", chunk // L, k,
+        _triple(sets, f"{kernel}/{dtype}-{red}-L{L}-b{b}", f"linred_fixed:{kernel}", "m", chunk // L, k,
                 f"segments per block chunk = threads*max(unroll, rows)*vec/L = {chunk}/{L}", make)  # fmt: skip
     _singles(sets, "fixed_rows/misaligned", "linred_tile", [
         Case("fixed_rows/misaligned/float32-sum", "sum", "float32", "cupy", (8 * 256,), 0, "offset1", L=256),
@@ -451,7 +466,7 @@ def _warp_sets(sets: list[ShapeSet], c: Constants) -> None:
         return Case(name, "sum", "int32", "cupy", (int(lengths.sum()),), 0, lengths=lengths)
 
     s = ShapeSet("warp/int32-sum-starts-per-tile", "linred_warp", "starts", OFFSETS_PER_READ, 1,
-                 f"offsets read {OFFSETS_PER_READ} at a time per warp tile of {wti}")  # fmt: skip
+                 f"offsets read {OFFSETS_PER_READ} at a time per warp tile of {wti}", tile=wti)  # fmt: skip
     for v in s.values:
         case = starts(f"{s.name}/starts={v}", v)
         case.value = v
@@ -459,13 +474,10 @@ def _warp_sets(sets: list[ShapeSet], c: Constants) -> None:
     sets.append(s)
     # several tiles per warp run: plan with 1 SM so that small data gets k > 1
     wt16 = c.warp_tile("max", "float16")
-    m = 128
-    k = c.warp_k(m * 2048, 1, wt=wt16)
-    run = k * wt16
-    assert all(c.warp_k(m * v, 1, wt=wt16) == k for v in (run - 1, run, run + 1))
+    k, m = _run_with_k(lambda n: c.warp_k(n, 1, wt=wt16), wt16, c.t.max_tiles_per_warp)
     _triple(
-        sets, "warp/float16-max-runs-L", "linred_warp", "L", run, 1,
-        f"warp run = k*warp tile = {k}*{wt16} (k with sms=1)",
+        sets, "warp/float16-max-runs-L", "linred_warp", "L", k * wt16, 1,
+        f"warp run = k*warp tile = {k}*{wt16} (k as nvrtc._Runs picks it with sms=1, m={m})",
         lambda name, L: Case(name, "max", "float16", "torch", (m * L,), 0, lengths=np.full(m, L), sms=1),
     )  # fmt: skip
     rng = _rng("warp/one-segment-over-many-runs")
@@ -511,12 +523,10 @@ def _tile_sets(sets: list[ShapeSet], c: Constants) -> None:
         lambda name, n: Case(name, "min", "float64", "cupy", (3, n), 1, "rows_offset1",
                              lengths=_lengths_to(n, 0, 50, _rng(name), 0.1)),
     )  # fmt: skip
-    m = 32
-    k = c.tile_k(m * 2 * T, 1)
-    run = k * T
-    assert all(c.tile_k(m * v, 1) == k for v in (run - 1, run, run + 1))
+    k, m = _run_with_k(lambda n: c.tile_k(n, 1), T, t.max_tiles_per_block)
     _triple(
-        sets, "tile/int32-sum-runs-L", "linred_tile", "L", run, 1, f"block run = k*tile = {k}*{T} (k with sms=1)",
+        sets, "tile/int32-sum-runs-L", "linred_tile", "L", k * T, 1,
+        f"block run = k*tile = {k}*{T} (k as nvrtc._Runs picks it with sms=1, m={m})",
         lambda name, L: Case(name, "sum", "int32", "cupy", (m * L,), 0, "stride2", lengths=np.full(m, L), sms=1),
     )  # fmt: skip
     items = T // t.threads
@@ -650,7 +660,7 @@ def _prepare(case: Case, x: Any, offsets: Any) -> Any:
     )  # fmt: skip
 
 
-def _problem_of(case: Case, host: bool = True, kind: str | None = None, device: int = 0) -> Any:
+def _problem_of(case: Case, kind: str | None = None, device: int = 0) -> Any:
     """The Problem linred makes of ``case``: from a NumPy twin of its view, moved to ``device``."""
     base = np.zeros(_base_shape(case), dtype=_numpy_dtype(case.dtype))
     call = _prepare(case, _view(base, case), None if case.lengths is None else case.offsets.astype(case.index_dtype))
@@ -825,7 +835,7 @@ class Recorder:
 
         def counting_get_kernels(device_id: int, wrapper: str, names: tuple[str, ...]) -> tuple[Any, ...]:
             kernels = get_kernels(device_id, wrapper, names)
-            for name, kernel in zip(names, kernels):
+            for name, kernel in zip(names, kernels, strict=True):
                 self.names[id(kernel)] = (kernel, *_entry_of(name, wrapper))
             return kernels
 
@@ -957,7 +967,7 @@ def compare(got: np.ndarray, case: Case, x: np.ndarray, out_dtype: str, acc_dtyp
     if out_dtype not in _EPS:  # integers and bool: exact
         want = ref.astype(np.dtype(out_dtype)) if out_dtype != "bool" else ref.astype(bool)
         bad = got != want
-    elif case.reduction in ("max", "min") or out_dtype == "bfloat16" and case.reduction != "mean":
+    elif case.reduction in ("max", "min"):
         want = ref.astype(np.float32).astype(_numpy_dtype(out_dtype)) if out_dtype == "bfloat16" else ref
         g, w = got.astype(np.float64), np.asarray(want, dtype=np.float64)
         bad = ~((g == w) | (np.isnan(g) & np.isnan(w)))
@@ -1066,7 +1076,7 @@ def _run_case(case: Case, libs: Libraries, recorder: Recorder) -> dict[str, Any]
             fn = getattr(linred, f"segmented_{case.reduction}")
             kwargs: dict[str, Any] = {"axis": case.axis, "backend": case.backend, "check": False}
             if case.out_dtype is not None:
-                kwargs["dtype"] = getattr(libs.torch, case.out_dtype) if case.kind == "torch" else case.out_dtype
+                kwargs["dtype"] = case.out_dtype
             result = fn(x, case.L, offsets=offsets, **kwargs)
     libs.synchronize()
     launched = dict(recorder.current)
@@ -1074,7 +1084,9 @@ def _run_case(case: Case, libs: Libraries, recorder: Recorder) -> dict[str, Any]
     rec["expected"] = list(expected)
     rec["k"] = sorted(f"{e}:k={k}" for e, k in recorder.current_k)
     missing = [e for e in expected if e not in launched]
-    unexpected = [e for e in launched if e.startswith("linred_") and e not in expected] if case.backend == "nvrtc" else []
+    unexpected = [e for e in launched if e.startswith("linred_") and e not in expected]
+    if case.backend != "nvrtc":
+        unexpected = []
     if missing or unexpected:
         rec["route"] = f"expected {sorted(expected)}, launched {sorted(launched)}"
     got = libs.to_host(result, case.kind)
@@ -1103,6 +1115,10 @@ def driver(args: argparse.Namespace) -> int:
         print(f"UNAVAILABLE: {e}")
         _write_result(args, {"unavailable": str(e)})
         return EXIT_UNAVAILABLE
+    except Exception as e:  # linred's internals moved: say what, without a traceback
+        print(f"SETUP FAILED: {type(e).__name__}: {e}")
+        _write_result(args, {"ok": False, "setup_error": f"{type(e).__name__}: {e}"})
+        return 1
     cases = all_cases(build_sets(args.quick, groups))
     if args.shard:
         i, count = (int(v) for v in args.shard.split("/"))
@@ -1157,6 +1173,7 @@ def _summarize(
         "seconds": round(seconds, 1),
         "ok": not failures and not routes and not missing and not no_launches,
         "no_launches_seen": bool(no_launches),
+        "groups_run": list(groups),
     }
 
 
@@ -1218,11 +1235,9 @@ class ToolRun:
         return max(ours, self.errors - foreign)
 
 
-def _sanitizer_command(
-    sanitizer: str, tool: str, log_file: Path, kernel_filter: str, groups: Sequence[str]
-) -> list[str]:
+def _sanitizer_command(sanitizer: str, tool: str, log_file: Path, kernel_filter: str) -> list[str]:
     cmd = [sanitizer, "--tool", tool, "--report-api-errors", "no", "--error-exitcode", str(SANITIZER_EXIT),
-           "--target-processes", "all", "--print-limit", "10000", "--log-file", str(log_file)]  # fmt: skip
+           "--target-processes", "all", "--print-limit", "1000", "--log-file", str(log_file)]  # fmt: skip
     if tool == "racecheck":
         cmd += ["--racecheck-report", "analysis"]
     if kernel_filter == "linred":
@@ -1332,13 +1347,17 @@ def parent(args: argparse.Namespace) -> int:
         runs.append(native)
         if native.result and "unavailable" in native.result:
             print(f"UNAVAILABLE: {native.result['unavailable']}")
+            if not args.cache_dir:
+                shutil.rmtree(cache, ignore_errors=True)
             return EXIT_UNAVAILABLE
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
-        futures = [pool.submit(_sanitize, args, tool, sanitizer or "", env, log_dir, groups) for tool in tools]
+        futures = [pool.submit(_sanitize, args, tool, sanitizer or "", env, log_dir) for tool in tools]
         for future in futures:
             run = future.result()
             runs.append(run)
             print(f"  {run.tool}: done in {run.seconds:.0f} s ({run.note or 'ERROR SUMMARY ' + str(run.errors)})")
+    if not args.cache_dir:
+        shutil.rmtree(cache, ignore_errors=True)
     for run in runs:
         if run.result and "unavailable" in run.result:
             print(f"UNAVAILABLE: {run.result['unavailable']}")
@@ -1389,8 +1408,8 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         out[key] = a.get(key, 0) + b.get(key, 0)
     for key in ("launches", "calls_per_entry"):
         out[key] = dict(Counter(a.get(key, {})) + Counter(b.get(key, {})))
-    out["tiles_per_run"] = {e: sorted(set(a.get("tiles_per_run", {}).get(e, [])) | set(v))
-                            for e, v in {**a.get("tiles_per_run", {}), **b.get("tiles_per_run", {})}.items()}  # fmt: skip
+    ka, kb = a.get("tiles_per_run", {}), b.get("tiles_per_run", {})
+    out["tiles_per_run"] = {e: sorted(set(ka.get(e, [])) | set(kb.get(e, []))) for e in {**ka, **kb}}
     out["failed_cases"] = a.get("failed_cases", []) + b.get("failed_cases", [])
     out["skip_reasons"] = sorted(set(a.get("skip_reasons", [])) | set(b.get("skip_reasons", [])))
     out["ok"] = a.get("ok", False) and b.get("ok", False)
@@ -1401,23 +1420,22 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def _finish_merge(merged: dict[str, Any], groups: Sequence[str]) -> dict[str, Any]:
     if "unavailable" in merged:
         return merged
+    groups = merged.get("groups_run", groups)
     wanted = [*NVRTC_ENTRY_POINTS] if "nvrtc" in groups else []
-    if "cub" in groups and not any("cub group skipped" in r for r in merged.get("skip_reasons", [])):
+    if "cub" in groups:
         wanted += [*CUPY_ENTRY_POINTS]
     merged["missing_entries"] = [e for e in wanted if e not in merged.get("launches", {})]
     merged["ok"] = merged.get("ok", False) and not merged["missing_entries"]
     return merged
 
 
-def _sanitize(
-    args: argparse.Namespace, tool: str, sanitizer: str, env: dict[str, str], log_dir: Path, groups: Sequence[str]
-) -> ToolRun:
+def _sanitize(args: argparse.Namespace, tool: str, sanitizer: str, env: dict[str, str], log_dir: Path) -> ToolRun:
     run = ToolRun(tool)
     log, out, result = log_dir / f"{tool}.log", log_dir / f"{tool}.driver.log", log_dir / f"{tool}.json"
     for p in (log, result):
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
-    cmd = _sanitizer_command(sanitizer, tool, log, args.kernel_filter, groups) + _driver_command(args, result, tool)
+    cmd = _sanitizer_command(sanitizer, tool, log, args.kernel_filter) + _driver_command(args, result, tool)
     (log_dir / f"{tool}.cmd").write_text(" ".join(cmd) + "\n")
     run.returncode, run.timed_out, run.seconds = _run(cmd, env, args.timeout, out)
     text = log.read_text(errors="replace") if log.exists() else ""
@@ -1471,6 +1489,8 @@ def _report(runs: list[ToolRun], strict: bool, log_dir: Path) -> int:
             print(f"{'':10} entry points not launched: {', '.join(r['missing_entries'])}")
         if r.get("failed_cases"):
             print(f"{'':10} failed calls: {', '.join(r['failed_cases'][:8])}")
+        if r.get("setup_error"):
+            print(f"{'':10} driver setup failed: {r['setup_error']}")
         if run.note:
             print(f"{'':10} {run.note}")
     native = next((run.result for run in runs if run.tool == "native" and run.result), None) or next(
@@ -1494,7 +1514,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Run compute-sanitizer over linred's NVRTC kernels on shapes at their tiling boundaries.",
         epilog="On the GPU machine: PYTHONPATH=$PWD:/tmp/site python tools/sanitize_kernels.py --log-dir $OUT/sanitize",
     )
-    p.add_argument("--tools", default=",".join(TOOLS), help="comma-separated compute-sanitizer tools (default: all four)")
+    p.add_argument("--tools", default=",".join(TOOLS), help="comma-separated sanitizer tools (default: all four)")
     p.add_argument("--quick", action="store_true", help="only the k*T member of every boundary triple")
     p.add_argument("--log-dir", help="write each tool's full log (and the driver's output) here")
     p.add_argument("--timeout", type=float, default=420, help="seconds each tool (and the native run) may take")

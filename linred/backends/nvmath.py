@@ -209,6 +209,18 @@ class NvmathBackend(Backend):
         layout = layouts.dense_layout(problem, host=True)
         if isinstance(layout, str):
             return f"{layout}; backend='numpy' serves any layout"
+        if any(s < 0 for s in problem.strides):
+            return (
+                f"nvmath's matmul takes non-negative strides, and the data's are {problem.strides}; "
+                "backend='numpy' serves them"
+            )
+        L = problem.segment_length
+        if layout.form != "rows" and L > layouts.HOST_SEQUENTIAL_MAX and problem.acc_dtype in ("float32", "complex64"):
+            return (
+                f"MKL adds the {L} rows of a segment one after another in each feature column, which loses float32 "
+                f"digits past {layouts.HOST_SEQUENTIAL_MAX} rows (2^22 rows: 4e-3 relative); backend='numpy' sums them "
+                "in blocks"
+            )
         if any(len(v.shape) > 2 for p in layout.products for v in (p.a, p.b, p.c)):
             reason = _host_batched_error()
             if reason is not None:

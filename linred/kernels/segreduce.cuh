@@ -1181,9 +1181,17 @@ struct FeatureArgs {
     i64 total;        // batch * m * groups threads
 };
 
-template <class T, class A, class O, class OP, bool MEAN, int W, int UNROLL, class Off>
+// A thread of features_reduce adds a segment's rows one after another: in float32 a long
+// segment would lose digits (each addition rounds to the running sum's precision; 2^22 rows
+// of positive data came out 4e-3 off), so float32 sums are accumulated in double there.
+// The kernel is memory-bound: the wider additions cost no time.
+template <class OP, class A> struct SumWide { typedef A type; };
+template <> struct SumWide<OpSum, float> { typedef double type; };
+
+template <class T, class A0, class O, class OP, bool MEAN, int W, int UNROLL, class Off>
 __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, FeatureArgs a) {
     typedef typename Group<T, W>::type G;
+    typedef typename SumWide<OP, A0>::type A;
     const i64 stride = (i64)gridDim.x * blockDim.x;
     for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < a.total; t += stride) {
         const i64 g = t % a.groups, rs = t / a.groups;  // rs: batch row * m + segment

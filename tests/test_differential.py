@@ -1,0 +1,391 @@
+"""Differential suite: every backend and every kernel family it dispatches to, on shapes that
+straddle the family's tiling, against a float64 NumPy reference.
+
+The tiling constants are read from the code (``linred.backends.nvrtc.TUNING`` and the
+functions that derive vectors, items and tiles from it, ``linred.backends.numpy``'s BLAS and
+conversion blocks, ``linred.backends._nvmath_layout``'s host chunks, ``linred.backends.cub``'s
+path switch), so the shapes follow when a constant changes: for each constant ``T``, the
+lengths, segment counts and feature counts at ``k*T - 1``, ``k*T`` and ``k*T + 1``.  Each
+family runs every dtype and reduction, the three segment specs (with empty runs, one huge
+segment and power-law lengths), NumPy, CuPy and PyTorch inputs, contiguous, strided,
+negative-stride, misaligned, ``axis=-1``, byte-swapped, unaligned and structured-field
+views, ``out=`` and ``check=False``.  The error model is stated once, in
+``tests/differential.py``.
+
+On a machine without a GPU the host families run; under ``CI=true`` a deterministic sample of
+them (a quarter, and shorter long segments).  On a GPU machine,
+``python -m pytest -q -m gpu tests/test_differential.py`` runs the device families and a
+hypothesis suite (m up to 10^5, L up to 10^4); the terminal summary says how many calls
+were checked.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import numpy as np
+import pytest
+from conftest import DIFFERENTIAL, HAS_CUPY_GPU, HAS_GPU, HAS_TORCH, HAS_TORCH_CUDA, backend_available, cupy
+from differential import (
+    DTYPES,
+    LAYOUTS,
+    NUMPY_LAYOUTS,
+    REDUCTIONS,
+    STYLES,
+    Case,
+    around,
+    expand,
+    random_lengths,
+    run_case,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from linred._dtypes import itemsize
+from linred.backends import numpy as numpy_backend
+from linred.backends._nvmath_layout import HOST_CHUNK, HOST_LEVELS_FROM, HOST_SPLIT_ABOVE
+from linred.backends.cub import CUPY_CUB_MAX_LENGTH
+from linred.backends.nvrtc import TUNING
+from linred.problem import Problem
+
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+#: the longest single segment of the accuracy family (2^26 on a GPU machine, 2^22 in CI)
+LONGEST = 2**22 if CI else 2**24
+
+
+def _fixed(L: int, m: int, d: int = 0) -> tuple[str, tuple[int, ...], int]:
+    return ("fixed", (L,) * m, d)
+
+
+def _variable(spec: str, lengths: tuple[int, ...], d: int = 0) -> tuple[str, tuple[int, ...], int]:
+    return (spec, lengths, d)
+
+
+def _styles(rng: np.random.Generator, ms: list[int], mean: float, d: int = 0) -> list[tuple[str, tuple[int, ...], int]]:
+    """Variable-length shapes: every style of lengths for every m, offsets and lengths in turn."""
+    shapes = []
+    for i, m in enumerate(ms):
+        style = STYLES[i % len(STYLES)]
+        shapes.append(_variable(("offsets", "lengths")[i % 2], random_lengths(rng, m, style, mean), d))
+    return shapes
+
+
+def _aligned_offsets(tile: int, count: int, m_per_tile: int) -> tuple[int, ...]:
+    """Lengths whose segment boundaries fall exactly on tile boundaries (and inside tiles)."""
+    lengths = []
+    for _ in range(count):
+        part = [tile // m_per_tile] * (m_per_tile - 1)
+        lengths += [*part, tile - sum(part)]
+    return tuple(lengths)
+
+
+def _problem(dtype: str, reduction: str, *, fixed: int | None = 8, n: int = 1024, d: int = 1) -> Problem:
+    """A Problem as planning sees it (no GPU needed), to read the kernels' derived constants."""
+    from linred._dtypes import resolve
+
+    acc, out = resolve(reduction, dtype, None)
+    return Problem(reduction, "cupy", 0, dtype, acc, out, 1, n, d, (n * d, d, 1), n // (fixed or 1), fixed)
+
+
+# ---------------------------------------------------------------------------
+# Families: (name, backend, kinds, layouts, shapes per dtype)
+# ---------------------------------------------------------------------------
+
+
+def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
+    """Shapes straddling every tiling constant of linred's kernels, for ``dtype``."""
+    from linred.backends.nvrtc import _warp_items
+
+    T = TUNING
+    size = itemsize(dtype)
+    vec = 16 // size
+    rng = np.random.default_rng(zlib.crc32(dtype.encode()))
+    fam: dict[str, list] = {}
+    # fixed_small: power-of-two L up to 32 vectors; chunks of threads * unroll vectors.
+    unroll = T.unroll_2byte if size == 2 else T.unroll
+    chunk = T.threads * unroll * vec  # elements per block pass
+    shapes = []
+    for L in sorted({1, 2, max(1, vec // 2), vec, 2 * vec, 32 * vec}):
+        per_chunk = chunk // L
+        ms = around(per_chunk, 2 * per_chunk) + around(max(1, vec // L), lo=1)
+        shapes += [_fixed(L, m) for m in ms]
+    fam["fixed_small"] = shapes
+    # fixed_rows: L = 32 * vec * R warp-rows (data of at most 8-byte vectors).
+    if vec <= 8:
+        shapes = []
+        for R in (2, T.max_rows):
+            L = 32 * vec * R
+            warp_chunk = 32 * max(T.unroll, R) * vec
+            ms = around(1, max(1, T.threads // 32 * warp_chunk // L), max(2, 2 * T.threads // 32 * warp_chunk // L))
+            shapes += [_fixed(L, m) for m in ms]
+        fam["fixed_rows"] = shapes
+        # fixed_long: whole vectors from long_min_bytes; chunks of up to long_threads * 16 vectors.
+        lmin = -(-T.long_min_bytes // (size * vec)) * vec
+        big = T.long_threads * 16 * vec
+        lengths = [lmin - vec, lmin, lmin + vec, lmin + 1, big - vec, big, big + vec, 2 * big + vec]
+        fam["fixed_long"] = [_fixed(L, m) for L in lengths for m in (1, 2, 3)]
+    # warp_reduce: warp tiles of 32 * items elements, runs of tiles; offsets and other lengths.
+    items = max(_warp_items(_problem(dtype, r)) for r in REDUCTIONS if not (r in ("max", "min") and dtype == "bool"))
+    wt = 32 * items
+    shapes = []
+    for L in (3, 5, 7, 12, 100, vec + 1):  # fixed lengths that are not powers of two
+        shapes += [_fixed(L, m) for m in around(wt // L, 2 * wt // L + 1)]
+    if vec > 1:  # short powers of two with n not a multiple of the vector (issue: every 256th result)
+        shapes += [_fixed(L, m) for L in (1, 2) if vec > L for m in around(wt // L, 3 * wt // L) if (m * L) % vec]
+    shapes += _styles(rng, [m for m in around(wt // 16, 2 * wt // 16, 40 * wt // 16) for _ in (0, 1)], 16)
+    shapes += _styles(rng, around(3, 40), wt * 3)  # segments spanning tiles and runs
+    shapes += [_variable("offsets", _aligned_offsets(wt, c, k)) for c in (1, 2, 5) for k in (1, 4, wt // 2)]
+    # Runs of several tiles per warp only on data large enough for k > 1 (see _Runs): the first
+    # row length at which each k is chosen, on this device.
+    big = dtype in ("float32", "float16", "int64")  # (large data: a few dtypes only)
+    if big:
+        per_run = 4 * T.min_blocks_warp * (T.threads // 32) * sms
+        n = 2 * per_run * wt  # the smallest row that gets runs of 2 tiles
+        shapes.append(_variable("offsets", _aligned_offsets(2 * wt, n // (2 * wt) + 1, 3)))
+        shapes.append(_fixed(3, n // 3 + 1))
+    fam["warp_reduce"] = shapes
+    # tile_reduce: layouts warp_reduce does not take (strided, misaligned): tiles of T.tile.
+    tile = T.tile
+    shapes = [_fixed(L, m) for L in (1, 3, 64, tile, tile + 1) for m in around(max(1, tile // L), 2 * tile // L + 1)]
+    shapes += _styles(rng, around(tile // 16, 3 * tile // 16), 16)
+    shapes += _styles(rng, around(2, 9), tile * 3)
+    shapes += [_variable("offsets", _aligned_offsets(tile, c, k)) for c in (1, 3) for k in (1, 5, 2048)]
+    if big:  # the smallest row that gets runs of 2 tiles
+        shapes.append(_fixed(5, 4 * T.min_blocks * sms * 2 * tile // 5 + 1))
+    fam["tile_reduce"] = shapes
+    # features_reduce: d around the vector, short and long segments.
+    shapes = []
+    for d in around(vec, 2 * vec, lo=2):
+        shapes += [_fixed(L, m, d) for L, m in ((1, 33), (7, 40), (64, 9), (3000, 2))]
+        shapes += [_variable(s, ls, d) for s, ls, _ in _styles(rng, [50, 7], 20)]
+    fam["features"] = shapes
+    return fam
+
+
+def device_sms() -> int:
+    if HAS_CUPY_GPU:
+        return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    import torch
+
+    return int(torch.cuda.get_device_properties(0).multi_processor_count)
+
+
+def gpu_kinds() -> list[str]:
+    return [k for k, ok in (("cupy", HAS_CUPY_GPU), ("torch-cuda", HAS_TORCH_CUDA and HAS_CUPY_GPU)) if ok]
+
+
+def host_kinds() -> list[str]:
+    return ["numpy", "torch-cpu"] if HAS_TORCH else ["numpy"]
+
+
+def library_shapes(rng: np.random.Generator) -> list:
+    """Shapes for the library backends (cub, cublas, nvmath) and auto: their switch points."""
+    cub = CUPY_CUB_MAX_LENGTH
+    shapes = [_fixed(L, m) for L in around(cub, 2) for m in (1, 3, 64)]
+    shapes += [_fixed(L, m, d) for L in (1, 5, 256, 1500) for m in (1, 7) for d in (0, 3, 16)]
+    shapes += _styles(rng, [1, 9, 200, 2000], 40) + _styles(rng, [30, 5], 20, d=4)
+    shapes += [_fixed(8, 500)]
+    return shapes
+
+
+def host_shapes(rng: np.random.Generator) -> list:
+    """The numpy backend's and nvmath's host constants."""
+    nb = numpy_backend
+    shapes = [_fixed(L, m) for L in around(nb.BLAS_BLOCK, 2 * nb.BLAS_BLOCK, 3 * nb.BLAS_BLOCK // 2) for m in (1, 3)]
+    shapes += [_fixed(L, m, d) for L in around(nb.BLAS_BLOCK_FEATURES, 4 * nb.BLAS_BLOCK_FEATURES) for m in (1, 2)
+               for d in (2, 5)]  # fmt: skip
+    shapes += [_fixed(L, 2) for L in around(HOST_SPLIT_ABOVE, HOST_CHUNK * 7)]
+    # conversion blocks (rows of BLOCK_ELEMENTS) and threads of reduceat (THREAD_ELEMENTS)
+    rows = nb.BLOCK_ELEMENTS
+    shapes += [_fixed(L, m) for L in (16, 3000) for m in around(rows // L)]
+    shapes += [_fixed(4, m) for m in around(HOST_LEVELS_FROM // 4)]
+    shapes += _styles(rng, around(nb.THREAD_ELEMENTS // 64, 2 * nb.THREAD_ELEMENTS // 64), 64)
+    shapes += _styles(rng, [1, 3, 17, 400], 10) + _styles(rng, [6, 40], 12, d=3)
+    shapes += [_fixed(L, m) for L in (1, 2, 3, 7, 32, 33) for m in (1, 5, 64)]
+    return shapes
+
+
+def accuracy_cases(backends: list[str], kinds: list[str], longest: int) -> list[Case]:
+    """m = 1 with very long float32 segments of positive values (errors add up), and feature rows."""
+    cases = []
+    for backend in backends:
+        for i, kind in enumerate(kinds):
+            for L in (2**20, longest):
+                for reduction in ("sum", "mean"):
+                    cases.append(Case("accuracy", backend, kind, "float32", reduction, "fixed", (L,), values="offset"))
+                cases.append(Case("accuracy", backend, kind, "float32", "sum", "offsets", (L,), values="offset"))
+                cases.append(Case("accuracy", backend, kind, "float32", "sum", "fixed", (L // 2, L // 2),
+                                  layout="strided", values="offset"))  # fmt: skip
+                cases.append(Case("accuracy", backend, kind, "float32", "sum", "fixed", (L // 4,), d=4,
+                                  values="offset"))  # fmt: skip
+            cases.append(Case("accuracy", backend, kind, "float64", "sum", "fixed", (longest,), values="offset",
+                              layout=("contiguous", "strided")[i % 2]))  # fmt: skip
+    return cases
+
+
+def _sample(cases: list[Case], keep: int) -> list[Case]:
+    """Every ``keep``-th case, deterministically (CI's share of the suite)."""
+    return cases[::keep] if keep > 1 else cases
+
+
+def _run_all(cases: list[Case], seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    failures = []
+    for case in cases:
+        try:
+            outcome = run_case(case, rng)
+        except AssertionError as e:
+            failures.append(str(e))
+            DIFFERENTIAL["failed"] += 1
+            continue
+        DIFFERENTIAL["calls"] += 1
+        if outcome != "ok":
+            DIFFERENTIAL["refused"] += 1
+    if failures:
+        shown = "\n".join(failures[:12])
+        raise AssertionError(f"{len(failures)} of {len(cases)} calls wrong:\n{shown}")
+
+
+# ---------------------------------------------------------------------------
+# Host backends (these run in CI)
+# ---------------------------------------------------------------------------
+
+HOST_BACKENDS = ["numpy", "auto"] + (["nvmath"] if backend_available("nvmath") else [])
+
+
+def _host_cases(backend: str) -> list[Case]:
+    rng = np.random.default_rng(7)
+    layouts = (*LAYOUTS, *NUMPY_LAYOUTS)
+    cases = []
+    for i, dtype in enumerate(DTYPES):
+        cases += expand("host", backend, host_kinds(), host_shapes(rng), dtypes=[dtype], layouts=layouts, seed=i)
+    return _sample(cases, 4 if CI else 1)
+
+
+@pytest.mark.parametrize("backend", HOST_BACKENDS)
+def test_host_backends(backend):
+    cases = _host_cases(backend)
+    assert cases
+    _run_all(cases, 11)
+
+
+@pytest.mark.parametrize("backend", HOST_BACKENDS)
+def test_host_accuracy_of_long_segments(backend):
+    """float32 within 1e-6 of float64 relative to sum|x| for one segment of up to 2^22 (CI) / 2^24."""
+    _run_all(accuracy_cases([backend], host_kinds(), LONGEST), 12)
+
+
+def test_suite_covers_every_dtype_reduction_spec_layout():
+    """The host sweep meets every dtype, reduction, spec, layout, kind, out= and check= value."""
+    cases = [c for b in HOST_BACKENDS for c in _host_cases(b)]
+    seen = {field: {getattr(c, field) for c in cases} for field in ("dtype", "reduction", "spec", "layout", "kind")}
+    assert seen["dtype"] == set(DTYPES)
+    assert seen["reduction"] == set(REDUCTIONS)
+    assert seen["spec"] == {"fixed", "offsets", "lengths"}
+    assert seen["layout"] == {*LAYOUTS, *NUMPY_LAYOUTS}
+    assert seen["kind"] == set(host_kinds())
+    assert {c.out for c in cases} == {True, False} and {c.check for c in cases} == {True, False}
+    assert any(c.d for c in cases) and any(0 in c.lengths for c in cases)
+
+
+def test_boundaries_straddle_the_constants():
+    """The shapes cross each host constant at k*T - 1, k*T and k*T + 1 (read from the code)."""
+    rng = np.random.default_rng(0)
+    lengths = {c[1][0] for c in host_shapes(rng) if c[0] == "fixed"}
+    for T in (numpy_backend.BLAS_BLOCK, numpy_backend.BLAS_BLOCK_FEATURES, HOST_SPLIT_ABOVE):
+        assert {T - 1, T, T + 1} <= lengths, T
+    fam = nvrtc_families("float32", 132)
+    small = {(c[1][0], len(c[1])) for c in fam["fixed_small"]}
+    per_chunk = TUNING.threads * TUNING.unroll * 4
+    assert {(1, per_chunk - 1), (1, per_chunk), (1, per_chunk + 1)} <= small
+
+
+# ---------------------------------------------------------------------------
+# GPU backends
+# ---------------------------------------------------------------------------
+
+GPU_FAMILIES = ("fixed_small", "fixed_rows", "fixed_long", "warp_reduce", "tile_reduce", "features")
+
+
+def _nvrtc_cases(family: str) -> list[Case]:
+    sms = device_sms()
+    layouts = {"tile_reduce": ("strided", "misaligned", "reversed"), "features": ("contiguous", "axis-1", "misaligned")}
+    cases = []
+    for i, dtype in enumerate(DTYPES):
+        if dtype in ("complex64", "complex128"):
+            continue  # nvrtc refuses complex data (the library backends serve it)
+        shapes = nvrtc_families(dtype, sms).get(family, [])
+        lay = layouts.get(family, ("contiguous", "axis-1"))
+        cases += expand(family, "nvrtc", gpu_kinds(), shapes, dtypes=[dtype], layouts=lay, seed=i)
+    return cases
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", GPU_FAMILIES)
+def test_nvrtc_kernel_families(family):
+    if not HAS_GPU:
+        pytest.skip("needs a CUDA GPU")
+    cases = _nvrtc_cases(family)
+    if not cases:
+        pytest.skip(f"no {family} shapes for this device")
+    _run_all(cases, zlib.crc32(family.encode()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cub", "cublas", "nvmath", "auto"])
+def test_library_backends(backend):
+    rng = np.random.default_rng(3)
+    shapes = library_shapes(rng)
+    cases = []
+    for i, dtype in enumerate(DTYPES):
+        cases += expand("library", backend, gpu_kinds(), shapes, dtypes=[dtype], layouts=LAYOUTS, seed=i)
+    _run_all(cases, 5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["nvrtc", "cub", "cublas", "nvmath", "auto"])
+def test_gpu_accuracy_of_long_segments(backend):
+    """float32 within 1e-6 relative to sum|x| for one segment of up to 2^26 elements, every backend."""
+    _run_all(accuracy_cases([backend], gpu_kinds(), 2**26), 13)
+
+
+@pytest.mark.gpu
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
+@given(
+    backend=st.sampled_from(["auto", "nvrtc", "cub"]),
+    dtype=st.sampled_from([d for d in DTYPES if d not in ("complex64", "complex128")]),
+    reduction=st.sampled_from(REDUCTIONS),
+    spec=st.sampled_from(["fixed", "offsets", "lengths"]),
+    m=st.integers(1, 10**5),
+    length=st.integers(1, 10**4),
+    style=st.sampled_from(STYLES),
+    layout=st.sampled_from(["contiguous", "strided", "misaligned", "axis-1"]),
+    kind_index=st.integers(0, 1),
+    flags=st.tuples(st.booleans(), st.booleans()),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_gpu_hypothesis(backend, dtype, reduction, spec, m, length, style, layout, kind_index, flags, seed):
+    """Random calls with m up to 10^5 and L up to 10^4 (n capped at 2^23 elements)."""
+    if not HAS_GPU:
+        pytest.skip("needs a CUDA GPU")
+    kinds = gpu_kinds()
+    kind = kinds[kind_index % len(kinds)]
+    if kind == "cupy" and dtype == "bfloat16":
+        kind = "torch-cuda" if "torch-cuda" in kinds else kind
+        dtype = dtype if kind != "cupy" else "float16"
+    if reduction in ("max", "min") and dtype == "bool" and backend == "cublas":
+        backend = "auto"
+    rng = np.random.default_rng(seed)
+    length = max(1, min(length, 2**23 // m))
+    if spec == "fixed":
+        lengths = (length,) * m
+    else:
+        lengths = random_lengths(rng, m, style, length)
+        total = sum(lengths)
+        if total > 2**23:
+            scale = 2**23 / total
+            lengths = tuple(int(v * scale) for v in lengths)
+    out, check = flags
+    case = Case("hypothesis", backend, kind, dtype, reduction, spec, lengths, 0, layout, out, check)
+    _run_all([case], seed)
