@@ -308,39 +308,35 @@ def test_boundaries_straddle_the_constants():
 GPU_FAMILIES = ("fixed_small", "fixed_rows", "fixed_long", "warp_reduce", "tile_reduce", "features")
 
 
-def _nvrtc_cases(family: str) -> list[Case]:
-    sms = device_sms()
+REAL_DTYPES = [d for d in DTYPES if d not in ("complex64", "complex128")]  # nvrtc refuses complex data
+
+
+def _nvrtc_cases(family: str, dtype: str) -> list[Case]:
     layouts = {"tile_reduce": ("strided", "misaligned", "reversed"), "features": ("contiguous", "axis-1", "misaligned")}
-    cases = []
-    for i, dtype in enumerate(DTYPES):
-        if dtype in ("complex64", "complex128"):
-            continue  # nvrtc refuses complex data (the library backends serve it)
-        shapes = nvrtc_families(dtype, sms).get(family, [])
-        lay = layouts.get(family, ("contiguous", "axis-1"))
-        cases += expand(family, "nvrtc", gpu_kinds(), shapes, dtypes=[dtype], layouts=lay, seed=i)
-    return cases
+    shapes = nvrtc_families(dtype, device_sms()).get(family, [])
+    lay = layouts.get(family, ("contiguous", "axis-1"))
+    return list(expand(family, "nvrtc", gpu_kinds(), shapes, dtypes=[dtype], layouts=lay, seed=DTYPES.index(dtype)))
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", REAL_DTYPES)
 @pytest.mark.parametrize("family", GPU_FAMILIES)
-def test_nvrtc_kernel_families(family):
+def test_nvrtc_kernel_families(family, dtype):
     if not HAS_GPU:
         pytest.skip("needs a CUDA GPU")
-    cases = _nvrtc_cases(family)
+    cases = _nvrtc_cases(family, dtype)
     if not cases:
-        pytest.skip(f"no {family} shapes for this device")
-    _run_all(cases, zlib.crc32(family.encode()))
+        pytest.skip(f"no {family} shapes for {dtype}")
+    _run_all(cases, zlib.crc32(f"{family}-{dtype}".encode()))
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("backend", ["cub", "cublas", "nvmath", "auto"])
-def test_library_backends(backend):
-    rng = np.random.default_rng(3)
-    shapes = library_shapes(rng)
-    cases = []
-    for i, dtype in enumerate(DTYPES):
-        cases += expand("library", backend, gpu_kinds(), shapes, dtypes=[dtype], layouts=LAYOUTS, seed=i)
-    _run_all(cases, 5)
+def test_library_backends(backend, dtype):
+    shapes = library_shapes(np.random.default_rng(3))
+    i = DTYPES.index(dtype)
+    _run_all(list(expand("library", backend, gpu_kinds(), shapes, dtypes=[dtype], layouts=LAYOUTS, seed=i)), 5 + i)
 
 
 @pytest.mark.gpu
