@@ -203,6 +203,11 @@ out = {}
 for name, (reduction, x, kwargs) in cases.items():
     fn = getattr(linred, "segmented_" + reduction)
     results = []
+    try:
+        fn(x, backend="nvmath", **kwargs)
+    except linred.BackendError as e:  # e.g. an MKL without batched products: declared, not compared
+        out[name] = {"refused": e.reason}
+        continue
     for k in range(REPEATS):
         if k and k % REPLAN == 0:
             linred.clear_plan_cache()
@@ -241,7 +246,10 @@ def test_nvmath_on_mkl_is_bitwise_reproducible_with_cnr():
     """With MKL_CBWR set and a fixed thread count, every call in a process gives the bits of the
     first, and a second process gives the same bits as the first."""
     first, second = _run_mkl(MKL_ENV), _run_mkl(MKL_ENV)
-    for name, case in first["cases"].items():
+    served = {name: case for name, case in first["cases"].items() if "refused" not in case}
+    if not served:
+        pytest.skip(f"nvmath refused every case here: {first['cases']}")
+    for name, case in served.items():
         assert not case["differ"], f"nvmath (MKL, CNR): {name}: calls {case['differ']} differ from call 0"
     assert first["cases"] == second["cases"], "nvmath (MKL, CNR): two processes gave different bits"
     if first["cbwr_branch"] is not None:
@@ -337,7 +345,7 @@ def gpu_cases() -> list[tuple[str, str, Callable]]:
         ("cublas-gemmex-f16-sum-L256", "cublas", fixed("float16", 1 << 22, 256)),
         ("cublas-batched-features-f32-sum-L32", "cublas", lambda r: _features_case(r, "sum", "float32", 8, L=32)),
         ("cublas-c64-sum-L64", "cublas", fixed("complex64", 64 * 20_000, 64)),
-        ("cublas-strided-f32-sum-L128", "cublas", lambda r: _fixed_view(r, 128, 10_000, _strided)),
+        ("cublas-padded-rows-f32-sum-L128", "cublas", lambda r: _padded_rows(r, 128, 10_000, 160)),
         ("cublas-rows-f32-mean-L300", "cublas", fixed("float32", (3, 300 * 2000), 300, "mean", axis=-1)),
         # nvmath, fixed lengths: cuBLASLt matmul (a long inner dimension invites split-K)
         ("nvmath-f32-sum-L1000", "nvmath", fixed("float32", 1000 * 4000, 1000)),
@@ -382,6 +390,11 @@ def _offsets_case(
     if rows:
         kwargs["axis"] = 1
     return reduction, x, kwargs
+
+
+def _padded_rows(rng: np.random.Generator, L: int, rows: int, width: int) -> tuple[str, Any, dict]:
+    """Rows of ``L`` of a ``(rows, width)`` buffer, one segment each: a leading dimension for cuBLAS."""
+    return "sum", _gpu(make_data("float32", (rows, width), rng))[:, :L], {"segment_length": L, "axis": -1}
 
 
 def _fixed_view(rng: np.random.Generator, L: int, m: int, view: Callable) -> tuple[str, Any, dict]:

@@ -129,8 +129,11 @@ class DenseExecutor:
 
     def free(self) -> None:
         self._order.wait_idle()  # the constants and workspaces go back to the pool
-        for entry in self._plans:
-            if entry is not None:
-                entry[0].free()
+        # Freeing a Matmul orders its workspace after its last use: a driver call that needs the
+        # device's context current, and free() may run on a thread that never used the device.
+        with self._ops.on(0):
+            for entry in self._plans:
+                if entry is not None:
+                    entry[0].free()
         self._plans = []
         self._constants = None
