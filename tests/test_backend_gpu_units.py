@@ -446,7 +446,7 @@ def test_kernel_literals(value, ctype, expected):
         (("max", "int32", "int32", "float64"), "out = (Y)((-LINRED_INF_D));"),
         (("max", "int32", "int32", "bfloat16"), "out = linred_bf16_bits((float)((-LINRED_INF_F)));"),
         (("min", "bool", "bool", "int64"), "out = (Y)(((long long)9223372036854775807LL));"),
-        (("max", "float16", "float16", "float16"), "out = (Y)((-LINRED_INF_F));"),
+        (("max", "float16", "float16", "float16"), "out = (Y)((float)((-LINRED_INF_F)));"),
     ],
 )
 def test_strided_kernel_empty_max_min_is_the_result_identity(args, empty):
@@ -457,12 +457,13 @@ def test_strided_kernel_empty_max_min_is_the_result_identity(args, empty):
 def test_strided_kernel_complex_sums_add_parts():
     gpu = gpu_helpers()
     body = gpu.strided_kernel_body("mean", "complex64", "complex64", "complex64")
-    # complex<float> / float divides each part (no complex division by a complex length)
-    assert "acc / (float)(stop - start)" in body and "(complex<float>)(LINRED_NAN_F)" in body
+    # complex / real divides each part (no complex division by a complex length); float32 parts
+    # are added in double (a thread adds its segment sequentially)
+    assert "acc / (double)(stop - start)" in body and "(complex<double>)(LINRED_NAN_D)" in body
     body = gpu.strided_kernel_body("sum", "complex64", "complex128", "complex128")
     assert "complex<double> acc = (complex<double>)0;" in body and "(complex<double>)x[p]" in body
     body = gpu.strided_kernel_body("sum", "float16", "complex64", "complex64")
-    assert "(complex<float>)((float)(float)x[p])" in body
+    assert "(complex<double>)((double)(float)x[p])" in body
 
 
 @pytest.mark.parametrize(

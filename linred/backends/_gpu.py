@@ -329,6 +329,8 @@ def _literal_ctype(name: str) -> str:
 def _store(expr: str, out_dtype: str) -> str:
     if out_dtype == "bfloat16":
         return f"out = linred_bf16_bits((float)({expr}));"
+    if out_dtype == "float16":  # (CuPy's float16 converts from float)
+        return f"out = (Y)((float)({expr}));"
     return f"out = (Y)({expr});"
 
 
@@ -342,6 +344,10 @@ def strided_kernel_body(reduction: str, in_dtype: str, acc_dtype: str, out_dtype
     # max/min compare in the input type (16-bit floats widened exactly); sums use linred's accumulator
     compare_c = "float" if in_dtype in HALF else CTYPE[in_dtype]
     acc_c = compare_c if reduction in ("max", "min") else CTYPE[acc_dtype]
+    if reduction in ("sum", "mean"):
+        # A thread adds its segment's elements one after another: float32 sums are kept in double
+        # (in float32 one segment of 80000 complex values came out 2e-6 off, and more for longer)
+        acc_c = {"float": "double", "complex<float>": "complex<double>"}.get(acc_c, acc_c)
     complex_acc = acc_c.startswith("complex")
     # the real type of the accumulator's parts (complex sums add real and imaginary parts
     # separately, which is what complex<T>::operator+= does)

@@ -88,3 +88,32 @@ class FunctionExecutor:
 
     def free(self) -> None:
         self._run = None
+
+
+#: the longest float32 sum (in elements) linred leaves to a vendor product (cuBLAS GEMV,
+#: cuBLASLt, cuSPARSE): one float32 segment of 2^26 positive values came out 1.3e-6 off
+#: (relative to sum|x|) through each of them on an H100, more than linred's 1e-6
+VENDOR_FLOAT32_LONGEST = 1 << 24
+
+
+#: the same for cuSPARSE's SpMM (offsets with several feature columns, or complex data as its
+#: real and imaginary parts): one complex64 segment of 80000 values came out 1.4e-6 off
+VENDOR_FLOAT32_LONGEST_SPMM = 1 << 14
+
+
+def vendor_float32_reason(problem: Problem, library: str, limit: int = VENDOR_FLOAT32_LONGEST) -> str | None:
+    """Why ``library`` cannot sum ``problem`` within linred's float32 accuracy, or None.
+
+    ``limit`` is the longest sum it was measured to keep within 1e-6 of sum|x|.  For
+    offsets the longest segment is not known when planning: any may be a whole row.
+    """
+    if problem.acc_dtype not in ("float32", "complex64") or problem.reduction not in ("sum", "mean"):
+        return None
+    longest = problem.segment_length if problem.fixed else problem.n
+    if longest <= limit:
+        return None
+    what = f"segments of {longest}" if problem.fixed else f"rows of {longest} elements (a segment may be one)"
+    return (
+        f"{library} sums float32 {what} less accurately than linred's 1e-6 of sum|x| (measured on an H100); "
+        "backend='nvrtc' or 'cub' serves them"
+    )

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from linred._dtypes import INTEGER, itemsize
-from linred.backends.base import Backend, cupy_gpu_unavailable
+from linred.backends.base import Backend, cupy_gpu_unavailable, vendor_float32_reason
 from linred.problem import Problem
 from linred.segments import Segments
 
@@ -434,6 +434,9 @@ class CublasBackend(Backend):
                 f"cuBLAS computes {problem.dtype} input into {problem.out_dtype} (accumulating in "
                 f"{problem.acc_dtype}) in no single call; backend='cub' or 'nvmath' serve it"
             )
+        reason = vendor_float32_reason(problem, "cuBLAS")
+        if reason is not None:
+            return reason
         calls = plan_calls(problem)
         return calls if isinstance(calls, str) else None
 

@@ -53,8 +53,9 @@ from __future__ import annotations
 import functools
 import logging
 
+from linred._dtypes import COMPLEX
 from linred.backends import _nvmath_layout as layouts
-from linred.backends.base import Backend, Executor
+from linred.backends.base import VENDOR_FLOAT32_LONGEST_SPMM, Backend, Executor, vendor_float32_reason
 from linred.problem import Problem
 
 LOGGER = logging.getLogger("linred.nvmath")
@@ -185,9 +186,22 @@ class NvmathBackend(Backend):
         if reason is not None:
             return reason
         if problem.fixed:
+            reason = vendor_float32_reason(problem, "cuBLASLt")
+        elif problem.features > 1 or problem.dtype in COMPLEX:
+            reason = vendor_float32_reason(problem, "cuSPARSE's SpMM", VENDOR_FLOAT32_LONGEST_SPMM)
+        else:
+            reason = vendor_float32_reason(problem, "cuSPARSE")
+        if reason is not None:
+            return reason
+        if problem.fixed:
             layout = layouts.dense_layout(problem, host=False)
             if isinstance(layout, str):
                 return f"{layout}; a contiguous copy of the data or backend='cub' serves it"
+            if any(s < 0 for s in problem.strides):
+                return (
+                    f"nvmath's matmul takes non-negative strides, and the data's are {problem.strides}; "
+                    "backend='cub' serves them"
+                )
             return layouts.check_device_extents(layout)
         reason = _sparse_error()
         if reason is not None:
