@@ -114,3 +114,11 @@ def test_sanitizer_log_parsing(tool):
     assert run.judged_errors(strict=False) == 2
     assert run.judged_errors(strict=True) == 3
     assert tool.ToolRun("memcheck", errors=3, attributed=attributed).judged_errors(strict=False) == 3
+
+
+def test_racecheck_summary_counts_as_the_error_summary(tool):
+    """racecheck ends with a RACECHECK SUMMARY line and no ERROR SUMMARY (seen on an H100)."""
+    clean = "========= COMPUTE-SANITIZER\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
+    assert tool.parse_log(clean)[0] == 0
+    racy = "========= RACECHECK SUMMARY: 3 hazards displayed (1 error, 2 warnings)\n"
+    assert tool.parse_log(racy)[0] == 3

@@ -1288,6 +1288,10 @@ def parse_log(text: str) -> tuple[int | None, str, Counter[str]]:
     for match in _SUMMARY.finditer(text):
         errors = int(match.group(1))
     race = _RACE.search(text)
+    if errors is None and race:  # racecheck ends with its own summary line instead
+        counts = re.search(r"(\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)", race.group(1))
+        if counts:
+            errors = int(counts.group(2)) + int(counts.group(3))
     attributed: Counter[str] = Counter()
     block: list[str] = []
 

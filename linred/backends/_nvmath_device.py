@@ -130,10 +130,13 @@ class DenseExecutor:
     def free(self) -> None:
         self._order.wait_idle()  # the constants and workspaces go back to the pool
         # Freeing a Matmul orders its workspace after its last use: a driver call that needs the
-        # device's context current, and free() may run on a thread that never used the device.
-        with self._ops.on(0):
-            for entry in self._plans:
-                if entry is not None:
-                    entry[0].free()
+        # device's context current, and free() may run on a thread that never used the device
+        # (where CuPy's and torch's device guards make none current).
+        from cuda.core import Device
+
+        Device(self._ops.device).set_current()
+        for entry in self._plans:
+            if entry is not None:
+                entry[0].free()
         self._plans = []
         self._constants = None

@@ -236,8 +236,10 @@ class SparseExecutor:
 
     def free(self) -> None:
         self._order.wait_idle()  # the workspace and index arrays go back to the pool
-        with self._ops.on(0):  # (free() may run on a thread that never used the device)
-            _destroy(cusparse, self._descriptors)
+        from cuda.core import Device
+
+        Device(self._ops.device).set_current()  # (free() may run on a thread that never used the device)
+        _destroy(cusparse, self._descriptors)
         self._handle = 0
         self._workspace = self._indices = self._values = None
         self._workspace_ptr = 0
