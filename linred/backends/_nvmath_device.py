@@ -134,9 +134,18 @@ class DenseExecutor:
         # (where CuPy's and torch's device guards make none current).
         from cuda.core import Device
 
-        Device(self._ops.device).set_current()
+        device = Device(self._ops.device)
+        device.set_current()
         for entry in self._plans:
             if entry is not None:
-                entry[0].free()
+                mm = entry[0]
+                # wait_idle() has waited for the last call: nvmath need not order the release after
+                # it on that call's stream, which its owner may have destroyed since (a thread's
+                # stream, say); the workspace goes back on the device's default stream instead.
+                mm.last_compute_event = None
+                workspace = getattr(mm, "workspace", None)
+                if getattr(workspace, "stream", None) is not None:
+                    workspace.stream = device.default_stream
+                mm.free()
         self._plans = []
         self._constants = None

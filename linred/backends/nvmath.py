@@ -53,9 +53,8 @@ from __future__ import annotations
 import functools
 import logging
 
-from linred._dtypes import COMPLEX
 from linred.backends import _nvmath_layout as layouts
-from linred.backends.base import VENDOR_FLOAT32_LONGEST_SPMM, Backend, Executor, vendor_float32_reason
+from linred.backends.base import VENDOR_FLOAT32_LONGEST_SPARSE, Backend, Executor, vendor_float32_reason
 from linred.problem import Problem
 
 LOGGER = logging.getLogger("linred.nvmath")
@@ -187,10 +186,8 @@ class NvmathBackend(Backend):
             return reason
         if problem.fixed:
             reason = vendor_float32_reason(problem, "cuBLASLt")
-        elif problem.features > 1 or problem.dtype in COMPLEX:
-            reason = vendor_float32_reason(problem, "cuSPARSE's SpMM", VENDOR_FLOAT32_LONGEST_SPMM)
         else:
-            reason = vendor_float32_reason(problem, "cuSPARSE")
+            reason = vendor_float32_reason(problem, "cuSPARSE", VENDOR_FLOAT32_LONGEST_SPARSE)
         if reason is not None:
             return reason
         if problem.fixed:
