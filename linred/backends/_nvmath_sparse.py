@@ -236,9 +236,6 @@ class SparseExecutor:
 
     def free(self) -> None:
         self._order.wait_idle()  # the workspace and index arrays go back to the pool
-        from cuda.core import Device
-
-        Device(self._ops.device).set_current()  # (free() may run on a thread that never used the device)
         _destroy(cusparse, self._descriptors)
         self._handle = 0
         self._workspace = self._indices = self._values = None
