@@ -221,6 +221,34 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
         return True
 
 
+@pytest.fixture
+def differential_counts(request: pytest.FixtureRequest):
+    """Records the differential calls a test checked on its report (summed by the main process,
+    also across pytest-xdist workers: see pytest_runtest_logreport)."""
+    before = collections.Counter(DIFFERENTIAL)
+    yield
+    delta = collections.Counter(DIFFERENTIAL)
+    delta.subtract(before)
+    request.node.user_properties.append(("differential", dict(delta)))
+
+
+#: whether this process is a pytest-xdist controller: the tests run in workers, whose counts of
+#: differential calls arrive on their reports
+_CONTROLLER = False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _CONTROLLER
+    _CONTROLLER = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _CONTROLLER and report.when == "teardown":
+        for key, value in report.user_properties:
+            if key == "differential":
+                DIFFERENTIAL.update(value)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if DIFFERENTIAL:
         terminalreporter.section("differential suite")

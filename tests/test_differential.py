@@ -256,6 +256,12 @@ def _run_all(cases: list[Case], seed: int) -> None:
 # Host backends (these run in CI)
 # ---------------------------------------------------------------------------
 
+
+@pytest.fixture(autouse=True)
+def _count(differential_counts):
+    """Every test here reports how many calls it checked (see conftest.differential_counts)."""
+
+
 HOST_BACKENDS = ["numpy", "auto"] + (["nvmath"] if backend_available("nvmath") else [])
 
 
