@@ -56,17 +56,21 @@ class CupyAdapter(ArrayAdapter):
         with cupy.cuda.Device(device):
             return cupy.empty(shape, dtype=dtype)
 
-    def fill(self, x: cupy.ndarray, value: Any, stream: Any = None) -> None:
+    @contextlib.contextmanager
+    def _writing(self, x: cupy.ndarray, stream: Any) -> Any:
+        """``x``'s device and ``stream`` (or the current stream) current, for work that writes ``x``."""
         with x.device:
             target = cupy.cuda.get_current_stream() if stream is None else external_stream(stream, x.device.id)
             with target:
-                x.fill(value)
+                yield
+
+    def fill(self, x: cupy.ndarray, value: Any, stream: Any = None) -> None:
+        with self._writing(x, stream):
+            x.fill(value)
 
     def copy(self, dst: cupy.ndarray, src: cupy.ndarray, stream: Any = None) -> None:
-        with dst.device:
-            target = cupy.cuda.get_current_stream() if stream is None else external_stream(stream, dst.device.id)
-            with target:
-                dst[...] = src
+        with self._writing(dst, stream):
+            dst[...] = src
 
     def overlaps(self, a: cupy.ndarray, b: cupy.ndarray) -> bool:
         if a.device.id != b.device.id:

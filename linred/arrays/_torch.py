@@ -112,18 +112,19 @@ class TorchAdapter(ArrayAdapter):
     def empty(self, shape: tuple[int, ...], dtype: str, device: int | None) -> torch.Tensor:
         return torch.empty(shape, dtype=torch_dtype(dtype), device=_device(device))
 
-    def fill(self, x: torch.Tensor, value: Any, stream: Any = None) -> None:
+    def _writing(self, x: torch.Tensor, stream: Any) -> Any:
+        """A context with ``stream`` current, for work that writes ``x`` (none needed on the CPU
+        or where ``stream`` is already current)."""
         if stream is None or x.device.type != "cuda" or torch.cuda.current_stream(x.device).cuda_stream == stream:
-            x.fill_(value)
-            return
-        with torch.cuda.stream(torch_stream(stream, x.device)):
+            return contextlib.nullcontext()
+        return torch.cuda.stream(torch_stream(stream, x.device))
+
+    def fill(self, x: torch.Tensor, value: Any, stream: Any = None) -> None:
+        with self._writing(x, stream):
             x.fill_(value)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: Any = None) -> None:
-        if stream is None or dst.device.type != "cuda" or torch.cuda.current_stream(dst.device).cuda_stream == stream:
-            dst.copy_(src)
-            return
-        with torch.cuda.stream(torch_stream(stream, dst.device)):
+        with self._writing(dst, stream):
             dst.copy_(src)
 
     def overlaps(self, a: torch.Tensor, b: torch.Tensor) -> bool:

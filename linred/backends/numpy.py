@@ -135,11 +135,16 @@ BLAS_BLOCK = 1024
 BLAS_BLOCK_FEATURES = 256
 
 
+def _blas_block(D: int) -> int:
+    """The most rows of ``D`` features one BLAS product adds up along a segment."""
+    return BLAS_BLOCK if D == 1 else BLAS_BLOCK_FEATURES
+
+
 def _block_length(L: int, D: int) -> int:
     """The block of a segment of ``L`` rows of ``D`` features longer than its BLAS block: its
     largest divisor between a quarter of that and that (then every block of every segment is
     one row of one product), else the BLAS block (whole blocks, then the remainder)."""
-    most = BLAS_BLOCK if D == 1 else BLAS_BLOCK_FEATURES
+    most = _blas_block(D)
     for k in range(most, most // 4 - 1, -1):
         if L % k == 0:
             return k
@@ -159,8 +164,7 @@ def _fixed_sum(x4: np.ndarray, out3: np.ndarray, acc: np.dtype, ones: np.ndarray
         _fixed_sum(x4.real, out3.real, real, ones)
         _fixed_sum(x4.imag, out3.imag, real, ones)
         return
-    longest = BLAS_BLOCK if D == 1 else BLAS_BLOCK_FEATURES
-    if longest < L:
+    if _blas_block(D) < L:
         _long_sum(x4, out3, acc, ones)
         return
     if x4.dtype == acc and out3.dtype == acc:

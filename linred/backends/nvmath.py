@@ -152,6 +152,13 @@ def _sparse_error() -> str | None:
     return None
 
 
+def _negative_strides(problem: Problem, serves: str) -> str:
+    return (
+        f"nvmath's matmul takes non-negative strides, and the data's are {problem.strides}; "
+        f"backend={serves!r} serves them"
+    )
+
+
 class NvmathBackend(Backend):
     name = "nvmath"
     summary = (
@@ -195,10 +202,7 @@ class NvmathBackend(Backend):
             if isinstance(layout, str):
                 return f"{layout}; a contiguous copy of the data or backend='cub' serves it"
             if any(s < 0 for s in problem.strides):
-                return (
-                    f"nvmath's matmul takes non-negative strides, and the data's are {problem.strides}; "
-                    "backend='cub' serves them"
-                )
+                return _negative_strides(problem, "cub")
             return layouts.check_device_extents(layout)
         reason = _sparse_error()
         if reason is not None:
@@ -221,10 +225,7 @@ class NvmathBackend(Backend):
         if isinstance(layout, str):
             return f"{layout}; backend='numpy' serves any layout"
         if any(s < 0 for s in problem.strides):
-            return (
-                f"nvmath's matmul takes non-negative strides, and the data's are {problem.strides}; "
-                "backend='numpy' serves them"
-            )
+            return _negative_strides(problem, "numpy")
         L = problem.segment_length
         if layout.form != "rows" and L > layouts.HOST_SEQUENTIAL_MAX and problem.acc_dtype in ("float32", "complex64"):
             return (
