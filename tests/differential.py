@@ -41,6 +41,7 @@ from conftest import (
     UNSIGNED,
     cupy,
     expected_dtype,
+    identity,
     np_dtype,
     to_kind,
     to_numpy,
@@ -215,19 +216,6 @@ def _segments_reduce(ufunc: Any, work: np.ndarray, starts: np.ndarray, ends: np.
     return out
 
 
-def _identity(reduction: str, name: str) -> Any:
-    if reduction == "sum":
-        return 0
-    if reduction == "mean":
-        return np.nan
-    if name == "bool":
-        return reduction == "min"
-    if name in INTEGER:
-        info = np.iinfo(name)
-        return info.min if reduction == "max" else info.max
-    return -np.inf if reduction == "max" else np.inf
-
-
 def reference(case: Case, v: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray | None]:
     """``(reference, S)``: the float64 (or exact integer) result in linred's result layout, and
     for floating sums and means the sum of ``|x|`` per result element (else None)."""
@@ -259,7 +247,7 @@ def reference(case: Case, v: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndar
             ref = total
         else:
             ufunc = np.maximum if case.reduction == "max" else np.minimum
-            ref = _segments_reduce(ufunc, work, starts, ends, _identity(case.reduction, out_name))
+            ref = _segments_reduce(ufunc, work, starts, ends, identity(case.reduction, out_name))
     ref = np.moveaxis(ref, 0, axis)
     size = None if size is None else np.moveaxis(size, 0, axis)
     return ref, size
