@@ -20,7 +20,7 @@ import sys
 
 from linred._dynamo import register_torch
 from linred._version import __version__
-from linred.backends.registry import available_backends
+from linred.backends import available_backends
 from linred.errors import BackendError
 from linred.plan import SegmentedReduction, clear_plan_cache, plan_cache_info, set_plan_cache_size
 from linred.reductions import segmented_max, segmented_mean, segmented_min, segmented_sum

@@ -46,7 +46,7 @@ def backend_status() -> dict[str, tuple[bool, str]]:
     Unlike :func:`linred.available_backends`, a backend module that is missing or
     fails to import is reported as unavailable with the error, not raised.
     """
-    from linred.backends import registry
+    import linred.backends as registry
 
     status = {}
     for name in registry.BACKENDS:

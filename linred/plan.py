@@ -20,9 +20,9 @@ import numpy as np
 
 from linred._dtypes import REDUCTIONS, dtype_name, identity, resolve
 from linred.arrays import ArrayAdapter, as_array, fast_keys, refusal
+from linred.backends import check_backend_name
 from linred.backends.base import Executor
-from linred.backends.registry import check_backend_name
-from linred.dispatch import select
+from linred.backends.select import select
 from linred.problem import Problem
 from linred.segments import FixedSegments, Segments, VariableSegments, parse_segments
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from linred import _dynamo
 from linred._dynamo import opaque
-from linred.backends.registry import BackendName
+from linred.backends import BackendName
 
 __all__ = ["segmented_max", "segmented_mean", "segmented_min", "segmented_sum"]
 

@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"linred tune needs CuPy and a CUDA GPU: {e}", file=sys.stderr)
         return 2
     import linred
-    from linred import dispatch
+    from linred.backends import select as dispatch
 
     n = args.n or (1 << 24 if args.quick else 1 << 26)
     grid = QUICK_GRID if args.quick else GRID

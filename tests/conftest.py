@@ -35,7 +35,7 @@ import pytest
 from hypothesis import settings
 
 import linred
-from linred.backends import registry
+import linred.backends as registry
 
 try:
     import ml_dtypes

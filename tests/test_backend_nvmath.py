@@ -29,8 +29,8 @@ import pytest
 from conftest import HAS_CUPY_GPU, HAS_TORCH, HAS_TORCH_CUDA, assert_reduction, segment_bounds, to_kind, to_numpy
 
 import linred
+import linred.backends as registry
 from linred.backends import _nvmath_layout as layouts
-from linred.backends import registry
 from linred.backends._nvmath_layout import HOST_SEQUENTIAL_MAX
 from linred.problem import Problem
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import linred
+import linred.backends as registry
 from linred import cli
-from linred.backends import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("cupy", "torch", "nvmath", "cuda.compute", "cuda.core")

@@ -13,8 +13,8 @@ import pytest
 from conftest import CONTRACT_BACKENDS, check_refusal
 
 import linred
-import linred.dispatch
-from linred.backends import registry
+import linred.backends as registry
+from linred.backends import select as dispatch
 from linred.backends.base import Backend, FunctionExecutor
 
 
@@ -53,7 +53,7 @@ def fakes(monkeypatch, clean_plan_cache):
     second = FakeBackend("nvmath", 2.0)
     monkeypatch.setattr(registry, "_loaded", {**registry._loaded, "numpy": first, "nvmath": second})
     monkeypatch.setattr(registry, "_unavailable", {})
-    monkeypatch.setattr(linred.dispatch, "HOST_ORDER", ("numpy", "nvmath"))
+    monkeypatch.setattr(linred.backends.select, "HOST_ORDER", ("numpy", "nvmath"))
     yield first, second
     linred.clear_plan_cache()  # drop the fakes' plans before the real backends come back
 
@@ -77,7 +77,7 @@ def test_auto_follows_the_preference_order(fakes, monkeypatch):
     np.testing.assert_array_equal(linred.segmented_sum(X, 4), [1.0, 1.0, 1.0])
     assert second.calls["unsupported"] == 0  # never asked: the first one served
     linred.clear_plan_cache()
-    monkeypatch.setattr(linred.dispatch, "HOST_ORDER", ("nvmath", "numpy"))
+    monkeypatch.setattr(linred.backends.select, "HOST_ORDER", ("nvmath", "numpy"))
     np.testing.assert_array_equal(linred.segmented_sum(X, 4), [2.0, 2.0, 2.0])
 
 
@@ -207,20 +207,20 @@ def _gpu_problem(length: int, dtype: str = "float32") -> Any:
     ],
 )
 def test_shipped_table_tells_powers_of_two_apart(monkeypatch, length, dtype, first):
-    monkeypatch.setattr(linred.dispatch, "tune_cache_path", lambda: linred.dispatch.Path("/nonexistent/table.json"))
-    linred.dispatch.reload()
+    monkeypatch.setattr(linred.backends.select, "tune_cache_path", lambda: dispatch.Path("/nonexistent/table.json"))
+    dispatch.reload()
     try:
-        assert linred.dispatch.preference(_gpu_problem(length, dtype))[0] == first
+        assert dispatch.preference(_gpu_problem(length, dtype))[0] == first
     finally:
-        linred.dispatch.reload()
+        dispatch.reload()
 
 
 def test_a_table_with_unknown_lengths_is_rejected(tmp_path):
     path = tmp_path / "table.json"
     rule = {"layout": "fixed", "op": "sum", "dtypes": ["float32"], "lengths": "odd", "order": ["cub"]}
-    path.write_text(json.dumps({"version": linred.dispatch.TABLE_VERSION, "rules": [rule]}))
+    path.write_text(json.dumps({"version": dispatch.TABLE_VERSION, "rules": [rule]}))
     with pytest.raises(ValueError, match="'lengths' must be one of"):
-        linred.dispatch._load(path)
+        dispatch._load(path)
 
 
 def test_tune_rules_merge_runs_and_keep_the_lengths_apart(tmp_path, monkeypatch):
@@ -245,16 +245,16 @@ def test_tune_rules_merge_runs_and_keep_the_lengths_apart(tmp_path, monkeypatch)
     ]
     # the tuned table comes first and tells 16 (a power of two) from 12 and 24
     path = tmp_path / "tuned.json"
-    path.write_text(json.dumps({"version": linred.dispatch.TABLE_VERSION, "rules": rules}))
-    monkeypatch.setattr(linred.dispatch, "tune_cache_path", lambda: path)
-    linred.dispatch.reload()
+    path.write_text(json.dumps({"version": dispatch.TABLE_VERSION, "rules": rules}))
+    monkeypatch.setattr(linred.backends.select, "tune_cache_path", lambda: path)
+    dispatch.reload()
     try:
-        assert linred.dispatch.preference(_gpu_problem(16))[:2] == ("cublas", "nvrtc")
-        assert linred.dispatch.preference(_gpu_problem(8))[:2] == ("nvrtc", "cublas")
-        assert linred.dispatch.preference(_gpu_problem(3))[:2] == ("nvrtc", "cublas")
-        assert linred.dispatch.preference(_gpu_problem(12))[:2] == ("cublas", "nvrtc")
+        assert dispatch.preference(_gpu_problem(16))[:2] == ("cublas", "nvrtc")
+        assert dispatch.preference(_gpu_problem(8))[:2] == ("nvrtc", "cublas")
+        assert dispatch.preference(_gpu_problem(3))[:2] == ("nvrtc", "cublas")
+        assert dispatch.preference(_gpu_problem(12))[:2] == ("cublas", "nvrtc")
     finally:
-        linred.dispatch.reload()
+        dispatch.reload()
 
 
 def test_tune_times_one_call_per_sample_after_two_untimed(monkeypatch):
@@ -279,12 +279,12 @@ def test_tune_measures_this_gpu_and_dispatch_reads_its_table(tmp_path, monkeypat
     from linred import tune
 
     path = tmp_path / "dispatch.json"
-    monkeypatch.setattr(linred.dispatch, "tune_cache_path", lambda: path)
+    monkeypatch.setattr(linred.backends.select, "tune_cache_path", lambda: path)
     linred.clear_plan_cache()
     try:
         assert tune.main(["--quick", "--n", str(1 << 20), "--repeats", "3"]) == 0
         table = json.loads(path.read_text())
-        assert table["version"] == linred.dispatch.TABLE_VERSION
+        assert table["version"] == dispatch.TABLE_VERSION
         rules = table["rules"]
         assert {(r["layout"], r.get("lengths", "any")) for r in rules} == {
             ("fixed", "pow2"),
@@ -296,13 +296,13 @@ def test_tune_measures_this_gpu_and_dispatch_reads_its_table(tmp_path, monkeypat
         assert any(r["upto_log2"] == 64 for r in rules if r["layout"] == "variable")
         # L = 2 is size 1: the first power-of-two rule covers it, and is the table in force.
         rule = next(r for r in rules if r.get("lengths") == "pow2")
-        assert linred.dispatch.preference(_gpu_problem(2))[: len(rule["order"])] == tuple(rule["order"])
+        assert dispatch.preference(_gpu_problem(2))[: len(rule["order"])] == tuple(rule["order"])
         x = np.random.default_rng(5).standard_normal(1 << 16).astype(np.float32)
         got = cupy.asnumpy(linred.segmented_sum(cupy.asarray(x), 2))
         want = x.astype(np.float64).reshape(-1, 2).sum(1)
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     finally:
-        linred.dispatch.reload()
+        dispatch.reload()
         linred.clear_plan_cache()
 
 

@@ -21,7 +21,7 @@ from conftest import (
 )
 
 import linred
-from linred.backends import registry
+import linred.backends as registry
 
 if HAS_TORCH:
     import torch

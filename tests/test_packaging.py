@@ -129,7 +129,7 @@ def test_doc_examples_run(name):
 
 
 def test_readme_backend_table_lists_every_backend():
-    from linred.backends.registry import BACKENDS
+    from linred.backends import BACKENDS
 
     for doc in ("README.md", "docs/backends.md"):
         text = (ROOT / doc).read_text()

@@ -22,7 +22,7 @@ from conftest import (
 )
 
 import linred
-from linred.backends import registry
+import linred.backends as registry
 
 SPECS = {
     "fixed": {"segment_length": 4},

@@ -70,7 +70,7 @@ class Method:
 
 def _auto_choice(inp: Inputs, kwargs: dict[str, Any]) -> str | None:
     """The backend ``backend="auto"`` picks for this call (planning only, no data touched)."""
-    from linred.dispatch import select
+    from linred.backends.select import select
     from linred.plan import _prepare
 
     try:
@@ -85,7 +85,7 @@ def _auto_choice(inp: Inputs, kwargs: dict[str, Any]) -> str | None:
 def _linred(backend: str, check: bool = False) -> Method:
     def make(inp: Inputs) -> Callable[[], Any]:
         import linred
-        from linred.backends import registry
+        import linred.backends as registry
 
         if backend != "auto":
             try:
@@ -125,7 +125,7 @@ def linred_methods(device: str) -> list[Method]:
     that the offsets are valid, which is what every peer assumes); the
     ``+check`` row shows what validating them on every call costs.
     """
-    from linred.backends.registry import BACKENDS
+    from linred.backends import BACKENDS
 
     backends = [b for b in BACKENDS if b != "numpy"] if device == "gpu" else CPU_BACKENDS
     return [_linred("auto"), *(_linred(b) for b in backends), _linred("auto", check=True)]

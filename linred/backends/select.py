@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from linred._cache import user_cache_dir
+from linred.backends import BACKENDS, get_backend, unavailable
 from linred.backends.base import Backend
-from linred.backends.registry import BACKENDS, get_backend, unavailable
 from linred.errors import BackendError
 from linred.problem import Problem
 
