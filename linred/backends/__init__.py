@@ -7,13 +7,22 @@ imported the first time the backend is asked for; nothing heavy is imported by
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import threading
-from typing import Literal
+from typing import Any, Literal
 
-from linred.backends.base import Backend
+from linred.backends.base import Backend, Options
 
-__all__ = ["BACKENDS", "BackendName", "available_backends", "check_backend_name", "get_backend"]
+__all__ = [
+    "BACKENDS",
+    "BackendName",
+    "available_backends",
+    "check_backend_name",
+    "configure",
+    "get_backend",
+    "options_generation",
+]
 
 #: every backend, in the order ``linred info`` lists them
 BACKENDS: tuple[str, ...] = ("numpy", "nvmath", "cublas", "cub", "nvrtc")
@@ -79,3 +88,62 @@ def available_backends() -> dict[str, bool | str]:
     True
     """
     return {name: (unavailable(name) or True) for name in BACKENDS}
+
+
+#: bumped by every :func:`configure`; part of the key of every cached plan
+_generation = 0
+_on_configure: list[Any] = []
+
+
+def options_generation() -> int:
+    """Which options are in force: a number that changes whenever :func:`configure` runs."""
+    return _generation
+
+
+def configure(name: str, **changes: Any) -> Options:
+    """Change backend ``name``'s tuning options for the plans made from now on.
+
+    Plans already made (a :class:`linred.SegmentedReduction`, or the functions'
+    cached plans) keep the options they were made with; the functions' cache is
+    keyed by the options in force, so their next call makes a new plan.
+
+    Parameters
+    ----------
+    name : str
+        A backend name (see :data:`BACKENDS`).
+    **changes
+        Fields of that backend's options dataclass and their new values.  With no
+        changes, the options in force are returned.
+
+    Returns
+    -------
+    Options
+        The options now in force (a frozen dataclass); pass its fields back to
+        restore them.
+
+    Raises
+    ------
+    TypeError
+        If a field is not one of the backend's options.
+    ValueError
+        If a value is not allowed (the options' own validation).
+
+    Examples
+    --------
+    >>> import linred.backends
+    >>> linred.backends.configure("numpy")
+    Options()
+    """
+    global _generation
+    if name not in BACKENDS:
+        raise ValueError(f"name must be one of {', '.join(map(repr, BACKENDS))}; got {name!r}")
+    backend = get_backend(name)
+    if not changes:
+        return backend.options
+    new = dataclasses.replace(backend.options, **changes)
+    with _lock:
+        backend.options = new
+        _generation += 1
+    for callback in _on_configure:
+        callback()
+    return new

@@ -13,10 +13,16 @@ The contract:
   None.  It must be cheap and must not touch data.
 - :meth:`Backend.plan` returns an :class:`Executor` for a problem it supports.
   Planning may allocate and compile; the executor then runs many times.
+- :attr:`Backend.options` holds the backend's tuning knobs, an instance of its
+  frozen :class:`Options` dataclass.  A plan reads them when it is made and keeps
+  them; :func:`linred.backends.configure` replaces them and starts a new options
+  generation, which is part of every cached plan's key, so a changed knob never
+  meets a plan made with the old one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar, Protocol
 
 from linred.problem import Problem
@@ -32,15 +38,37 @@ class Executor(Protocol):
     ``stream`` the resolved stream (None on the host).  The executor writes every
     element of ``out``, including empty segments, and enqueues its work on
     ``stream`` without synchronizing.
+
+    An executor whose class sets ``views = False`` reads only what its plan fixed
+    (device pointers, with strides known from the problem): it is then passed
+    ``x`` and ``out`` as the caller gave them, which saves two reshapes per call.
     """
+
+    #: whether ``x`` and ``out`` must be the ``(batch, n, features)`` and
+    #: ``(batch, m, features)`` views (True) or may come in the caller's shape
+    views: bool
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None: ...
 
     def free(self) -> None: ...
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Options:
+    """A backend's tuning knobs (none for the base class).
+
+    Each backend with knobs subclasses this as a frozen dataclass with defaults and
+    validates its fields in ``__post_init__``; :func:`linred.backends.configure`
+    makes a new instance with some fields changed.
+    """
+
+
 class Backend:
     """Base class of the backends; see the module docstring for the contract."""
+
+    #: the knobs this backend's plans read when they are made (replace them through
+    #: :func:`linred.backends.configure`, never by assignment to a module global)
+    options: Options = Options()
 
     name: ClassVar[str] = ""
     #: one line for ``linred info``, the README and error messages
@@ -79,6 +107,7 @@ class FunctionExecutor:
     """An executor made of a plain function, for backends with nothing to free."""
 
     __slots__ = ("_run",)
+    views = True
 
     def __init__(self, run: Any) -> None:
         self._run = run

@@ -354,8 +354,8 @@ class _OneLaunch:
     16-byte aligned to the tile kernel."""
 
     #: only the device pointers of ``x`` and ``out`` are read, so a repeated call may pass the
-    #: caller's arrays without the (batch, n, features) views (see linred.plan._FastCall)
-    flat = True
+    #: caller's arrays without the (batch, n, features) views
+    views = False
 
     def __init__(self, problem: Problem) -> None:
         self._problem = problem
