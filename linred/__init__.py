@@ -19,11 +19,12 @@ cuda.compute are imported when a call first needs them.
 import sys
 
 from linred._dynamo import register_torch
+from linred._functions import segmented_max, segmented_mean, segmented_min, segmented_sum
+from linred._plan_cache import clear_plan_cache, plan_cache_info, set_plan_cache_size
 from linred._version import __version__
 from linred.backends import available_backends
 from linred.errors import BackendError
-from linred.plan import SegmentedReduction, clear_plan_cache, plan_cache_info, set_plan_cache_size
-from linred.reductions import segmented_max, segmented_mean, segmented_min, segmented_sum
+from linred.plan import SegmentedReduction
 
 if "torch" in sys.modules:  # imported before linred: compiled functions may call linred first
     register_torch()

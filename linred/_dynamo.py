@@ -23,13 +23,13 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from linred import plan
+from linred import _plan_cache
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: the body of the public functions: :func:`linred.plan.run`, or the same wrapped in
+#: the body of the public functions: :func:`linred._plan_cache.call`, or the same wrapped in
 #: ``torch.compiler.disable`` once PyTorch is in use
-run: Callable[..., Any] = plan.run
+run: Callable[..., Any] = _plan_cache.call
 
 _REASON = "linred's reductions run eagerly, outside the compiled graph"
 
@@ -44,9 +44,9 @@ def opaque(fn: F) -> F:
 def register_torch() -> None:
     """Make :data:`run` a ``torch.compiler.disable`` function (once; a no-op without it)."""
     global run
-    if run is not plan.run:
+    if run is not _plan_cache.call:
         return
     torch = sys.modules.get("torch")
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
     if disable is not None:
-        run = disable(plan.run, reason=_REASON)
+        run = disable(_plan_cache.call, reason=_REASON)

@@ -26,12 +26,13 @@ class FixedSegments:
         return ("fixed", self.length)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class VariableSegments:
     """Segments ``[offsets[i], offsets[i + 1])``; ``offsets`` is 1-D int32/int64 on the data's device.
 
     ``max_length`` and ``min_length`` are known when the offsets were checked
-    (``check=True``), else None.
+    (``check=True``), else None.  (Not frozen: one is made per call with offsets,
+    and a frozen dataclass takes twice as long to make; nothing changes one.)
     """
 
     offsets: Any
@@ -41,10 +42,20 @@ class VariableSegments:
 
     @property
     def key(self) -> tuple:
-        return ("variable", self.count, str(self.offsets.dtype).removeprefix("torch."))
+        return ("variable", self.count, _index_dtype_name(self.offsets.dtype))
 
 
 Segments = FixedSegments | VariableSegments
+
+_names: dict[Any, str] = {}
+
+
+def _index_dtype_name(dtype: Any) -> str:
+    """``"int32"`` or ``"int64"`` for a NumPy, CuPy or torch index dtype (remembered per dtype)."""
+    name = _names.get(dtype)
+    if name is None:
+        name = _names[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 def _segment_length(value: Any, n: int, axis: int) -> FixedSegments:
@@ -63,7 +74,10 @@ def _one_dimensional(a: Any, name: str) -> None:
         raise ValueError(f"{name} must be 1-D; got shape {tuple(a.shape)}")
 
 
-def _offsets(value: Any, n: int, axis: int, adapter: ArrayAdapter, device: int | None, check: bool) -> VariableSegments:
+def parse_offsets(
+    value: Any, n: int, axis: int, adapter: ArrayAdapter, device: int | None, check: bool
+) -> VariableSegments:
+    """``offsets=`` of a call on an axis of length ``n``, as segments on ``device`` (checked if ``check``)."""
     off = adapter.index_array(value, device, "offsets")
     _one_dimensional(off, "offsets")
     if off.shape[0] == 0:
@@ -82,7 +96,10 @@ def _offsets(value: Any, n: int, axis: int, adapter: ArrayAdapter, device: int |
     return VariableSegments(off, count, hi, lo if count else None)
 
 
-def _lengths(value: Any, n: int, axis: int, adapter: ArrayAdapter, device: int | None, check: bool) -> VariableSegments:
+def parse_lengths(
+    value: Any, n: int, axis: int, adapter: ArrayAdapter, device: int | None, check: bool
+) -> VariableSegments:
+    """``lengths=`` of a call on an axis of length ``n``, as offsets on ``device`` (checked if ``check``)."""
     lengths = adapter.index_array(value, device, "lengths")
     _one_dimensional(lengths, "lengths")
     off = adapter.lengths_to_offsets(lengths)
@@ -130,5 +147,5 @@ def parse_segments(
     if segment_length is not None:
         return _segment_length(segment_length, n, axis)
     if offsets is not None:
-        return _offsets(offsets, n, axis, adapter, device, check)
-    return _lengths(lengths, n, axis, adapter, device, check)
+        return parse_offsets(offsets, n, axis, adapter, device, check)
+    return parse_lengths(lengths, n, axis, adapter, device, check)

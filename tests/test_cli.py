@@ -144,7 +144,7 @@ def test_demo_flags_wrong_results_and_prints_no_speed_for_them(monkeypatch, caps
 
 def test_demo_reports_a_backend_that_crashes(monkeypatch, capsys):
     # A backend that is available but fails when planning: shown as an error, exit status 1.
-    import linred.demo
+    import linred.cli.demo
 
     real = linred.SegmentedReduction
 
@@ -153,7 +153,7 @@ def test_demo_reports_a_backend_that_crashes(monkeypatch, capsys):
             raise RuntimeError("cuda.compute exploded")
         return real(*args, backend=backend, **kwargs)
 
-    monkeypatch.setattr(linred.demo, "backend_status", lambda: {"numpy": (True, ""), "cub": (True, "")})
+    monkeypatch.setattr(linred.cli.demo, "backend_status", lambda: {"numpy": (True, ""), "cub": (True, "")})
     monkeypatch.setattr(linred, "SegmentedReduction", plan)
     rc, out, _ = run_cli(capsys, *SMALL_DEMO)
     assert rc == 1

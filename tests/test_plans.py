@@ -9,10 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import (
+from support import (
     HAS_TORCH,
     REDUCTIONS,
+    Refused,
     assert_reduction,
+    call_or_refused,
     empty_like_kind,
     expected_dtype,
     make_data,
@@ -186,6 +188,7 @@ def test_repeated_calls_with_out_skip_the_checks_only_for_an_out_already_checked
     """A repeated fixed-length call with ``out`` takes the fast path when ``out`` is described
     like one already checked (same type, shape, strides, dtype, device and writeability); any
     other ``out`` is checked again and refused with the usual error."""
+    import linred._plan_cache
     import linred.plan
 
     rng = np.random.default_rng(11)
@@ -194,14 +197,17 @@ def test_repeated_calls_with_out_skip_the_checks_only_for_an_out_already_checked
     got = run_or_refused(linred.segmented_sum, x, 4, out=out, backend=backend)
     assert got is out
     prepared = []
-    real_prepare = linred.plan._prepare
-    monkeypatch.setattr(linred.plan, "_prepare", lambda *a: prepared.append(1) or real_prepare(*a))
+    real_request = linred._plan_cache.request
+    monkeypatch.setattr(linred._plan_cache, "request", lambda *a, **k: prepared.append(1) or real_request(*a, **k))
+    checked = []  # the plan's own check of an out that is not described like the one it expects
+    real_check_out = linred.plan.check_out
+    monkeypatch.setattr(linred.plan, "check_out", lambda *a: checked.append(1) or real_check_out(*a))
     for _ in range(3):
         data = make_data("float32", (64, 3), rng)
         other = empty_like_kind(array_kind, (16, 3), "float32")  # a new buffer, described the same
         assert linred.segmented_sum(to_kind(data, array_kind), 4, out=other, backend=backend) is other
         assert_reduction(other, "sum", data, segments=segment_bounds(64, segment_length=4), like=x)
-    assert prepared == []  # all three took the fast path
+    assert prepared == checked == []  # all three ran their plan without a check
     with pytest.raises(ValueError, match=r"out must have shape \(16, 3\); got \(8, 3\)"):
         linred.segmented_sum(x, 4, out=empty_like_kind(array_kind, (8, 3), "float32"), backend=backend)
     with pytest.raises(ValueError, match=r"out must have dtype float32; got float64"):
@@ -211,7 +217,7 @@ def test_repeated_calls_with_out_skip_the_checks_only_for_an_out_already_checked
         linred.segmented_sum(x, 4, out=wide[:, ::2], backend=backend)
     with pytest.raises(TypeError, match=r"out must be a"):
         linred.segmented_sum(x, 4, out=[0.0] * 48, backend=backend)
-    assert len(prepared) == 4  # each went through the checks
+    assert len(checked) == 4 and prepared == []  # each was checked by the plan it found
     if array_kind == "numpy":
         frozen = np.empty((16, 3), np.float32)
         frozen.flags.writeable = False
@@ -263,26 +269,29 @@ def test_threads(array_kind, backend, clean_plan_cache):
 
     def work(k: int):
         barrier.wait()
-        results = []
+        results, refusals = [], []
         for reduction, x_np, kwargs in jobs[k::8]:
             x = to_kind(x_np, array_kind)
             fn = getattr(linred, f"segmented_{reduction}")
             try:
-                results.append((reduction, x_np, kwargs, x, fn(x, backend=backend, **kwargs)))
-            except linred.BackendError:
-                if backend == "auto":
-                    raise
-        return results
+                results.append((reduction, x_np, kwargs, x, call_or_refused(fn, x, backend=backend, **kwargs)))
+            except Refused as r:  # documented (auto and numpy never refuse: call_or_refused fails them)
+                refusals.append(r)
+        return results, refusals
 
     with ThreadPoolExecutor(8) as pool:
         outcomes = [f.result() for f in [pool.submit(work, k) for k in range(8)]]
     checked = 0
-    for results in outcomes:
+    refused = [r for _, refusals in outcomes for r in refusals]
+    for results, _ in outcomes:
         for reduction, x_np, kwargs, x, got in results:
             assert_reduction(got, reduction, x_np, segments=segment_bounds(12, **kwargs), like=x)
             checked += 1
     if backend in ("numpy", "auto"):
         assert checked == len(jobs)
+    if refused:  # what was served is right, but not every call was: declared, not passed
+        whats = sorted({r.what for r in refused})
+        pytest.skip(f"{backend} refused {len(refused)} of {len(jobs)} calls (declared): {', '.join(whats)}")
 
 
 def test_cache_eviction_never_frees_a_plan_in_use(monkeypatch, clean_plan_cache):
@@ -292,15 +301,15 @@ def test_cache_eviction_never_frees_a_plan_in_use(monkeypatch, clean_plan_cache)
     linred.set_plan_cache_size(1)
     looked_up = threading.Event()
     evicted = threading.Event()
-    original = plan_module._execute
+    original = plan_module.SegmentedReduction._run
 
-    def paused_execute(call, executor, out):
+    def paused_run(plan, x, out, handle, segments):
         if threading.current_thread().name == "A":
             looked_up.set()
             assert evicted.wait(10)
-        return original(call, executor, out)
+        return original(plan, x, out, handle, segments)
 
-    monkeypatch.setattr(plan_module, "_execute", paused_execute)
+    monkeypatch.setattr(plan_module.SegmentedReduction, "_run", paused_run)
     results = {}
 
     def a():

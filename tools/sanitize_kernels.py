@@ -651,12 +651,17 @@ def _numpy_dtype(dtype: str) -> np.dtype:
 
 
 def _prepare(case: Case, x: Any, offsets: Any) -> Any:
-    """linred's own validation of a call (linred.plan._prepare): the _Call with its Problem."""
-    from linred.plan import _prepare as prepare
+    """linred's own validation of a call (linred._frontend.request): its Problem, adapter, result
+    shape, segments, stream and the (batch, n, features) view of ``x``."""
+    from linred._frontend import request
 
-    return prepare(
-        reduction=case.reduction, x=x, segment_length=case.L, offsets=offsets, lengths=None, axis=case.axis,
+    req, x, handle = request(
+        case.reduction, x, segment_length=case.L, offsets=offsets, axis=case.axis,
         dtype=case.out_dtype, backend=case.backend, check=False,
+    )  # fmt: skip
+    return types.SimpleNamespace(
+        problem=req.problem, adapter=req.adapter, out_shape=req.out_shape, segments=req.segments, stream=handle,
+        x3=req.adapter.reshape(x, req.problem.in_shape),
     )  # fmt: skip
 
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from linred.arrays._base import ArrayAdapter, ArrayInfo, fast_keys
+from linred.arrays._base import ArrayAdapter, ArrayInfo, adapters
 from linred.arrays._numpy import NUMPY
 
-__all__ = ["ArrayAdapter", "ArrayInfo", "adapter_for", "as_array", "fast_keys", "refusal"]
+__all__ = ["ArrayAdapter", "ArrayInfo", "adapter_for", "adapters", "as_array", "refusal"]
 
 
 def _cupy_adapter() -> ArrayAdapter:

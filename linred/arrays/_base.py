@@ -20,11 +20,6 @@ def ranges_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] < a[1] and b[0] < b[1] and a[0] < b[1] and b[0] < a[1]
 
 
-#: array type -> a cheap function of an array that, with the type, determines its
-#: shape, strides, dtype and device; each adapter module registers its type on import
-fast_keys: dict[type, Any] = {}
-
-
 @dataclass(frozen=True, slots=True)
 class ArrayInfo:
     """What linred needs to know about an array.
@@ -44,6 +39,10 @@ class ArrayInfo:
     plain: bool = True
 
 
+def _no_stream() -> None:
+    return None
+
+
 class ArrayAdapter:
     """Operations on one array library's arrays.  Subclasses fill every method."""
 
@@ -51,13 +50,32 @@ class ArrayAdapter:
     kind: str = ""
     #: the array type's name for messages, e.g. "numpy.ndarray"
     type_name: str = ""
+    #: whether :meth:`prepare` may return another array than it is given (else it is skipped)
+    prepares: bool = False
 
     def info(self, x: Any) -> ArrayInfo:
         raise NotImplementedError
 
-    def fast_path(self, dtype: str, device: int | None) -> tuple[Any, Any, Any]:
-        """``(prepare(x), empty(shape), stream())`` for repeated calls: the per-call work only."""
+    def key(self, x: Any) -> tuple:
+        """A cheap, hashable description of ``x`` that, with its type, determines its
+        :meth:`info` and whether :meth:`prepare` copies it: two arrays with equal keys
+        can run on the same plan.  Equal keys must imply equal info (no false match);
+        unequal keys for equal info only cost the slower, checked path."""
         raise NotImplementedError
+
+    def out_key(self, shape: tuple[int, ...], dtype: str, device: int | None) -> tuple:
+        """The :meth:`key` of a C-contiguous, plain array of ``shape``, ``dtype`` and ``device``
+        (one that :meth:`empty` makes)."""
+        raise NotImplementedError
+
+    def allocator(self, dtype: str, device: int | None) -> Any:
+        """``empty(shape)``: :meth:`empty` with the dtype and device fixed, for repeated calls."""
+        raise NotImplementedError
+
+    def current_stream(self, device: int | None) -> Any:
+        """A function returning the handle of the library's current stream on ``device``
+        (None on the host): what a call with ``stream=None`` runs on."""
+        return _no_stream
 
     def prepare(self, x: Any) -> Any:
         """``x`` ready to be read by raw pointer (torch: lazy conjugation resolved)."""
@@ -101,10 +119,6 @@ class ArrayAdapter:
         """
         raise NotImplementedError
 
-    def to_numpy(self, x: Any) -> Any:
-        """A host NumPy copy (or view) of ``x``; synchronizes for device arrays."""
-        raise NotImplementedError
-
     def on_stream(self, stream: Any, device: int | None) -> Any:
         """A context in which the library's own operations run on ``stream`` (a resolved handle)."""
         return contextlib.nullcontext()
@@ -140,3 +154,7 @@ class ArrayAdapter:
     def value_at(self, a: Any, i: int) -> int:
         """``int(a[i])`` (synchronizes for device arrays); used to build error messages."""
         return int(a[i])
+
+
+#: array type -> its adapter; each adapter module registers its type on import
+adapters: dict[type, ArrayAdapter] = {}

@@ -6,11 +6,10 @@ import contextlib
 from typing import Any
 
 import cupy
-import numpy as np
 
 from linred._dtypes import dtype_name
-from linred.arrays._base import ArrayAdapter, ArrayInfo, byte_range, fast_keys, ranges_overlap
-from linred.arrays._numpy import _identity, _int_array, _lengths_summary, _lengths_to_offsets, _offsets_summary
+from linred.arrays._base import ArrayAdapter, ArrayInfo, adapters, byte_range, ranges_overlap
+from linred.arrays._numpy import _int_array, _lengths_summary, _lengths_to_offsets, _offsets_summary
 from linred.arrays._streams import ProtocolStream, stream_handle
 
 __all__ = ["CUPY", "CupyAdapter", "external_stream", "stream_handle"]
@@ -89,12 +88,20 @@ class CupyAdapter(ArrayAdapter):
         with cupy.cuda.Device(device):
             return _int_array(cupy, obj, name)
 
-    def to_numpy(self, x: cupy.ndarray) -> np.ndarray:
-        return cupy.asnumpy(x)
+    def key(self, x: cupy.ndarray) -> tuple:
+        # The pointer's misalignment decides plainness with the strides.
+        return (x.shape, x.strides, x.dtype, x.data.device_id, x.data.ptr % x.itemsize)
 
-    def fast_path(self, dtype: str, device: int | None) -> tuple[Any, Any, Any]:
+    def out_key(self, shape: tuple[int, ...], dtype: str, device: int | None) -> tuple:
+        dt = cupy.dtype(dtype)
+        strides, step = [], dt.itemsize
+        for d in reversed(shape):
+            strides.append(step)
+            step *= max(d, 1)
+        return (tuple(shape), tuple(reversed(strides)), dt, device, 0)
+
+    def allocator(self, dtype: str, device: int | None) -> Any:
         get_device = cupy.cuda.runtime.getDevice
-        current = cupy.cuda.get_current_stream
         ndarray, dt = cupy.ndarray, cupy.dtype(dtype)  # resolved once: calls are counted in microseconds
 
         def empty(shape: tuple[int, ...]) -> cupy.ndarray:
@@ -103,10 +110,11 @@ class CupyAdapter(ArrayAdapter):
             with cupy.cuda.Device(device):
                 return ndarray(shape, dt)
 
-        def stream() -> int:
-            return current(device).ptr
+        return empty
 
-        return _identity, empty, stream
+    def current_stream(self, device: int | None) -> Any:
+        current = cupy.cuda.get_current_stream
+        return lambda: current(device).ptr
 
     def on_stream(self, stream: Any, device: int | None) -> Any:
         if stream == cupy.cuda.get_current_stream(device).ptr:
@@ -134,4 +142,4 @@ class CupyAdapter(ArrayAdapter):
 
 
 CUPY = CupyAdapter()
-fast_keys[cupy.ndarray] = lambda x: (x.shape, x.strides, x.dtype, x.data.device_id)
+adapters[cupy.ndarray] = CUPY

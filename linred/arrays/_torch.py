@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 
 from linred._dtypes import dtype_name
 from linred._dynamo import register_torch
-from linred.arrays._base import ArrayAdapter, ArrayInfo, byte_range, fast_keys, ranges_overlap
+from linred.arrays._base import ArrayAdapter, ArrayInfo, adapters, byte_range, ranges_overlap
 from linred.arrays._streams import stream_handle
 
 _TORCH_DTYPES = {
@@ -71,6 +72,7 @@ def _range(t: torch.Tensor) -> tuple[int, int]:
 class TorchAdapter(ArrayAdapter):
     kind = "torch"
     type_name = "torch.Tensor"
+    prepares = True
 
     def info(self, x: torch.Tensor) -> ArrayInfo:
         return ArrayInfo(tuple(x.shape), tuple(x.stride()), dtype_name(x.dtype), self.device_of(x))
@@ -82,15 +84,22 @@ class TorchAdapter(ArrayAdapter):
             x = x.detach()
         return x.resolve_conj().resolve_neg() if x.is_conj() or x.is_neg() else x
 
-    def fast_path(self, dtype: str, device: int | None) -> tuple[Any, Any, Any]:
-        t_dtype, t_device = torch_dtype(dtype), _device(device)
+    def key(self, x: torch.Tensor) -> tuple:
+        # is_conj/is_neg decide whether prepare() copies.
+        return (x.shape, x.stride(), x.dtype, x.device, x.is_conj(), x.is_neg())
 
-        def empty(shape: tuple[int, ...]) -> torch.Tensor:
-            return torch.empty(shape, dtype=t_dtype, device=t_device)
+    def out_key(self, shape: tuple[int, ...], dtype: str, device: int | None) -> tuple:
+        strides, step = [], 1
+        for d in reversed(shape):
+            strides.append(step)
+            step *= max(d, 1)
+        return (torch.Size(shape), tuple(reversed(strides)), torch_dtype(dtype), _device(device), False, False)
 
-        if device is None:
-            return self.prepare, empty, lambda: None
-        return self.prepare, empty, _current_stream_handle(device)
+    def allocator(self, dtype: str, device: int | None) -> Any:
+        return functools.partial(torch.empty, dtype=torch_dtype(dtype), device=_device(device))
+
+    def current_stream(self, device: int | None) -> Any:
+        return super().current_stream(device) if device is None else _current_stream_handle(device)
 
     def is_writeable(self, x: torch.Tensor) -> bool:
         return not (x.is_conj() or x.is_neg())
@@ -158,9 +167,6 @@ class TorchAdapter(ArrayAdapter):
             t = t.to(torch.int64)
         return t
 
-    def to_numpy(self, x: torch.Tensor) -> np.ndarray:
-        return x.detach().cpu().numpy()
-
     def on_stream(self, stream: Any, device: int | None) -> Any:
         if device is None or torch.cuda.current_stream(device).cuda_stream == stream:
             return contextlib.nullcontext()
@@ -215,6 +221,5 @@ class TorchAdapter(ArrayAdapter):
 
 
 TORCH = TorchAdapter()
+adapters[torch.Tensor] = TORCH
 register_torch()  # linred calls inside torch.compile run eagerly (see linred._dynamo)
-# is_conj/is_neg decide whether prepare() copies: part of what a repeated call must match.
-fast_keys[torch.Tensor] = lambda x: (x.shape, x.stride(), x.dtype, x.device, x.is_conj(), x.is_neg())

@@ -106,17 +106,18 @@ def cupy_gpu_unavailable() -> str | None:
 class FunctionExecutor:
     """An executor made of a plain function, for backends with nothing to free."""
 
-    __slots__ = ("_run",)
-    views = True
+    __slots__ = ("run", "views")
 
-    def __init__(self, run: Any) -> None:
-        self._run = run
+    def __init__(self, run: Any, views: bool = True) -> None:
+        #: the function, called as ``run(x, out, segments, stream)``
+        self.run = run
+        self.views = views
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
-        self._run(x, out, segments, stream)
+        self.run(x, out, segments, stream)
 
     def free(self) -> None:
-        self._run = None
+        self.run = None
 
 
 #: the longest float32 sum (in elements) linred leaves to a vendor product (cuBLAS GEMV,

@@ -29,6 +29,9 @@ from linred.backends.base import Backend, FunctionExecutor
 from linred.problem import Problem
 from linred.segments import Segments, VariableSegments
 
+#: ``np.count_nonzero`` without its ``__array_function__`` dispatch (once per unchecked call)
+_count_nonzero = getattr(np.count_nonzero, "_implementation", np.count_nonzero)
+
 #: elements converted per block when the data's dtype is not the accumulation dtype
 BLOCK_ELEMENTS = 1 << 18
 #: fewest elements per thread of a ``reduceat`` cut across threads (below, one thread)
@@ -79,7 +82,10 @@ def _reduceat(ufunc: Any, x3: np.ndarray, starts: np.ndarray, out: np.ndarray, d
     if chunks > 1:
         chunks = min(chunks, num_threads())
     if chunks <= 1:
-        ufunc.reduceat(x3, starts, axis=1, dtype=dtype, out=out)
+        if B == 1 and D == 1:  # 1-D: NumPy's reduceat is quickest on a 1-D array
+            ufunc.reduceat(x3.reshape(n), starts, dtype=dtype, out=out.reshape(k))
+        else:
+            ufunc.reduceat(x3, starts, axis=1, dtype=dtype, out=out)
         return
     x1, out1 = x3[0, :, 0], out[0, :, 0]
     same = dtype is None or np.dtype(dtype) == x1.dtype
@@ -248,6 +254,58 @@ def _divide(num: np.ndarray, den: Any, out: np.ndarray) -> None:
         np.divide(num, den, out=out, casting="unsafe")
 
 
+def _contiguous(problem: Problem) -> bool:
+    """Whether the data is C-contiguous (then any reshape of the caller's array is a view)."""
+    _, n, D = problem.in_shape
+    expected = (n * D, D, 1)
+    return all(s == e for s, e, d in zip(problem.strides, expected, problem.in_shape, strict=True) if d > 1)
+
+
+def _fixed_direct(problem: Problem):
+    """The common fixed-length call as one NumPy call on the caller's arrays, or None.
+
+    NumPy data, C-contiguous, reduced in its own dtype into a result of that dtype,
+    one feature column, segments no longer than a BLAS block: one GEMV (sum, mean)
+    or one ``ufunc.reduce`` (max, min) on the ``(rows, L)`` view, nothing else.
+    """
+    acc = numpy_dtype(problem.acc_dtype)
+    B, _, D = problem.in_shape
+    L = problem.segment_length
+    rows = (B * problem.num_segments, L)
+    if not (
+        problem.kind == "numpy"
+        and D == 1
+        and _contiguous(problem)
+        and problem.dtype == problem.acc_dtype == problem.out_dtype
+        and acc.kind in "fiub"
+    ):
+        return None
+    if problem.reduction in ("max", "min"):
+        reduce = (np.maximum if problem.reduction == "max" else np.minimum).reduce
+
+        def run(x: Any, out: Any, segments: Segments, stream: Any) -> None:
+            reduce(x.reshape(rows), axis=1, out=out.reshape(rows[0]))
+
+        return run
+    if acc.kind != "f" or _blas_block(1) < L:
+        return None
+    ones = np.ones(L, dtype=acc)
+    matmul, divide = np.matmul, np.divide
+    if problem.reduction == "sum":
+
+        def run(x: Any, out: Any, segments: Segments, stream: Any) -> None:
+            matmul(x.reshape(rows), ones, out=out.reshape(rows[0]))
+
+        return run
+
+    def run(x: Any, out: Any, segments: Segments, stream: Any) -> None:
+        flat = out.reshape(rows[0])
+        matmul(x.reshape(rows), ones, out=flat)
+        divide(flat, L, out=flat)
+
+    return run
+
+
 def _fixed(problem: Problem):
     acc = numpy_dtype(problem.acc_dtype)
     reduction = problem.reduction
@@ -276,25 +334,65 @@ def _fixed(problem: Problem):
     return run
 
 
+def _variable_direct(problem: Problem):
+    """Offsets over one 1-D NumPy array as one ``ufunc.reduceat`` into the result, or None.
+
+    One segment axis and nothing else (no batch, no features), small enough for one
+    thread, and a result of the dtype ``reduceat`` computes in: sum (in its
+    accumulation dtype), max or min.  Empty segments, which ``reduceat`` does not
+    know, are found by comparing neighbouring offsets unless checking already
+    showed there are none.
+    """
+    B, n, D = problem.in_shape
+    m = problem.num_segments
+    if not (problem.kind == "numpy" and B == 1 and D == 1 and n < 2 * THREAD_ELEMENTS):
+        return None
+    if problem.reduction == "sum" and problem.out_dtype == problem.acc_dtype:
+        ufunc, dtype = np.add, numpy_dtype(problem.acc_dtype)
+    elif problem.reduction in ("max", "min") and problem.out_dtype == problem.dtype:
+        ufunc, dtype = (np.maximum if problem.reduction == "max" else np.minimum), numpy_dtype(problem.dtype)
+    else:
+        return None
+    reduceat, fill, intp = ufunc.reduceat, identity(problem.reduction, problem.out_dtype), np.dtype(np.intp)
+
+    def run(x: Any, out: Any, segments: VariableSegments, stream: Any) -> None:
+        off = segments.offsets
+        if off.dtype != intp:
+            off = off.astype(intp)
+        x1, out1 = x.reshape(n), out.reshape(m)
+        starts = off[:-1]
+        if not segments.min_length:  # unchecked, or checked with empty segments: find them
+            empty = off[1:] == starts
+            if _count_nonzero(empty):
+                out1[empty] = fill
+                nonempty = ~empty
+                if _count_nonzero(nonempty):
+                    out1[nonempty] = reduceat(x1, starts[nonempty], dtype=dtype)
+                return
+        reduceat(x1, starts, dtype=dtype, out=out1)
+
+    return run
+
+
 def _variable(problem: Problem):
     acc = numpy_dtype(problem.acc_dtype)
     reduction = problem.reduction
     fill = identity(reduction, problem.out_dtype)
 
-    def run(x: Any, out: Any, segments: Segments, stream: Any) -> None:
-        assert isinstance(segments, VariableSegments)
+    def run(x: Any, out: Any, segments: VariableSegments, stream: Any) -> None:
         x3 = host_view(x)
         out3 = host_view(out)
-        off = np.asarray(segments.offsets, dtype=np.intp)
-        if segments.min_length:  # checked: no empty segment, so no mask to build
-            lengths = nonempty = None
-            starts = off[:-1]
-            all_nonempty = True
-        else:
-            lengths = np.diff(off)
-            nonempty = lengths > 0
-            all_nonempty = bool(nonempty.all())
-            starts = off[:-1] if all_nonempty else off[:-1][nonempty]
+        off = segments.offsets
+        if type(off) is not np.ndarray or off.dtype != np.intp:
+            off = np.asarray(off, dtype=np.intp)
+        starts = off[:-1]
+        nonempty = None
+        if not segments.min_length:  # unchecked, or checked with empty segments: find them
+            empty = off[1:] == starts
+            if _count_nonzero(empty):
+                nonempty = ~empty
+                starts = starts[nonempty]
+        all_nonempty = nonempty is None
         if not all_nonempty:
             out3[:, ~nonempty, :] = fill
         if starts.shape[0] == 0:
@@ -316,7 +414,7 @@ def _variable(problem: Problem):
             _reduceat(np.add, x3, starts, result, dtype=acc)
             if reduction == "mean":
                 quotient = np.empty(result.shape, dtype=np.result_type(acc, np.float32))
-                counts = np.diff(off) if lengths is None else lengths[nonempty]
+                counts = np.diff(off) if all_nonempty else np.diff(off)[nonempty]
                 _divide(result, counts[None, :, None], quotient)
                 result = quotient
         if all_nonempty:
@@ -343,6 +441,9 @@ class NumpyBackend(Backend):
         return None
 
     def plan(self, problem: Problem) -> FunctionExecutor:
+        direct = _fixed_direct(problem) if problem.fixed else _variable_direct(problem)
+        if direct is not None:  # reads the caller's arrays as they come: no views needed
+            return FunctionExecutor(direct, views=False)
         make = _fixed if problem.fixed else _variable
         return FunctionExecutor(make(problem))
 

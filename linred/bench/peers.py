@@ -71,13 +71,13 @@ class Method:
 def _auto_choice(inp: Inputs, kwargs: dict[str, Any]) -> str | None:
     """The backend ``backend="auto"`` picks for this call (planning only, no data touched)."""
     from linred.backends.select import select
-    from linred.plan import _prepare
+    from linred._frontend import request
 
     try:
         seg = kwargs.get("segment_length")
         check = kwargs.get("check", False)
-        call = _prepare("sum", inp.x, seg, kwargs.get("offsets"), None, 0, None, "auto", check)
-        return select(call.problem, "auto").name
+        req, _, _ = request("sum", inp.x, segment_length=seg, offsets=kwargs.get("offsets"), check=check)
+        return select(req.problem, "auto").name
     except Exception:  # the call itself will report why
         return None
 

@@ -14,7 +14,7 @@ import numpy as np
 
 import linred
 from linred.bench.timing import time_device, time_host
-from linred.cli import backend_status
+from linred.cli._status import backend_status
 
 #: most seconds spent timing one method (the demo should take seconds, not minutes)
 _BUDGET_S = 1.0

@@ -1,8 +1,11 @@
 """The ``linred`` command: ``info``, ``demo``, ``bench``, ``tune`` and ``--version``.
 
-``bench`` and ``tune`` live in their own modules, imported only when their
-subcommand runs, so ``linred info`` and ``linred demo`` start fast and keep
-working in an installation where those modules are absent or broken.
+``bench`` and ``tune`` live in their own modules (:mod:`linred.bench`,
+:mod:`linred.cli.tune`), imported only when their subcommand runs, so
+``linred info`` and ``linred demo`` start fast and keep working in an
+installation where those modules are absent or broken.  ``demo`` is
+:mod:`linred.cli.demo`, also imported only when it runs; what it shares with
+``info`` is in :mod:`linred.cli._status`, so neither imports the other.
 """
 
 from __future__ import annotations
@@ -15,13 +18,16 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from linred.cli._status import backend_status
+from linred.cli._status import short_error as _short_error
+
 __all__ = ["main"]
 
 #: subcommands served by a module of their own: name -> (module, one-line help).
 #: The module defines ``add_arguments(parser)`` and ``run(args) -> int``.
 PLUGINS: dict[str, tuple[str, str]] = {
     "bench": ("linred.bench", "measure linred's backends beside the peers (NumPy, CuPy, torch, CUB)"),
-    "tune": ("linred.tune", "measure this GPU and cache the per-shape dispatch table"),
+    "tune": ("linred.cli.tune", "measure this GPU and cache the per-shape dispatch table"),
 }
 
 #: optional packages reported by ``linred info``: shown name -> distribution names to try
@@ -33,31 +39,6 @@ OPTIONAL_PACKAGES: dict[str, tuple[str, ...]] = {
     "cuda-core": ("cuda-core",),
     "ml_dtypes": ("ml_dtypes",),
 }
-
-
-def _short_error(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
-
-
-def backend_status() -> dict[str, tuple[bool, str]]:
-    """Backend name -> (available, reason or summary), never raising.
-
-    Unlike :func:`linred.available_backends`, a backend module that is missing or
-    fails to import is reported as unavailable with the error, not raised.
-    """
-    import linred.backends as registry
-
-    status = {}
-    for name in registry.BACKENDS:
-        try:
-            reason = registry.unavailable(name)
-            summary = registry.get_backend(name).summary
-        except Exception as e:  # a missing or broken backend module must not break the report
-            status[name] = (False, f"module linred.backends.{name} failed to import ({_short_error(e)})")
-            continue
-        status[name] = (True, summary) if reason is None else (False, reason)
-    return status
 
 
 def package_version(*distributions: str) -> tuple[str, str] | None:
@@ -145,7 +126,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from linred.demo import run
+    from linred.cli.demo import run
 
     return run(n=args.n, segment_lengths=args.segment_length, mean_length=args.mean_length, repeat=args.repeat)
 
@@ -244,7 +225,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     handlers: dict[str, Any] = {"info": _info, "demo": _demo}
     return handlers[args.command](args)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

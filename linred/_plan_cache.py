@@ -1,0 +1,250 @@
+"""The functions' plans: a bounded, thread-safe LRU of :class:`~linred.plan.SegmentedReduction`.
+
+``linred.segmented_sum(x, ...)`` is a cached plan call.  :func:`call` describes
+the call cheaply (the reduction, the array's type and layout key, the segment
+arguments, axis, dtype, backend and check, the backends' options generation and
+the thread) and looks the plan up; the first call of a description validates it
+and builds the plan, later ones run it.  Offsets and lengths are arguments of
+each call: they are converted and (with ``check=True``) validated on every call,
+and only their array type, shape and dtype are part of the description.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import linred.backends as _backends
+from linred._frontend import check_reduction, request
+from linred.arrays import adapters
+from linred.plan import SegmentedReduction
+from linred.segments import parse_lengths, parse_offsets
+
+__all__ = ["call", "clear_plan_cache", "plan_cache_info", "set_plan_cache_size"]
+
+
+class PlanCache:
+    """A bounded LRU of plans keyed by a call's description and thread.
+
+    A hit stamps its plan with the hit count (its last use); the least recently
+    used plan is looked for only when one must be evicted, which keeps a hit to one
+    dictionary read.  Plans hold per-plan state (library handles, operand bindings)
+    that is not safe to share between threads, so each thread gets its own; the
+    lock guards only the dictionary's updates.  An evicted plan is dropped, not
+    freed: a call in another thread may still be running it, and its resources are
+    released with the last reference to it.
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self.plans: dict[tuple, SegmentedReduction] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def put(self, key: tuple, plan: SegmentedReduction) -> None:
+        plan._last_use = self.hits
+        with self._lock:
+            if self.maxsize:
+                self.plans[key] = plan
+            self._evict(self.maxsize)
+
+    def _evict(self, maxsize: int) -> None:
+        plans = self.plans
+        while len(plans) > maxsize:
+            del plans[min(plans, key=lambda k: plans[k]._last_use)]
+
+    def resize(self, maxsize: int) -> None:
+        with self._lock:
+            self.maxsize = maxsize
+            self._evict(maxsize)
+
+    def clear(self) -> None:
+        with self._lock:
+            self.plans.clear()
+
+
+_cache = PlanCache(64)
+_plans = _cache.plans  # read without the lock: a call's lookup is one dict access
+# Plans keep the options they were made with; those made with replaced ones are unreachable.
+_backends._on_configure.append(_cache.clear)
+
+
+def _spec(obj: Any) -> Any:
+    """The part of a call's key an offsets or lengths argument contributes: its type, shape
+    (length) and dtype; the values are checked on every call."""
+    if obj is None:
+        return None
+    shape = getattr(obj, "shape", None)
+    return (type(obj), len(obj) if shape is None else shape, getattr(obj, "dtype", None))
+
+
+def call(
+    reduction: str,
+    x: Any,
+    segment_length: Any,
+    offsets: Any,
+    lengths: Any,
+    axis: Any,
+    dtype: Any,
+    out: Any,
+    backend: Any,
+    stream: Any,
+    check: Any,
+) -> Any:
+    """The body of the public functions: find the call's plan (or make it) and run it."""
+    adapter = adapters.get(type(x))
+    key = None
+    if adapter is not None:
+        fixed = offsets is None and lengths is None
+        try:
+            key = (
+                reduction,
+                adapter.key(x),  # (the adapter knows one array type: the key names it)
+                segment_length,
+                type(segment_length),  # 4.0 and True equal 4 and 1, and must still be refused
+                None if fixed else (_spec(offsets), _spec(lengths)),
+                axis,
+                type(axis),
+                dtype,
+                backend,
+                check,
+                type(check),
+                _backends._generation,
+                threading.get_ident(),
+            )
+            plan = _plans.get(key)
+        except TypeError:  # an unhashable argument: described and refused (or served) below
+            plan = key = None
+        if plan is not None:
+            _cache.hits += 1
+            plan._last_use = _cache.hits
+            handle = plan._current_stream() if stream is None else plan._stream(stream)
+            if fixed:
+                return plan._run(x, out, handle, plan._segments)
+            segments = _segments(plan, offsets, lengths, check, handle)
+            if segments.offsets.dtype == plan._offsets_dtype:
+                return plan._run(x, out, handle, segments)
+            # (a list whose values convert to another dtype than the plan's: planned anew below)
+    check_reduction(reduction)
+    req, x, handle = request(
+        reduction,
+        x,
+        segment_length=segment_length,
+        offsets=offsets,
+        lengths=lengths,
+        axis=axis,
+        dtype=dtype,
+        backend=backend,
+        check=check,
+        stream=stream,
+    )
+    _cache.misses += 1
+    plan = SegmentedReduction._from_request(req, x)
+    if key is not None and _cache.maxsize:
+        _cache.put(key, plan)
+    return plan._run(x, out, handle, req.segments)
+
+
+def _segments(plan: SegmentedReduction, offsets: Any, lengths: Any, check: bool, handle: Any) -> Any:
+    """A call's offsets or lengths, converted and checked (as its plan's first call did)."""
+    req = plan._request
+    device = req.problem.device
+    parse = parse_offsets if lengths is None else parse_lengths
+    value = offsets if lengths is None else lengths
+    if device is None:
+        return parse(value, req.problem.n, req.axis, req.adapter, None, check)
+    with req.adapter.on_stream(handle, device):  # moved, checked and derived on the call's stream
+        return parse(value, req.problem.n, req.axis, req.adapter, device, check)
+
+
+def set_plan_cache_size(maxsize: int) -> None:
+    """Set how many plans the functions keep (default 64).
+
+    The cache is shared by ``segmented_sum``, ``segmented_mean``,
+    ``segmented_max`` and ``segmented_min``; the least recently used plans beyond
+    ``maxsize`` are dropped.
+
+    Parameters
+    ----------
+    maxsize : int
+        The most plans to keep, ``>= 0``; 0 keeps none (every call plans again).
+
+    Raises
+    ------
+    ValueError
+        If ``maxsize`` is not a non-negative integer.
+
+    See Also
+    --------
+    plan_cache_info : The cache's size, limit, hits and misses.
+    clear_plan_cache : Drop every cached plan.
+
+    Examples
+    --------
+    >>> import linred
+    >>> linred.set_plan_cache_size(16)
+    >>> linred.plan_cache_info()["maxsize"]
+    16
+    >>> linred.set_plan_cache_size(64)
+    """
+    if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 0:
+        raise ValueError(f"maxsize must be a non-negative integer; got {maxsize!r}")
+    _cache.resize(maxsize)
+
+
+def clear_plan_cache() -> None:
+    """Drop every cached plan.
+
+    A dropped plan's resources (library handles, workspaces, scratch buffers)
+    are released once no running call uses it.  The hit and miss counters are
+    kept.
+
+    See Also
+    --------
+    plan_cache_info : The cache's size, limit, hits and misses.
+    set_plan_cache_size : How many plans to keep.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linred
+    >>> _ = linred.segmented_sum(np.ones(8), 4)
+    >>> linred.plan_cache_info()["size"] > 0
+    True
+    >>> linred.clear_plan_cache()
+    >>> linred.plan_cache_info()["size"]
+    0
+    """
+    _cache.clear()
+
+
+def plan_cache_info() -> dict[str, int]:
+    """The state of the functions' plan cache.
+
+    Returns
+    -------
+    dict
+        ``{"size": plans held, "maxsize": the limit, "hits": calls that found
+        their plan, "misses": calls that had to plan}``; the counters count
+        since the process started.
+
+    See Also
+    --------
+    set_plan_cache_size : How many plans to keep.
+    clear_plan_cache : Drop every cached plan.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import linred
+    >>> linred.clear_plan_cache()
+    >>> before = linred.plan_cache_info()
+    >>> x = np.arange(12.0)
+    >>> _ = linred.segmented_sum(x, 4)  # plans
+    >>> _ = linred.segmented_sum(x, 4)  # reuses the plan
+    >>> after = linred.plan_cache_info()
+    >>> after["size"], after["misses"] - before["misses"], after["hits"] - before["hits"]
+    (1, 1, 1)
+    """
+    return {"size": len(_cache.plans), "maxsize": _cache.maxsize, "hits": _cache.hits, "misses": _cache.misses}
