@@ -66,6 +66,7 @@ class PlanCache:
 
 _cache = PlanCache(64)
 _plans = _cache.plans  # read without the lock: a call's lookup is one dict access
+_get_ident = threading.get_ident
 # Plans keep the options they were made with; those made with replaced ones are unreachable.
 _backends._on_configure.append(_cache.clear)
 
@@ -111,7 +112,7 @@ def call(
                 check,
                 type(check),
                 _backends._generation,
-                threading.get_ident(),
+                _get_ident(),
             )
             plan = _plans.get(key)
         except TypeError:  # an unhashable argument: described and refused (or served) below

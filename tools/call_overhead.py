@@ -2,9 +2,10 @@
 
 Small calls are where a Python pipeline shows: the data is a few kilobytes, so the
 time is the call itself.  Every row is timed in this process, on the same arrays,
-warm, as ``samples`` medians of ``number`` back-to-back calls (each followed by a
-device synchronization on the GPU), and reported as the median with the min and
-max of the samples; ratios are of medians in the same run.
+warm, as ``samples`` means of ``number`` back-to-back calls (each followed by a
+device synchronization on the GPU), the rows of a group interleaved sample by
+sample; each is reported as the median with the min and max of its samples, and
+ratios are of medians in the same run.
 
     python tools/call_overhead.py            # CPU (NumPy, and torch CPU if installed)
     python tools/call_overhead.py --gpu      # CuPy and torch CUDA too
@@ -26,18 +27,25 @@ import numpy as np
 import linred
 
 
-def _time(fn: Callable[[], Any], sync: Callable[[], Any], number: int, samples: int) -> list[float]:
-    for _ in range(max(3, number // 10)):
+def _batch(fn: Callable[[], Any], sync: Callable[[], Any], number: int) -> float:
+    """Microseconds per call of ``number`` back-to-back calls, each followed by ``sync``."""
+    t0 = time.perf_counter()
+    for _ in range(number):
         fn()
-    sync()
-    out = []
+        sync()
+    return (time.perf_counter() - t0) / number * 1e6
+
+
+def _time_group(rows: list[tuple[Any, ...]], number: int, samples: int) -> list[list[float]]:
+    """The samples of each row of one group, the rows interleaved sample by sample, so that a
+    change of the machine's state (another process, clocks) falls on every row alike."""
+    for _, _, fn, sync in rows:
+        _batch(fn, sync, max(3, number // 10))  # warm: plans made, kernels compiled, caches filled
+    times: list[list[float]] = [[] for _ in rows]
     for _ in range(samples):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-            sync()
-        out.append((time.perf_counter() - t0) / number * 1e6)
-    return out
+        for i, (_, _, fn, sync) in enumerate(rows):
+            times[i].append(_batch(fn, sync, number))
+    return times
 
 
 def _cpu_rows() -> list[tuple[str, str, Callable[[], Any]]]:
@@ -111,18 +119,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu:
         rows += _gpu_rows()
     results = []
-    group_base: dict[str, float] = {}
-    for group, name, fn, sync in rows:
+    groups: dict[str, list[tuple[Any, ...]]] = {}
+    for row in rows:
+        groups.setdefault(row[0], []).append(row)
+    for group, members in groups.items():
         number = args.number if group.startswith("cpu") else max(10, args.number // 10)
-        samples = _time(fn, sync, number, args.samples)
-        med = statistics.median(samples)
-        group_base.setdefault(group, med)
-        results.append({"group": group, "call": name, "median_us": med, "samples_us": samples})
-        print(
-            f"{group:34s} {name:48s} {med:8.2f} us  [{min(samples):7.2f}, {max(samples):7.2f}]  "
-            f"{med / group_base[group]:5.2f}x the first row",
-            flush=True,
-        )
+        times = _time_group(members, number, args.samples)
+        base = statistics.median(times[0])
+        for (_, name, _, _), samples in zip(members, times, strict=True):
+            med = statistics.median(samples)
+            results.append({"group": group, "call": name, "median_us": med, "samples_us": samples})
+            print(
+                f"{group:34s} {name:48s} {med:8.2f} us  [{min(samples):7.2f}, {max(samples):7.2f}]  "
+                f"{med / base:5.2f}x the first row",
+                flush=True,
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"samples": args.samples, "rows": results}, f, indent=1)

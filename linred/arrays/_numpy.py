@@ -76,6 +76,8 @@ def _lengths_to_offsets(xp: Any, lengths: Any) -> Any:
     return off
 
 
+_count_nonzero = getattr(np.count_nonzero, "_implementation", np.count_nonzero)
+
 #: index dtypes used as they are (native byte order)
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
@@ -143,11 +145,26 @@ class NumpyAdapter(ArrayAdapter):
             raise ValueError(f"stream must be None for host (NumPy) arrays; got {type(stream).__name__}")
         return None
 
+    # On the host there is no synchronization to save: each value is computed only when it is
+    # needed (the device version gathers them all for one transfer).
+
     def offsets_summary(self, offsets: np.ndarray) -> tuple[int, int, int, int, int]:
-        return _offsets_summary(np, offsets)
+        first, last = int(offsets[0]), int(offsets[-1])
+        if offsets.shape[0] < 2:
+            return first, last, -1, 0, 0
+        down = offsets[1:] < offsets[:-1]  # compared, not subtracted: differences may wrap
+        if _count_nonzero(down):
+            return first, last, int(np.argmax(down)), 0, 0
+        steps = np.diff(offsets)
+        return first, last, -1, int(steps.min()), int(steps.max())
 
     def lengths_summary(self, lengths: np.ndarray, offsets: np.ndarray) -> tuple[int, int, int, bool, int]:
-        return _lengths_summary(np, lengths, offsets)
+        if lengths.shape[0] == 0:
+            return 0, 0, 0, False, 0
+        lo, hi = int(lengths.min()), int(lengths.max())
+        at = int(np.argmin(lengths)) if lo < 0 else 0
+        wrapped = bool(_count_nonzero(offsets[1:] < offsets[:-1]))
+        return lo, at, hi, wrapped, int(offsets[-1])
 
     def lengths_to_offsets(self, lengths: np.ndarray) -> np.ndarray:
         return _lengths_to_offsets(np, lengths)
