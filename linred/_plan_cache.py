@@ -123,7 +123,7 @@ def call(
             handle = plan._current_stream() if stream is None else plan._stream(stream)
             if fixed:
                 return plan._run(x, out, handle, plan._segments)
-            segments = _segments(plan, offsets, lengths, check, handle)
+            segments = _segments(plan, offsets, lengths, check, stream, handle)
             if segments.offsets.dtype == plan._offsets_dtype:
                 return plan._run(x, out, handle, segments)
             # (a list whose values convert to another dtype than the plan's: planned anew below)
@@ -147,14 +147,14 @@ def call(
     return plan._run(x, out, handle, req.segments)
 
 
-def _segments(plan: SegmentedReduction, offsets: Any, lengths: Any, check: bool, handle: Any) -> Any:
+def _segments(plan: SegmentedReduction, offsets: Any, lengths: Any, check: bool, stream: Any, handle: Any) -> Any:
     """A call's offsets or lengths, converted and checked (as its plan's first call did)."""
     req = plan._request
     device = req.problem.device
     parse = parse_offsets if lengths is None else parse_lengths
     value = offsets if lengths is None else lengths
-    if device is None:
-        return parse(value, req.problem.n, req.axis, req.adapter, None, check)
+    if stream is None:  # the library's current stream: where its own operations run anyway
+        return parse(value, req.problem.n, req.axis, req.adapter, device, check)
     with req.adapter.on_stream(handle, device):  # moved, checked and derived on the call's stream
         return parse(value, req.problem.n, req.axis, req.adapter, device, check)
 
