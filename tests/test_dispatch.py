@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import CONTRACT_BACKENDS, check_refusal
+from support import CONTRACT_BACKENDS, check_refusal
 
 import linred
 import linred.backends as registry
@@ -224,7 +224,7 @@ def test_a_table_with_unknown_lengths_is_rejected(tmp_path):
 
 
 def test_tune_rules_merge_runs_and_keep_the_lengths_apart(tmp_path, monkeypatch):
-    from linred import tune
+    from linred.cli import tune
 
     assert [tune.fixed_length(s, "pow2") for s in (1, 5)] == [2, 32]
     assert [tune.fixed_length(s, "other") for s in (1, 5)] == [3, 48]  # the same floor(log2) as 2^s
@@ -260,8 +260,8 @@ def test_tune_rules_merge_runs_and_keep_the_lengths_apart(tmp_path, monkeypatch)
 def test_tune_times_one_call_per_sample_after_two_untimed(monkeypatch):
     """linred tune times with the bench's clock: two warm-up calls, then ``repeats`` single calls,
     each after the device lead-in (here the most calls, as one takes next to nothing)."""
-    from linred import tune
     from linred.bench import timing
+    from linred.cli import tune
 
     monkeypatch.setattr(timing, "device_clock", lambda lib: timing.HostClock())
     calls = []
@@ -276,7 +276,7 @@ def test_tune_measures_this_gpu_and_dispatch_reads_its_table(tmp_path, monkeypat
     some backend, it writes rules for fixed lengths (powers of two and others) and offsets, and
     ``auto`` then dispatches by that table."""
     cupy = pytest.importorskip("cupy")
-    from linred import tune
+    from linred.cli import tune
 
     path = tmp_path / "dispatch.json"
     monkeypatch.setattr(linred.backends.select, "tune_cache_path", lambda: path)
@@ -307,7 +307,7 @@ def test_tune_measures_this_gpu_and_dispatch_reads_its_table(tmp_path, monkeypat
 
 
 def test_tune_leaves_out_fixed_lengths_longer_than_its_buffer():
-    from linred import tune
+    from linred.cli import tune
 
     todo = tune.jobs(tune.QUICK_GRID, 1 << 20)
     fixed = [(size, lengths) for layout, _, _, size, lengths in todo if layout == "fixed"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import (
+from support import (
     CONTRACT_BACKENDS,
     FUNCTIONS,
     GPU_BACKENDS,

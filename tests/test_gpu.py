@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import (
+from support import (
     FUNCTIONS,
     GPU_BACKENDS,
     GPU_COUNT,
@@ -233,7 +233,7 @@ def test_cupy_stream_wrappers_follow_the_raw_handle():
     import warnings
 
     from linred.arrays._cupy import CUPY, external_stream
-    from linred.backends._gpu import cupy_stream, on_stream
+    from linred.backends._device import cupy_stream, on_stream
 
     n = 1 << 20
     stream = cupy.cuda.Stream(non_blocking=True)

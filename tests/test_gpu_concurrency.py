@@ -1,5 +1,5 @@
 """GPU: concurrent calls from several host threads, each on a stream of its own, and plans shared
-between streams; every result against the float64 reference of conftest.py.
+between streams; every result against the float64 reference of tests/support/reference.py.
 
 - Eight threads start together (a barrier) and each makes random calls on its own
   non-blocking stream (CuPy arrays, then CUDA tensors): random reduction, dtype, segment
@@ -28,19 +28,19 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import (
+from support import (
     FUNCTIONS,
     HAS_CUPY_GPU,
     HAS_TORCH_CUDA,
     INTEGER,
     Refused,
     assert_reduction,
+    call_or_refused,
     error_bound,
     expected_dtype,
     make_data,
     np_dtype,
     reference,
-    run_or_refused,
     segment_bounds,
     to_kind,
     to_numpy,
@@ -82,7 +82,8 @@ TORCH_PAIRS = (*PAIRS, ("bfloat16", "mean"))
 #: fixed segment lengths: a power of two (fixed_small), short ones (warp_reduce), a long one
 #: (fixed_long for data of 2 bytes or more)
 LENGTHS = (4, 3, 100, 3000)
-#: backends: mostly auto; a named one may refuse a call, with a proper BackendError only
+#: backends: mostly auto; a named one may refuse a call, with a proper BackendError for something it is
+#: documented to refuse only (counted; most calls must be served)
 BACKENDS = ("auto",) * 15 + ("nvrtc", "nvrtc", "cublas", "nvmath", "cub")
 
 
@@ -324,10 +325,10 @@ def run_thread(kind: Any, thread: int, barrier: threading.Barrier, failures: lis
             fn = FUNCTIONS[call.reduction]
             if call.stream_arg == "context":
                 with kind.on(stream):
-                    got = run_or_refused(fn, x, backend=call.backend, **kwargs)
+                    got = call_or_refused(fn, x, backend=call.backend, **kwargs)
             else:  # the stream given as an argument, the current stream being another one
                 arg = stream if call.stream_arg == "object" else kind.handle(stream)
-                got = run_or_refused(fn, x, backend=call.backend, stream=arg, **kwargs)
+                got = call_or_refused(fn, x, backend=call.backend, stream=arg, **kwargs)
             if call.use_out and got is not kwargs["out"]:
                 failures.append(f"{call.describe()}: the result is not the out= array")
         except Refused as r:

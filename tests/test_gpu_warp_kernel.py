@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import HAS_CUPY_GPU, assert_reduction, make_data, segment_bounds
+from support import HAS_CUPY_GPU, assert_reduction, make_data, segment_bounds
 
 import linred
 

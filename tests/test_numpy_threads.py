@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import assert_reduction, segment_bounds
+from support import assert_reduction, segment_bounds
 
 import linred
 from linred.backends import numpy as numpy_backend

@@ -1,7 +1,8 @@
 """Algebraic properties, checked by hypothesis on random segmentations (host backends, NumPy input).
 
 Each test first makes sure the backend serves the kind of call it generates (a
-refusal is recorded like in the contract tests), then lets hypothesis search.
+documented refusal ends the test as skipped, like in the contract tests), then lets
+hypothesis search.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import run_or_refused
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from support import run_or_refused
 
 import linred
 
@@ -55,7 +56,7 @@ def eps(dtype: str) -> float:
 
 
 def probe(reduction: str, backend: str, dtype: str, spec: str) -> None:
-    """Ends the test (recorded as a refusal) if ``backend`` does not serve this kind of call."""
+    """Ends the test as skipped (a declared refusal) if ``backend`` does not serve this kind of call."""
     kwargs = {"segment_length": 2} if spec == "fixed" else {"lengths": [1, 0, 3]}
     x = np.ones((4, 3), dtype=dtype)
     run_or_refused(getattr(linred, f"segmented_{reduction}"), x, backend=backend, **kwargs)

@@ -2,7 +2,8 @@
 
 Each test runs on every ``(array_kind, backend)`` pair of ``conftest.py`` and
 compares with the float64 reference; a named backend may refuse a call with a
-proper BackendError (recorded), ``auto`` never.
+proper BackendError for something it is documented to refuse (the test is then
+reported as skipped, with the reason), ``auto`` never.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import (
+from support import (
     ALL_DTYPES,
     COMPLEX,
     FUNCTIONS,

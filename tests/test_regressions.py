@@ -10,11 +10,12 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import (
+from support import (
     FUNCTIONS,
     HAS_TORCH,
     REDUCTIONS,
     assert_reduction,
+    expect_refusal,
     make_data,
     segment_bounds,
     to_kind,
@@ -157,26 +158,45 @@ def test_offsets_that_wrap_are_refused(array_kind, kwargs, match):
         linred.segmented_sum(to_kind(np.arange(12.0), array_kind), **kwargs)
 
 
-@pytest.mark.parametrize("backend", ["auto", "numpy", "nvmath"])
-def test_unusual_numpy_layouts(backend):
-    """nvmath read a big-endian array as native bytes ([1.15e-40, ...]), wrote native bytes into a
-    byte-swapped out (4.6e-320) and read a 5-byte-stride field as contiguous."""
-    if backend == "nvmath" and "nvmath" not in linred.available_backends():
-        pytest.skip("nvmath is not available")
-    expected = [10.0, 26.0, 42.0]
-    big = np.arange(1, 13, dtype=">f4")
-    rec = np.zeros(12, dtype=[("a", "i1"), ("b", "<f4")])
-    rec["b"] = np.arange(1, 13)
+def _unusual_layout(layout: str) -> np.ndarray:
+    """``np.arange(1, 13)`` as float32: big-endian, a field of a structured array (5-byte strides)
+    or at an odd address."""
+    if layout == "big-endian":
+        return np.arange(1, 13, dtype=">f4")
+    if layout == "field":
+        rec = np.zeros(12, dtype=[("a", "i1"), ("b", "<f4")])
+        rec["b"] = np.arange(1, 13)
+        return rec["b"]
     raw = np.zeros(49, np.uint8)
     unaligned = raw[1:].view(np.float32)
     unaligned[:] = np.arange(1, 13)
-    for x in (big, rec["b"], unaligned):
-        try:
-            got = linred.segmented_sum(x, 4, backend=backend)
-        except linred.BackendError as e:
-            assert backend == "nvmath" and "raw pointers" in e.reason
-            continue
-        np.testing.assert_array_equal(got, expected)
+    return unaligned
+
+
+@pytest.mark.parametrize("layout", ["big-endian", "field", "unaligned"])
+@pytest.mark.parametrize("backend", ["auto", "numpy", "nvmath"])
+def test_unusual_numpy_layouts(backend, layout):
+    """nvmath read a big-endian array as native bytes ([1.15e-40, ...]) and a 5-byte-stride field
+    as contiguous; now it refuses them (it reads raw pointers: a declared refusal, a skip here),
+    and numpy and auto serve them."""
+    if backend == "nvmath" and "nvmath" not in linred.available_backends():
+        pytest.skip("nvmath is not available")
+    expected = [10.0, 26.0, 42.0]
+    x = _unusual_layout(layout)
+    try:
+        got = linred.segmented_sum(x, 4, backend=backend)
+    except linred.BackendError as e:
+        assert backend == "nvmath" and "raw pointers" in e.reason
+        expect_refusal(e, "nvmath", "byte-swapped, unaligned or structured-field views")
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("backend", ["auto", "numpy", "nvmath"])
+def test_byteswapped_out(backend):
+    """nvmath wrote native bytes into a byte-swapped out (4.6e-320)."""
+    if backend == "nvmath" and "nvmath" not in linred.available_backends():
+        pytest.skip("nvmath is not available")
+    expected = [10.0, 26.0, 42.0]
     out = np.zeros(3, dtype=">f4")
     assert linred.segmented_sum(np.arange(1, 13, dtype=np.float32), 4, out=out, backend=backend) is out
     np.testing.assert_array_equal(out, expected)

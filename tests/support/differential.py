@@ -27,28 +27,23 @@ the same contract.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from conftest import (
-    COMPLEX,
-    HALF,
-    HAS_TORCH,
-    INTEGER,
-    UNSIGNED,
-    cupy,
-    expected_dtype,
-    identity,
-    np_dtype,
-    to_kind,
-    to_numpy,
-    torch,
-)
 
 import linred
+from support.arrays import HAS_TORCH, cupy, empty_like_kind, to_kind, to_numpy, torch
+from support.dtypes import COMPLEX, HALF, INTEGER, UNSIGNED, expected_dtype, np_dtype
+from support.reference import identity
+from support.refusals import refusal
+
+#: calls the differential suite checked (tests/test_differential.py), refused and found wrong;
+#: conftest.py's ``differential_counts`` fixture puts each test's on its report
+DIFFERENTIAL: collections.Counter = collections.Counter()
 
 TAU = {"float32": 1e-6, "float64": 1e-10}
 #: every dtype the suite draws (the contract's; int16/uint16 behave as int8/uint8 do in the kernels)
@@ -322,7 +317,8 @@ def kernel_of(case: Case, x: Any, kwargs: dict[str, Any], axis: int) -> str:
             ex = p._executor
             name = f"{p.backend}:{type(ex).__name__}"
             if type(ex).__name__ == "_FixedExecutor":
-                from linred.backends.nvrtc import TUNING, _fixed_layout
+                from linred.backends.nvrtc import DEFAULT_OPTIONS as TUNING
+                from linred.backends.nvrtc import _fixed_layout
 
                 name += f"/{_fixed_layout(p._call.problem, TUNING)[0]}"
             return name
@@ -331,16 +327,15 @@ def kernel_of(case: Case, x: Any, kwargs: dict[str, Any], axis: int) -> str:
 
 
 def run_case(case: Case, rng: np.random.Generator) -> str:
-    """Run one case: ``"ok"``, ``"refused: ..."`` (a proper BackendError of a named backend), or
-    raise AssertionError with the case, the kernel and the first wrong segments."""
+    """Run one case: ``"ok"``, ``"refused: ..."`` (a proper BackendError of a named backend, for
+    something it is documented to refuse), or raise AssertionError with the case, the kernel and
+    the first wrong segments."""
     x, v, axis = make_input(case, rng)
     kwargs = segment_kwargs(case, x)
     fn = FUNCTIONS[case.reduction]
     out = None
     ref, size = reference(case, v, axis)
     if case.out:
-        from conftest import empty_like_kind
-
         out = empty_like_kind(case.kind, ref.shape, expected_dtype(case.reduction, case.dtype))
         if hasattr(out, "fill_"):
             out.fill_(7)
@@ -352,7 +347,11 @@ def run_case(case: Case, rng: np.random.Generator) -> str:
         if case.backend == "auto" or (case.backend == "numpy" and case.kind in ("numpy", "torch-cpu")):
             raise AssertionError(f"{case.describe()}: {case.backend} refused a valid call: {e}") from e
         assert e.backend == case.backend and e.reason, f"malformed refusal {e!r}"
-        return f"refused: {e.reason}"
+        try:
+            r = refusal(e, case.backend)  # documented, or the backend cannot run here
+        except AssertionError as bad:
+            raise AssertionError(f"{case.describe()}: {bad}") from e
+        return f"refused: {r.what}: {e.reason}"
     except Exception as e:  # anything but a refusal is a defect: report it with the case
         raise AssertionError(f"{case.describe()}: raised {type(e).__name__}: {e}") from e
     if out is not None and got is not out:
