@@ -19,7 +19,14 @@ cuda.compute are imported when a call first needs them.
 import sys
 
 from linred._dynamo import register_torch
-from linred._functions import segmented_max, segmented_mean, segmented_min, segmented_sum
+from linred._functions import (
+    segmented_argmax,
+    segmented_argmin,
+    segmented_max,
+    segmented_mean,
+    segmented_min,
+    segmented_sum,
+)
 from linred._plan_cache import clear_plan_cache, plan_cache_info, set_plan_cache_size
 from linred._version import __version__
 from linred.backends import available_backends
@@ -36,6 +43,8 @@ __all__ = [
     "available_backends",
     "clear_plan_cache",
     "plan_cache_info",
+    "segmented_argmax",
+    "segmented_argmin",
     "segmented_max",
     "segmented_mean",
     "segmented_min",

@@ -1,52 +1,44 @@
-"""linred calls inside ``torch.compile``: run as they are, outside the compiled graph.
+"""The public functions' body, and how it meets PyTorch.
 
-TorchDynamo traces the Python a compiled function calls.  Traced, linred's call
-pipeline (stream handles, raw device pointers, the plan cache) would not run as
-written, so linred's public functions are opaque to it: a compiled function that
-calls one is split there (a graph break), and the call runs eagerly, exactly as
-without ``torch.compile``.
-
-Two pieces, so that ``import linred`` still imports no PyTorch:
-
-- :func:`opaque` marks a public function with the attribute that
-  ``torch.compiler.disable`` sets: Dynamo does not inline such a function into the
-  caller's graph.
-- :func:`register_torch` (run when ``linred`` is imported after ``torch``, or when
-  linred first meets a tensor) wraps the pipeline, :data:`run`, in
-  ``torch.compiler.disable``, so that Dynamo compiles none of the frames the call
-  runs through.
+Without PyTorch, a call goes straight to the plan cache
+(:func:`linred._plan_cache.call`).  Once PyTorch is imported, :data:`run` becomes
+:func:`linred._torch_ops.run`, which sends a tensor through the registered operator
+``linred::segmented_reduce`` where that is needed (inside ``torch.compile``, and
+for tensors that require grad) and every other call to the plan cache, as before.
+``import linred`` still imports no PyTorch: the switch happens on the first call
+made after PyTorch is imported (or when linred is imported after it).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from linred import _plan_cache
 
-F = TypeVar("F", bound=Callable[..., Any])
 
-#: the body of the public functions: :func:`linred._plan_cache.call`, or the same wrapped in
-#: ``torch.compiler.disable`` once PyTorch is in use
-run: Callable[..., Any] = _plan_cache.call
+def _without_torch(*args: Any) -> Any:
+    """The body while PyTorch is not imported (one dictionary test per call)."""
+    if "torch" in sys.modules:
+        register_torch()
+        return run(*args)
+    return _plan_cache.call(*args)
 
-_REASON = "linred's reductions run eagerly, outside the compiled graph"
 
-
-def opaque(fn: F) -> F:
-    """Mark ``fn`` as not to be traced by TorchDynamo (a graph break where it is called)."""
-    fn._torchdynamo_disable = True  # type: ignore[attr-defined]
-    fn._torchdynamo_disable_msg = _REASON  # type: ignore[attr-defined]
-    return fn
+#: the body of the public functions: ``run(reduction, x, segment_length, offsets, lengths, axis,
+#: dtype, out, backend, stream, check)``
+run: Callable[..., Any] = _without_torch
 
 
 def register_torch() -> None:
-    """Make :data:`run` a ``torch.compiler.disable`` function (once; a no-op without it)."""
+    """Route the public functions through :mod:`linred._torch_ops` (once; a no-op without PyTorch)."""
     global run
-    if run is not _plan_cache.call:
+    if run is not _without_torch:
         return
     torch = sys.modules.get("torch")
-    disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    if disable is not None:
-        run = disable(_plan_cache.call, reason=_REASON)
+    if torch is None or not hasattr(getattr(torch, "library", None), "custom_op"):
+        return
+    from linred import _torch_ops
+
+    run = _torch_ops.run

@@ -1,14 +1,22 @@
-"""The public functions: ``segmented_sum``, ``segmented_mean``, ``segmented_max``, ``segmented_min``."""
+"""The public functions: ``segmented_sum``, ``segmented_mean``, ``segmented_max``, ``segmented_min``,
+``segmented_argmax`` and ``segmented_argmin``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from linred import _dynamo
-from linred._dynamo import opaque
+from linred._arg import argextreme
 from linred.backends import BackendName
 
-__all__ = ["segmented_max", "segmented_mean", "segmented_min", "segmented_sum"]
+__all__ = [
+    "segmented_argmax",
+    "segmented_argmin",
+    "segmented_max",
+    "segmented_mean",
+    "segmented_min",
+    "segmented_sum",
+]
 
 _PARAMETERS = """\
 Parameters
@@ -76,7 +84,6 @@ def _doc(summary: str, extended: str, see_also: str, example: str, mean_dtype: s
     )
 
 
-@opaque
 def segmented_sum(
     x: Any,
     segment_length: int | None = None,
@@ -93,7 +100,6 @@ def segmented_sum(
     return _dynamo.run("sum", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
-@opaque
 def segmented_mean(
     x: Any,
     segment_length: int | None = None,
@@ -110,7 +116,6 @@ def segmented_mean(
     return _dynamo.run("mean", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
-@opaque
 def segmented_max(
     x: Any,
     segment_length: int | None = None,
@@ -127,7 +132,6 @@ def segmented_max(
     return _dynamo.run("max", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
-@opaque
 def segmented_min(
     x: Any,
     segment_length: int | None = None,
@@ -237,3 +241,81 @@ array([1., 5., 9.], dtype=float32)
 array([         1, 2147483647], dtype=int32)
 """,
 )
+
+
+def segmented_argmax(
+    x: Any,
+    segment_length: int | None = None,
+    *,
+    offsets: Any = None,
+    lengths: Any = None,
+    axis: int = 0,
+    backend: BackendName = "auto",
+    stream: Any = None,
+    check: bool = True,
+) -> Any:
+    return argextreme("max", x, segment_length, offsets, lengths, axis, backend, stream, check)
+
+
+def segmented_argmin(
+    x: Any,
+    segment_length: int | None = None,
+    *,
+    offsets: Any = None,
+    lengths: Any = None,
+    axis: int = 0,
+    backend: BackendName = "auto",
+    stream: Any = None,
+    check: bool = True,
+) -> Any:
+    return argextreme("min", x, segment_length, offsets, lengths, axis, backend, stream, check)
+
+
+_ARG = """{summary}
+
+The index along ``axis`` into ``x`` (not into the segment) of the first element
+of each segment that attains its {extreme}: ties go to the first occurrence.  A NaN
+is the {extreme} of its segment, and the index is that of its first NaN, as in
+:func:`numpy.arg{which}`.  An empty segment's index is ``n = x.shape[axis]``, one
+past the end, so that indexing ``x`` with it raises instead of reading another
+segment's element.
+
+Computed as two of linred's reductions and a comparison: ``segmented_{which}``,
+then each element compared with its segment's {extreme}, then the smallest position
+that attains it (an int64 ``segmented_min``).  ``backend`` serves both reductions.
+
+Parameters
+----------
+x : array_like
+    As in :func:`segmented_{which}`; complex data raises TypeError.
+segment_length, offsets, lengths, axis, backend, stream, check
+    As in :func:`segmented_{which}`.
+
+Returns
+-------
+array of int64
+    Shape ``x.shape[:axis] + (m,) + x.shape[axis+1:]``, of ``x``'s array type and
+    device.
+
+See Also
+--------
+segmented_{which} : The {extreme} itself.
+segmented_arg{other} : The index of the {other_extreme}.
+
+Examples
+--------
+>>> import numpy as np
+>>> import linred
+>>> x = np.array([3, 1, 3, 2, 5, 5, 0, 9], dtype=np.float32)
+>>> linred.segmented_arg{which}(x, offsets=[0, 3, 3, 6, 8])
+array([{ex1}, 8, {ex2}, {ex3}])
+"""
+
+segmented_argmax.__doc__ = _ARG.format(
+    summary="Index of the maximum of each segment of ``x`` along ``axis``.",
+    extreme="maximum", which="max", other="min", other_extreme="minimum", ex1=0, ex2=4, ex3=7,
+)  # fmt: skip
+segmented_argmin.__doc__ = _ARG.format(
+    summary="Index of the minimum of each segment of ``x`` along ``axis``.",
+    extreme="minimum", which="min", other="max", other_extreme="maximum", ex1=1, ex2=3, ex3=6,
+)  # fmt: skip

@@ -10,7 +10,6 @@ import numpy as np
 import torch
 
 from linred._dtypes import dtype_name
-from linred._dynamo import register_torch
 from linred.arrays._base import ArrayAdapter, ArrayInfo, adapters, byte_range, ranges_overlap
 from linred.arrays._streams import stream_handle
 
@@ -67,6 +66,15 @@ def _device(device: int | None) -> torch.device:
 def _range(t: torch.Tensor) -> tuple[int, int]:
     size = t.element_size()
     return byte_range(t.data_ptr(), tuple(t.shape), tuple(s * size for s in t.stride()), size)
+
+
+def _refuse_capture(t: torch.Tensor, name: str) -> None:
+    """Checking segments reads them back on the host, which a CUDA graph cannot capture."""
+    if t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"checking {name} (check=True) reads them back on the host, which cannot happen while a CUDA "
+            "graph is being captured; pass check=False inside the capture (and check them before it)"
+        )
 
 
 class TorchAdapter(ArrayAdapter):
@@ -182,6 +190,7 @@ class TorchAdapter(ArrayAdapter):
         return stream_handle(stream, device)
 
     def offsets_summary(self, offsets: torch.Tensor) -> tuple[int, int, int, int, int]:
+        _refuse_capture(offsets, "offsets")
         if offsets.shape[0] < 2:
             return int(offsets[0]), int(offsets[-1]), -1, 0, 0
         down = offsets[1:] < offsets[:-1]  # compared, not subtracted: differences may wrap
@@ -200,6 +209,7 @@ class TorchAdapter(ArrayAdapter):
         return first, last, at, lo, hi
 
     def lengths_summary(self, lengths: torch.Tensor, offsets: torch.Tensor) -> tuple[int, int, int, bool, int]:
+        _refuse_capture(lengths, "lengths")
         if lengths.shape[0] == 0:
             return 0, 0, 0, False, 0
         summary = torch.stack(
@@ -222,4 +232,3 @@ class TorchAdapter(ArrayAdapter):
 
 TORCH = TorchAdapter()
 adapters[torch.Tensor] = TORCH
-register_torch()  # linred calls inside torch.compile run eagerly (see linred._dynamo)

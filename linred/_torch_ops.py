@@ -1,0 +1,182 @@
+"""linred's reductions as a PyTorch operator: autograd and ``torch.compile``.
+
+``linred::segmented_reduce`` is registered through :mod:`torch.library` (a
+``custom_op`` with a fake implementation for tracing and an autograd formula), so
+that a tensor that requires grad gets a ``grad_fn`` and ``torch.compile`` (also with
+``fullgraph=True``) puts the reduction in its graph instead of breaking it.  The
+operator's implementation is linred's own call path (:func:`linred._plan_cache.call`):
+the same backends, plans and checks as any other call.
+
+The public functions take this route only where it is needed, so that an ordinary
+call pays nothing for it: inside ``torch.compile``, and for tensors that require grad
+while grad mode is on.  Everything else goes straight to the plan cache.
+
+Gradients (see docs/torch.md):
+
+- sum: each element gets its segment's gradient; mean: divided by the segment length.
+  Their backward is made of differentiable PyTorch operations, so double backward works.
+- max/min: the gradient goes to one element per segment, the first that attains the
+  maximum (minimum), found by :func:`linred.segmented_argmax` (``argmin``); the others get 0.
+"""
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from linred import _plan_cache
+from linred._dtypes import dtype_name, resolve
+from linred.arrays._torch import torch_dtype
+
+__all__ = ["run", "segmented_reduce"]
+
+
+@torch.library.custom_op("linred::segmented_reduce", mutates_args=())
+def segmented_reduce(
+    x: Tensor,
+    offsets: Optional[Tensor],  # noqa: UP045 (torch.library reads these annotations at runtime)
+    lengths: Optional[Tensor],  # noqa: UP045
+    segment_length: Optional[int],  # noqa: UP045
+    axis: int,
+    reduction: str,
+    dtype: Optional[str],  # noqa: UP045
+    backend: str,
+    check: bool,
+) -> Tensor:
+    """One linred call: ``segmented_<reduction>(x, segment_length, offsets=..., lengths=..., ...)``."""
+    return _plan_cache.call(reduction, x, segment_length, offsets, lengths, axis, dtype, None, backend, None, check)
+
+
+@segmented_reduce.register_fake
+def _(x, offsets, lengths, segment_length, axis, reduction, dtype, backend, check):
+    axis = axis % x.dim()
+    if segment_length is not None:
+        m = x.shape[axis] // segment_length
+    elif offsets is not None:
+        m = offsets.shape[0] - 1
+    else:
+        m = lengths.shape[0]
+    _, out_dtype = resolve(reduction, dtype_name(x.dtype), dtype)
+    shape = list(x.shape)
+    shape[axis] = m
+    return x.new_empty(shape, dtype=torch_dtype(out_dtype))
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    x, offsets, lengths, segment_length, axis, reduction = inputs[:6]
+    ctx.axis = axis % x.dim()
+    ctx.segment_length = segment_length
+    ctx.reduction = reduction
+    ctx.n = x.shape[ctx.axis]
+    ctx.x_dtype = x.dtype
+    ctx.ndim = x.dim()
+    if reduction in ("max", "min"):
+        ctx.save_for_backward(offsets, lengths, x, output)
+    else:
+        ctx.save_for_backward(offsets, lengths)
+
+
+def _expand(ctx: Any, t: Tensor, lengths: Optional[Tensor]) -> Tensor:  # noqa: UP045
+    """``t`` (one value per segment along the axis) repeated over each segment's elements."""
+    if ctx.segment_length is not None:
+        return t.repeat_interleave(ctx.segment_length, dim=ctx.axis)
+    # output_size: the length is known, so no synchronization to learn it
+    return t.repeat_interleave(lengths, dim=ctx.axis, output_size=ctx.n)
+
+
+def _backward(ctx: Any, grad: Tensor) -> tuple:
+    nones = (None,) * 8
+    if ctx.reduction in ("max", "min"):
+        offsets, lengths, x, _ = ctx.saved_tensors
+        if ctx.n == 0:
+            return (torch.zeros(x.shape, dtype=ctx.x_dtype, device=x.device), *nones)
+        arg = _arg(ctx, x, offsets, lengths)
+        chosen = arg < ctx.n  # empty segments choose no element
+        gx = torch.zeros(x.shape, dtype=grad.dtype, device=grad.device)
+        gx = gx.scatter_add(ctx.axis, arg.clamp(max=ctx.n - 1), grad.masked_fill(~chosen, 0))
+        return (gx.to(ctx.x_dtype), *nones)
+    offsets, lengths = ctx.saved_tensors
+    if lengths is None and offsets is not None:
+        lengths = offsets.diff()
+    if ctx.reduction == "mean":
+        if ctx.segment_length is not None:
+            grad = grad / ctx.segment_length
+        else:
+            shape = [1] * ctx.ndim
+            shape[ctx.axis] = -1
+            grad = grad / lengths.clamp(min=1).to(grad.dtype).reshape(shape)
+    return (_expand(ctx, grad, lengths).to(ctx.x_dtype), *nones)
+
+
+def _arg(ctx: Any, x: Tensor, offsets: Optional[Tensor], lengths: Optional[Tensor]) -> Tensor:  # noqa: UP045
+    import linred
+
+    fn = linred.segmented_argmax if ctx.reduction == "max" else linred.segmented_argmin
+    with torch.no_grad():
+        return fn(x.detach(), ctx.segment_length, offsets=offsets, lengths=lengths, axis=ctx.axis, check=False)
+
+
+segmented_reduce.register_autograd(_backward, setup_context=_setup_context)
+
+#: the plain call path, opaque to TorchDynamo: a linred call on NumPy or CuPy data inside a
+#: compiled function runs eagerly, outside the graph (a graph break)
+_eager = torch.compiler.disable(_plan_cache.call, reason="linred runs NumPy and CuPy data eagerly")
+
+
+def _as_dtype_name(dtype: Any) -> Any:
+    if dtype is None or isinstance(dtype, str):
+        return dtype
+    if isinstance(dtype, torch.dtype):
+        return str(dtype).removeprefix("torch.")
+    return dtype_name(dtype)
+
+
+def _through_op(
+    reduction: str,
+    x: Tensor,
+    segment_length: Any,
+    offsets: Any,
+    lengths: Any,
+    axis: Any,
+    dtype: Any,
+    out: Any,
+    backend: Any,
+    stream: Any,
+    check: Any,
+) -> Tensor:
+    if out is not None or stream is not None:
+        what = "inside torch.compile" if torch.compiler.is_compiling() else "for a tensor that requires grad"
+        raise TypeError(f"out= and stream= are not supported {what}: the result is a new tensor on the current stream")
+    if offsets is not None and not isinstance(offsets, Tensor):
+        offsets = torch.as_tensor(offsets, device=x.device)
+    if lengths is not None and not isinstance(lengths, Tensor):
+        lengths = torch.as_tensor(lengths, device=x.device)
+    if segment_length is not None and not isinstance(segment_length, bool) and hasattr(segment_length, "__index__"):
+        segment_length = int(segment_length)
+    return segmented_reduce(x, offsets, lengths, segment_length, axis, reduction, _as_dtype_name(dtype), backend, check)
+
+
+def run(
+    reduction: str,
+    x: Any,
+    segment_length: Any,
+    offsets: Any,
+    lengths: Any,
+    axis: Any,
+    dtype: Any,
+    out: Any,
+    backend: Any,
+    stream: Any,
+    check: Any,
+) -> Any:
+    """The public functions' body once PyTorch is in use: the operator where it is needed."""
+    if torch.compiler.is_compiling():
+        if isinstance(x, Tensor):
+            return _through_op(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+        return _eager(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    if isinstance(x, Tensor) and x.requires_grad and torch.is_grad_enabled() and reduction in _DIFFERENTIABLE:
+        return _through_op(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    return _plan_cache.call(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+
+
+_DIFFERENTIABLE = frozenset(("sum", "mean", "max", "min"))

@@ -1,0 +1,218 @@
+"""PyTorch as a first-class caller: autograd, torch.compile, arg-reductions.
+
+Gradients are checked with ``torch.autograd.gradcheck`` (finite differences in
+float64) and ``gradgradcheck`` for sum and mean, on the CPU and, where there is
+one, on a CUDA device; compiled models against the same model run eagerly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support import HAS_TORCH, HAS_TORCH_CUDA
+
+import linred
+
+pytestmark = pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch")
+
+if HAS_TORCH:
+    import torch
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")]),
+]
+REDUCTIONS = ("sum", "mean", "max", "min")
+
+#: (segment arguments, axis, shape): fixed lengths and offsets with empty segments, along
+#: either axis of a 2-D input (feature columns carried), and a 3-D one
+SPECS = [
+    ({"segment_length": 4}, 0, (12, 3)),
+    ({"segment_length": 3}, 1, (2, 12)),
+    ({"offsets": [0, 2, 2, 7, 12]}, 0, (12, 3)),
+    ({"lengths": [5, 0, 7]}, -1, (2, 12)),
+    ({"offsets": [0, 1, 5, 6]}, 1, (2, 6, 2)),
+]
+
+
+def _call(reduction, x, spec):
+    kwargs, axis, _ = spec
+    kwargs = dict(kwargs)
+    L = kwargs.pop("segment_length", None)
+    for name in ("offsets", "lengths"):
+        if name in kwargs:
+            kwargs[name] = torch.tensor(kwargs[name], device=x.device)
+    return getattr(linred, f"segmented_{reduction}")(x, L, axis=axis, **kwargs)
+
+
+def _nonempty(spec):
+    kwargs, _, _ = spec
+    return 0 not in kwargs.get("lengths", []) and len(set(kwargs.get("offsets", []))) == len(kwargs.get("offsets", []))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{next(iter(s[0]))}-axis{s[1]}-{len(s[2])}d")
+def test_gradcheck(device, reduction, spec):
+    if reduction != "sum" and not _nonempty(spec):
+        # An empty segment's mean (NaN) and max/min (-inf/inf) have no finite differences: its
+        # gradient (none flows to any element) is checked by test_empty_segments_get_no_gradient.
+        spec = ({"segment_length": 2}, spec[1], spec[2])
+    torch.manual_seed(0)
+    # distinct values: finite differences of max/min are defined only without ties
+    x = torch.randperm(int(np.prod(spec[2])), dtype=torch.float64).reshape(spec[2]).to(device) / 7
+    x.requires_grad_(True)
+    y = _call(reduction, x, spec)
+    assert y.requires_grad and y.grad_fn is not None
+    assert torch.autograd.gradcheck(lambda t: _call(reduction, t, spec), (x,))
+    if reduction in ("sum", "mean"):
+        assert torch.autograd.gradgradcheck(lambda t: _call(reduction, t, spec), (x,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_max_gradient_goes_to_the_first_of_tied_elements(device):
+    x = torch.tensor([1.0, 3.0, 3.0, 2.0, 5.0, 5.0], device=device, requires_grad=True)
+    linred.segmented_max(x, 3).sum().backward()
+    assert x.grad.tolist() == [0, 1, 0, 0, 1, 0]
+    x.grad = None
+    linred.segmented_min(x, 2).sum().backward()
+    assert x.grad.tolist() == [1, 0, 0, 1, 1, 0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_empty_segments_get_no_gradient(device, reduction):
+    x = torch.arange(1.0, 7.0, device=device, requires_grad=True)
+    offsets = torch.tensor([0, 0, 4, 4, 6], device=device)
+    y = getattr(linred, f"segmented_{reduction}")(x, offsets=offsets)
+    torch.where(torch.isfinite(y), y, 0).sum().backward()
+    expected = {"sum": [1] * 6, "mean": [0.25] * 4 + [0.5] * 2, "max": [0, 0, 0, 1, 0, 1], "min": [1, 0, 0, 0, 1, 0]}
+    assert x.grad.tolist() == expected[reduction]
+
+
+def test_a_tensor_without_grad_takes_the_plain_path():
+    x = torch.arange(8.0)
+    y = linred.segmented_sum(x, 4)
+    assert y.grad_fn is None and not y.requires_grad
+    with torch.no_grad():
+        assert linred.segmented_sum(x.requires_grad_(True), 4).grad_fn is None
+
+
+def test_out_and_stream_are_refused_with_autograd():
+    x = torch.arange(8.0, requires_grad=True)
+    with pytest.raises(TypeError, match="out= and stream= are not supported for a tensor that requires grad"):
+        linred.segmented_sum(x, 4, out=torch.empty(2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    """A model that calls linred compiles as one graph (no graph break) and matches eager."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 4).to(device)
+    ptr = torch.tensor([0, 3, 3, 10, 16], device=device)
+
+    def model(feats, ptr):
+        h = torch.relu(lin(feats))
+        return linred.segmented_mean(h, offsets=ptr) + linred.segmented_max(h, offsets=ptr, check=False)
+
+    feats = torch.randn(16, 8, device=device)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    got = compiled(feats, ptr)
+    want = model(feats, ptr)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    explained = torch._dynamo.explain(model)(feats, ptr)
+    assert explained.graph_break_count == 0, explained.break_reasons
+
+
+def test_compile_numpy_input_still_runs_eagerly():
+    def f(a):
+        return linred.segmented_sum(a, 2)
+
+    compiled = torch.compile(f, backend="eager")
+    np.testing.assert_array_equal(compiled(np.arange(4.0)), [1, 5])
+
+
+def test_gnn_trains_like_torch_segment_reduce():
+    """Two message-passing layers and mean pooling: the loss curves of linred's pooling and
+    torch.segment_reduce's agree step by step."""
+
+    def run(pool):
+        torch.manual_seed(0)
+        n, graphs = 60, 6
+        feats = torch.randn(n, 5)
+        ptr = torch.tensor([0, 7, 15, 30, 31, 45, 60])
+        edges = torch.randint(0, n, (2, 200))
+        target = torch.randn(graphs, 1)
+        layers = torch.nn.ModuleList([torch.nn.Linear(5, 16), torch.nn.Linear(16, 16)])
+        head = torch.nn.Linear(16, 1)
+        opt = torch.optim.SGD([*layers.parameters(), *head.parameters()], lr=0.05)
+        losses = []
+        for _ in range(20):
+            h = feats
+            for layer in layers:
+                msg = torch.zeros(n, h.shape[1]).index_add_(0, edges[1], h[edges[0]])
+                h = torch.relu(layer(h + msg / 10))
+            loss = torch.nn.functional.mse_loss(head(pool(h, ptr)), target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    ours = run(lambda h, ptr: linred.segmented_mean(h, offsets=ptr))
+    theirs = run(lambda h, ptr: torch.segment_reduce(h, "mean", offsets=ptr, axis=0))
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+    assert ours[-1] < ours[0]
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_argmax_argmin_against_numpy(kind):
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 4, size=(3, 20)).astype(np.float32)  # many ties
+    x[1, 5] = np.nan
+    offsets = np.array([0, 0, 6, 6, 13, 20])
+    xs = x if kind == "numpy" else torch.from_numpy(x)
+    for which, npfn in (("argmax", np.argmax), ("argmin", np.argmin)):
+        got = getattr(linred, f"segmented_{which}")(xs, offsets=offsets, axis=1)
+        got = np.asarray(got)
+        assert got.dtype == np.int64 and got.shape == (3, 5)
+        for i in range(5):
+            a, b = offsets[i], offsets[i + 1]
+            for r in range(3):
+                expected = 20 if a == b else a + npfn(x[r, a:b])
+                assert got[r, i] == expected, (which, r, i)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("spec", ["fixed", "offsets"])
+def test_cuda_graph_captures_a_call(spec):
+    """check=False calls are captured and replayed; a check, which must read back, is refused."""
+    x = torch.randn(4096, 16, device="cuda")
+    ptr = torch.tensor([0, 100, 100, 3000, 4096], device="cuda")
+
+    def call(check):
+        if spec == "fixed":
+            return linred.segmented_sum(x, 64, check=check)
+        return linred.segmented_sum(x, offsets=ptr, check=check)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm: plans made and kernels compiled before the capture
+            call(False)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = call(False)
+    x.copy_(torch.randn(4096, 16, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, call(True), rtol=1e-5, atol=1e-4)
+    if spec == "offsets":
+        with (
+            pytest.raises(RuntimeError, match=r"check=True\) reads them back"),
+            torch.cuda.graph(torch.cuda.CUDAGraph()),
+        ):
+            call(True)
