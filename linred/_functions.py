@@ -288,8 +288,20 @@ Parameters
 ----------
 x : array_like
     As in :func:`segmented_{which}`; complex data raises TypeError.
-segment_length, offsets, lengths, axis, backend, stream, check
-    As in :func:`segmented_{which}`.
+segment_length : int, optional
+    Fixed segment length, as in :func:`segmented_{which}`.
+offsets : array_like of int, optional
+    Segment offsets, as in :func:`segmented_{which}`.
+lengths : array_like of int, optional
+    Segment lengths, as in :func:`segmented_{which}`.
+axis : int, default 0
+    The axis along which segments run.
+backend : str, default "auto"
+    The backend of both reductions, as in :func:`segmented_{which}`.
+stream : optional
+    CUDA stream for device data, as in :func:`segmented_{which}`.
+check : bool, default True
+    Validate ``offsets`` or ``lengths`` (once: the second reduction reads the same).
 
 Returns
 -------

@@ -9,6 +9,7 @@ checked directly.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from typing import Any
@@ -17,20 +18,28 @@ import numpy as np
 import pytest
 
 from linred.arrays._streams import stream_handle
-from linred.backends import cub, cublas
+from linred.backends import BACKENDS, configure, cub, cublas, get_backend, options_generation
+from linred.backends.base import INT32_MAX, Options, segment_chunks
+from linred.backends.nvrtc import DEFAULT_OPTIONS
 from linred.problem import Problem
 
 
 def gpu_helpers():
-    """linred.backends._gpu, which imports CuPy (no device needed); skip without CuPy."""
+    """linred.kernels.elementwise, which imports CuPy (no device needed); skip without CuPy."""
     try:
-        from linred.backends import _gpu
+        from linred.kernels import elementwise
     except ImportError as e:  # no CuPy, or a CuPy that cannot load
         pytest.skip(f"CuPy is not importable: {e}")
-    return _gpu
+    return elementwise
 
 
-INT32_MAX = (1 << 31) - 1
+def device_helpers():
+    """linred.backends._device, whose CuPy helpers need CuPy (no device); skip without CuPy."""
+    from linred.backends import _device
+
+    if _device.cupy is None:
+        pytest.skip("CuPy is not importable")
+    return _device
 
 
 def problem(
@@ -82,14 +91,14 @@ def problem(
 
 def test_segment_chunks_cover_more_than_int32_segments():
     total = 2 * INT32_MAX + 5
-    chunks = list(gpu_helpers().segment_chunks(total))
+    chunks = list(segment_chunks(total))
     assert chunks == [(0, INT32_MAX), (INT32_MAX, 2 * INT32_MAX), (2 * INT32_MAX, total)]
     assert all(stop - start <= INT32_MAX for start, stop in chunks)
 
 
 @pytest.mark.parametrize("total, limit", [(0, 3), (1, 3), (3, 3), (10, 3), (10, 1), (7, 100)])
 def test_segment_chunks_partition(total, limit):
-    chunks = list(gpu_helpers().segment_chunks(total, limit))
+    chunks = list(segment_chunks(total, limit))
     covered = [i for start, stop in chunks for i in range(start, stop)]
     assert covered == list(range(total))
     assert all(0 < stop - start <= limit for start, stop in chunks)
@@ -97,7 +106,7 @@ def test_segment_chunks_partition(total, limit):
 
 def test_segment_chunks_rejects_bad_limit():
     with pytest.raises(ValueError, match="limit must be >= 1"):
-        list(gpu_helpers().segment_chunks(5, 0))
+        list(segment_chunks(5, 0))
 
 
 # --- a NumPy model of the cuBLAS calls -------------------------------------------------
@@ -333,14 +342,68 @@ def test_cub_leaves_cupy_cub_for_long_segments_and_int32_overflow():
     assert not cub.cupy_cub_eligible(problem(length=8, shape=(1, n, 1), strides=(n, 1, 1)))
 
 
-def test_cub_force_path(monkeypatch):
-    monkeypatch.setattr(cub, "FORCE_PATH", "strided-kernel")
+@pytest.fixture
+def restore_options():
+    """Put back every backend's options after the test (they are changed through ``configure``)."""
+    saved = {name: configure(name) for name in BACKENDS}
+    yield
+    for name, options in saved.items():
+        configure(name, **{f.name: getattr(options, f.name) for f in dataclasses.fields(options)})
+
+
+def test_cub_force_path(restore_options):
+    configure("cub", path="strided-kernel")
     p = problem()
-    assert cub.choose_path(p) == "strided-kernel"
+    assert cub.choose_path(p) == "cupy-cub"  # the rule itself
+    assert cub.BACKEND.path(p) == "strided-kernel"  # what a plan made now takes
     assert cub.BACKEND.unsupported(p) is None
-    monkeypatch.setattr(cub, "FORCE_PATH", "cupy-cub")
+    configure("cub", path="cupy-cub")
     reason = cub.BACKEND.unsupported(problem(length=None, offsets_dtype="int64"))
     assert reason is not None and "CuPy's CUB" in reason
+    configure("cub", path=None)
+    assert cub.BACKEND.path(p) == "cupy-cub"
+
+
+@pytest.mark.parametrize(
+    "name, changes, error",
+    [
+        ("cub", {"path": "bogus"}, ValueError),
+        ("cub", {"force": "cccl"}, TypeError),  # not a field
+        ("cublas", {"gemv": 1}, ValueError),
+        ("nvmath", {"batch_strategy": "parallel"}, ValueError),
+        ("nvrtc", {"threads": 100}, ValueError),  # not a multiple of 32
+        ("nvrtc", {"unroll": 6}, ValueError),  # not a power of two
+        ("nvrtc", {"tile": 1000}, ValueError),  # not a multiple of threads
+        ("nvrtc", {"max_rows": 0}, ValueError),
+        ("nvrtc", {"min_blocks": True}, ValueError),
+    ],
+)
+def test_configure_validates(restore_options, name, changes, error):
+    before = configure(name)
+    generation = options_generation()
+    with pytest.raises(error):
+        configure(name, **changes)
+    assert configure(name) is before and options_generation() == generation  # nothing changed
+
+
+def test_configure_round_trips(restore_options):
+    """configure replaces a backend's options (a new frozen instance, a new generation) and
+    takes them back; every backend module imports without a GPU library, so this runs anywhere."""
+    for name, field, value in (
+        ("cub", "path", "strided-kernel"),
+        ("cublas", "gemv", False),
+        ("nvmath", "batch_strategy", "loop"),
+        ("nvrtc", "tile", 2048),
+    ):
+        old = configure(name)
+        generation = options_generation()
+        new = configure(name, **{field: value})
+        assert getattr(new, field) == value and get_backend(name).options is new
+        assert type(new) is type(old) and options_generation() > generation
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(new, field, getattr(old, field))
+        assert configure(name, **{field: getattr(old, field)}) == old
+    assert configure("numpy") == Options()
 
 
 def test_cub_refusal_reasons():
@@ -385,18 +448,33 @@ def test_cub_serves_every_real_dtype(reduction, dtype, length, shape):
 
 
 def test_cub_operator_sources():
-    for name in cub._SOURCES:
-        source = cub.op_source(name)
-        assert f'extern "C" __device__ void {name}(' in source
-    cvt = cub.op_source("linred_cvt_int32_int64")
-    assert "(long long)*(const int*)in" in cvt
+    """Every operator the cub backend names is one of operators.cuh, compiled alone (its define)."""
+    import re
+
+    from linred.backends.cub import operators
+    from linred.kernels.compiler import header, source
+
+    text = header("operators.cuh")
+    defined = re.findall(r'^extern "C" __device__ void (\w+)\(', text, re.M)
+    defined += re.findall(r"^LINRED_NAN_MAX_MIN\((\w+),", text, re.M)
+    assert sorted(defined) == sorted(operators.OPERATORS)
+    for name in operators.OPERATORS:
+        program = source(operators.op_source(name))
+        assert f"#define LINRED_OP_{name}\n" in program and f"#ifdef LINRED_OP_{name}\n" in program
+        assert not re.search(r"^#include", program, re.M)
+    assert "linred_bf16_round" in source(operators.op_source("linred_scale_f32_to_bf16"))
+    with pytest.raises(KeyError):
+        operators.op_source("linred_cvt_int32_int64")
     # NaN-propagating max/min keep x when x is NaN and take y when y is NaN
-    assert "x != x || x > y" in cub._SOURCES["linred_max_f32"]
-    assert "x != x || x < y" in cub._SOURCES["linred_min_f64"]
+    assert "(x != x || x CMP y) ? x : y" in text
+    assert "LINRED_NAN_MAX_MIN(linred_max_f32, float, >)" in text
+    assert "LINRED_NAN_MAX_MIN(linred_min_f64, double, <)" in text
 
 
 def test_cub_batch_state_layout():
-    state = np.frombuffer(cub._batch_state(7, 5, 100, 1), dtype=np.int64)
+    from linred.backends.cub.operators import batch_state
+
+    state = np.frombuffer(batch_state(7, 5, 100, 1), dtype=np.int64)
     assert state.tolist() == [7, 5, 100, 1]
 
 
@@ -490,7 +568,7 @@ def test_span_view_of_a_strided_tensor():
     torch = pytest.importorskip("torch")
     base = torch.arange(60.0)
     t = base.as_strided((2, 3, 4), (30, 8, 2), 1)
-    span, first = gpu_helpers().span_view(t, tuple(t.shape), t.stride())
+    span, first = device_helpers().span_view(t, tuple(t.shape), t.stride())
     assert first == 0
     assert span.shape[0] == 30 * 1 + 8 * 2 + 2 * 3 + 1
     for idx in np.ndindex(2, 3, 4):
@@ -536,15 +614,42 @@ def test_stream_handles():
 
 
 def test_importing_the_backends_imports_no_cuda_library():
+    """The registry imports a backend's package to ask it what it serves: that must not import
+    an array or CUDA library (those come with its executor modules, when a plan is made)."""
     import subprocess
     import sys
 
+    packages = ", ".join(f"linred.backends.{name}" for name in BACKENDS)
     code = (
-        "import sys; import linred.backends.cub, linred.backends.cublas; "
-        "print(sorted(m for m in ('torch', 'cuda.compute', 'cuda.core', 'nvmath') if m in sys.modules))"
+        f"import sys; import {packages}; "
+        "print(sorted(m for m in ('torch', 'cupy', 'cuda.compute', 'cuda.core', 'nvmath') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_no_backend_imports_another():
+    """A backend's modules import the shared layers (base, _device, linred.kernels, linred.arrays)
+    and their own package, never another backend."""
+    import ast
+    from pathlib import Path
+
+    root = Path(cub.__file__).parents[1]  # linred/backends
+    for name in BACKENDS:
+        files = sorted((root / name).glob("*.py")) if (root / name).is_dir() else [root / f"{name}.py"]
+        assert files, name
+        for path in files:
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    modules = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                elif isinstance(node, ast.Import):
+                    modules = [a.name for a in node.names]
+                else:
+                    continue
+                for module in modules:
+                    parts = module.split(".")
+                    if parts[:2] == ["linred", "backends"] and len(parts) > 2:
+                        assert parts[2] in (name, "base", "_device"), f"{path.name} of {name} imports {module}"
 
 
 def test_problem_helper_is_consistent():
@@ -583,14 +688,15 @@ def test_nvrtc_serves_contiguous_feature_columns(shape, length):
 @pytest.mark.parametrize("length", [8, None])
 def test_nvrtc_features_wrapper(width, length):
     """The feature kernel's C++ wrapper names the types, the operation, the width and the offsets."""
-    from linred.backends.nvrtc import TUNING, _features_wrapper, _index_ctype
+    from linred.backends.nvrtc.kernels import features_wrapper, index_ctype
 
     kwargs = {"offsets_dtype": "int32"} if length is None else {}
     p = problem("mean", "float16", shape=(1, 64, 8), length=length, **kwargs)
-    src = _features_wrapper(p, _index_ctype(p), TUNING, width)
-    assert 'extern "C" __global__' in src and "linred_features" in src
-    assert f"features_reduce<half_t, float, half_t, OpSum, true, {width}, {TUNING.unroll}>" in src
-    assert ("ArrayOffsets<int>{offsets}" if length is None else "FixedOffsets{L}") in src
+    src = features_wrapper(p, index_ctype(p), DEFAULT_OPTIONS, width)
+    assert src.startswith('#include "features.cuh"\n')
+    assert f"LINRED_FEATURES(half_t, float, half_t, OpSum, true, 256, {width}, {DEFAULT_OPTIONS.unroll}, " in src
+    offsets = "int, ArrayOffsets<int>{offsets})" if length is None else "long long, FixedOffsets{L})"
+    assert src.endswith(offsets + "\n")
 
 
 def test_nvrtc_refuses_bfloat16_before_sm80(monkeypatch):
@@ -616,57 +722,50 @@ def test_nvrtc_refuses_bfloat16_before_sm80(monkeypatch):
     ],
 )
 def test_nvrtc_tile_shared_memory(dtype, reduction, vecload, expected):
-    """The dynamic shared memory the tile kernel is launched with (TileShared in segreduce.cuh)."""
-    from linred.backends.nvrtc import TUNING, _tile_shared_bytes
+    """The dynamic shared memory the tile kernel is launched with (TileShared in tile.cuh)."""
+    from linred.backends.nvrtc.kernels import tile_shared_bytes
 
     p = problem(reduction, dtype, shape=(1, 1 << 16, 1), length=None, offsets_dtype="int64", segments=100)
-    assert (TUNING.tile, TUNING.threads) == (4096, 256)
-    assert _tile_shared_bytes(p, vecload, TUNING) == expected
+    assert (DEFAULT_OPTIONS.tile, DEFAULT_OPTIONS.threads) == (4096, 256)
+    assert tile_shared_bytes(p, vecload, DEFAULT_OPTIONS) == expected
 
 
 # --- nvrtc: which kernel a fixed length gets ---
 
 
-@pytest.fixture
-def nvrtc_executors(monkeypatch):
-    """nvrtc's executors replaced by their names: plan() without a GPU."""
-    from linred.backends import nvrtc
-
-    for name in ("_FixedExecutor", "_LongExecutor", "_WarpExecutor", "_FeaturesExecutor"):
-        monkeypatch.setattr(nvrtc, name, lambda *args, name=name: name)
-    monkeypatch.setattr(nvrtc, "_Launcher", lambda problem: None)
-    return nvrtc.BACKEND
-
-
 @pytest.mark.parametrize(
     "dtype, length, shape, strides, expected",
     [
-        ("float32", 128, (1, 128 * 64, 1), None, "_FixedExecutor"),  # fixed_small: 32 vectors
-        ("float32", 256, (1, 256 * 64, 1), None, "_FixedExecutor"),  # fixed_rows: 2 rows
-        ("float32", 2048, (1, 2048 * 8, 1), None, "_FixedExecutor"),  # fixed_rows: 16 rows
-        ("float32", 4096, (1, 4096 * 8, 1), None, "_LongExecutor"),
-        ("float32", 3000, (1, 3000 * 8, 1), None, "_LongExecutor"),  # 750 whole vectors
-        ("float32", 1020, (1, 1020 * 8, 1), None, "_LongExecutor"),  # 255 vectors: 64 threads
-        ("float32", 500, (1, 500 * 8, 1), None, "_LongExecutor"),  # 2000 bytes: 64 threads
-        ("float32", 492, (1, 492 * 8, 1), None, "_WarpExecutor"),  # 1968 bytes: too short for a block each
-        ("float16", 1000, (1, 1000 * 8, 1), None, "_LongExecutor"),
-        ("float32", 3001, (1, 3001 * 8, 1), None, "_WarpExecutor"),  # not whole vectors
-        ("float16", 4096, (1, 4096 * 8, 1), None, "_FixedExecutor"),  # 16 rows of 8 halves
-        ("float16", 8192, (1, 8192 * 8, 1), None, "_LongExecutor"),
-        ("float64", 1024, (1, 1024 * 8, 1), None, "_FixedExecutor"),
-        ("float64", 2048, (1, 2048 * 8, 1), None, "_LongExecutor"),
-        ("int8", 512, (1, 512 * 8, 1), None, "_FixedExecutor"),  # fixed_small: 32 vectors of 16
-        ("int8", 1024, (1, 1024 * 8, 1), None, "_WarpExecutor"),  # no rows or long kernel for 1 byte
-        ("float32", 4096, (2, 4096 * 8, 1), None, "_LongExecutor"),  # a contiguous batch
-        ("float32", 4096, (2, 4096 * 8, 1), (4096 * 9, 1, 1), "_WarpExecutor"),  # rows apart
-        ("float32", 4096, (1, 4096 * 8, 1), (4096 * 8 * 2, 2, 1), "_WarpExecutor"),  # strided elements
-        ("float32", 256, (1, 256 * 8, 4), None, "_FeaturesExecutor"),
+        ("float32", 128, (1, 128 * 64, 1), None, "fixed"),  # fixed_small: 32 vectors
+        ("float32", 256, (1, 256 * 64, 1), None, "fixed"),  # fixed_rows: 2 rows
+        ("float32", 2048, (1, 2048 * 8, 1), None, "fixed"),  # fixed_rows: 16 rows
+        ("float32", 4096, (1, 4096 * 8, 1), None, "long"),
+        ("float32", 3000, (1, 3000 * 8, 1), None, "long"),  # 750 whole vectors
+        ("float32", 1020, (1, 1020 * 8, 1), None, "long"),  # 255 vectors: 64 threads
+        ("float32", 500, (1, 500 * 8, 1), None, "long"),  # 2000 bytes: 64 threads
+        ("float32", 492, (1, 492 * 8, 1), None, "warp"),  # 1968 bytes: too short for a block each
+        ("float16", 1000, (1, 1000 * 8, 1), None, "long"),
+        ("float32", 3001, (1, 3001 * 8, 1), None, "warp"),  # not whole vectors
+        ("float16", 4096, (1, 4096 * 8, 1), None, "fixed"),  # 16 rows of 8 halves
+        ("float16", 8192, (1, 8192 * 8, 1), None, "long"),
+        ("float64", 1024, (1, 1024 * 8, 1), None, "fixed"),
+        ("float64", 2048, (1, 2048 * 8, 1), None, "long"),
+        ("int8", 512, (1, 512 * 8, 1), None, "fixed"),  # fixed_small: 32 vectors of 16
+        ("int8", 1024, (1, 1024 * 8, 1), None, "warp"),  # no rows or long kernel for 1 byte
+        ("float32", 4096, (2, 4096 * 8, 1), None, "long"),  # a contiguous batch
+        ("float32", 4096, (2, 4096 * 8, 1), (4096 * 9, 1, 1), "warp"),  # rows apart
+        ("float32", 4096, (1, 4096 * 8, 1), (4096 * 8 * 2, 2, 1), "warp"),  # strided elements
+        ("float32", 256, (1, 256 * 8, 4), None, "features"),
     ],
 )
-# _WarpExecutor: everything else with one feature column; it runs warp_reduce on aligned,
+# "warp": everything else with one feature column; it runs warp_reduce on aligned,
 # contiguous rows and tile_reduce on the rest (chosen per call, by the data's alignment).
-def test_nvrtc_fixed_kernel_choice(nvrtc_executors, dtype, length, shape, strides, expected):
-    assert nvrtc_executors.plan(problem(dtype=dtype, shape=shape, strides=strides, length=length)) == expected
+def test_nvrtc_fixed_kernel_choice(dtype, length, shape, strides, expected):
+    from linred.backends import nvrtc
+
+    assert nvrtc.route(problem(dtype=dtype, shape=shape, strides=strides, length=length), nvrtc.DEFAULT_OPTIONS) == (
+        expected
+    )
 
 
 @pytest.mark.parametrize(
@@ -686,11 +785,12 @@ def test_nvrtc_fixed_kernel_choice(nvrtc_executors, dtype, length, shape, stride
 )
 def test_nvrtc_fixed_layout(dtype, length, kernel, unroll):
     from linred.backends import nvrtc
+    from linred.backends.nvrtc import kernels
 
     p = problem(dtype=dtype, shape=(1, length * 4, 1), length=length)
-    assert nvrtc._fixed_layout(p, nvrtc.TUNING) == (kernel, unroll)
-    src = nvrtc._fixed_wrapper(p, nvrtc.TUNING)
-    assert f"{kernel}<" in src and f"{nvrtc.TUNING.threads}, {unroll}>(x, out, nvec)" in src
+    assert kernels.fixed_layout(p, nvrtc.DEFAULT_OPTIONS) == (kernel, unroll)
+    src = kernels.fixed_wrapper(p, nvrtc.DEFAULT_OPTIONS)
+    assert f"LINRED_FIXED({kernel}, " in src and src.endswith(f", {length}, false, 256, {unroll})\n")
 
 
 @pytest.mark.parametrize(
@@ -711,12 +811,13 @@ def test_nvrtc_fixed_layout(dtype, length, kernel, unroll):
 )
 def test_nvrtc_long_shape(dtype, length, threads, unroll):
     from linred.backends import nvrtc
+    from linred.backends.nvrtc import kernels
 
     p = problem(dtype=dtype, shape=(1, length * 2, 1), length=length)
-    assert nvrtc._long_threads(p, nvrtc.TUNING) == threads
-    assert nvrtc._long_unroll(p, nvrtc.TUNING) == unroll
-    src = nvrtc._long_wrapper(p, nvrtc.TUNING)
-    assert f"__launch_bounds__({threads})" in src and f"{threads}, {unroll}>(x, out, partials, tickets" in src
+    assert kernels.long_threads(p, nvrtc.DEFAULT_OPTIONS) == threads
+    assert kernels.long_unroll(p, nvrtc.DEFAULT_OPTIONS) == unroll
+    src = kernels.long_wrapper(p, nvrtc.DEFAULT_OPTIONS)
+    assert "LINRED_LONG(" in src and src.endswith(f", OpSum, false, {threads}, {unroll})\n")
 
 
 class _FakePointer:
@@ -733,11 +834,10 @@ class _FakeDeviceArray:
 
 @pytest.fixture
 def fake_launches(monkeypatch):
-    """cuda.core's launch, LaunchConfig and the kernel compiler replaced by recorders."""
-    import cuda.core
-
-    from linred.backends import nvrtc
-    from linred.kernels import compiler
+    """cuda.core's launch, LaunchConfig and the kernel compiler, as the executors see them, replaced
+    by recorders; returns the executors module (it imports cuda.core: skip without it)."""
+    pytest.importorskip("cuda.core")
+    from linred.backends.nvrtc import executors
 
     calls: dict[str, list] = {"launch": [], "fill": [], "kernels": []}
 
@@ -774,9 +874,11 @@ def fake_launches(monkeypatch):
 
             return Order()
 
-    monkeypatch.setattr(nvrtc, "_Launcher", FakeLauncher)
-    monkeypatch.setattr(nvrtc, "_TileExecutor", lambda problem: lambda *a: calls["launch"].append(("tiles", a[3])))
-    monkeypatch.setattr(cuda.core, "LaunchConfig", lambda grid, block: (grid, block))
+    monkeypatch.setattr(executors, "_Launcher", FakeLauncher)
+    monkeypatch.setattr(
+        executors, "_TileExecutor", lambda problem, options: lambda *a: calls["launch"].append(("tiles", a[3]))
+    )
+    monkeypatch.setattr(executors, "LaunchConfig", lambda grid, block: (grid, block))
 
     def launch(stream: str, config: tuple[int, int], kernel: str, *args: int) -> None:
         calls["launch"].append((stream, config, kernel, args))
@@ -785,15 +887,15 @@ def fake_launches(monkeypatch):
         calls["kernels"].append(names)
         return names
 
-    monkeypatch.setattr(cuda.core, "launch", launch)
-    monkeypatch.setattr(compiler, "get_kernels", get_kernels)
-    return nvrtc, calls
+    monkeypatch.setattr(executors, "cuda_launch", launch)
+    monkeypatch.setattr(executors, "get_kernels", get_kernels)
+    return executors, calls
 
 
 def test_fixed_executor_launch_arguments(fake_launches):
-    nvrtc, calls = fake_launches
+    executors, calls = fake_launches
     p = problem(dtype="float32", shape=(2, 256 * 64, 1), length=256)  # fixed_rows, a contiguous batch
-    ex = nvrtc._FixedExecutor(p)
+    ex = executors._FixedExecutor(p, DEFAULT_OPTIONS)
     x, out = _FakeDeviceArray(4096), _FakeDeviceArray(8192)
     ex(x, out, None, 7)
     ex(x, out, None, 9)
@@ -808,10 +910,10 @@ def test_fixed_executor_launch_arguments(fake_launches):
 
 
 def test_long_executor_launch_arguments(fake_launches):
-    nvrtc, calls = fake_launches
+    executors, calls = fake_launches
     L, m = 2**16, 3
     p = problem(dtype="float32", shape=(1, L * m, 1), length=L)
-    ex = nvrtc._LongExecutor(p)
+    ex = executors._LongExecutor(p, DEFAULT_OPTIONS)
     lv, chunks = L // 4, L // 4 // (256 * 16)
     assert (ex._lv, ex._chunks, ex._m) == (lv, chunks, m) and chunks == 4
     x, out = _FakeDeviceArray(4096), _FakeDeviceArray(8192)
@@ -832,9 +934,9 @@ def test_long_executor_launch_arguments(fake_launches):
 
 
 def test_long_executor_without_partials(fake_launches):
-    nvrtc, calls = fake_launches
+    executors, calls = fake_launches
     p = problem(dtype="float64", shape=(1, 4096 * 5, 1), length=4096)  # 2048 vectors: one chunk each
-    ex = nvrtc._LongExecutor(p)
+    ex = executors._LongExecutor(p, DEFAULT_OPTIONS)
     ex(_FakeDeviceArray(4096), _FakeDeviceArray(8192), None, 3)
     assert ex._tickets is None and calls["fill"] == []
     assert calls["launch"] == [("stream 3", (5, 256), "linred_long", (4096, 8192, 0, 0, 2048, 1, 5))]
@@ -856,3 +958,130 @@ def test_kernel_cache_dir(monkeypatch, env, expected):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert str(cache_dir()) == expected
+
+
+# --- linred/kernels: the headers, and the programs assembled from them ---
+
+
+def _kernel_headers() -> dict[str, str]:
+    from importlib import resources
+
+    root = resources.files("linred.kernels")
+    return {p.name: p.read_text() for p in root.iterdir() if p.name.endswith(".cuh")}
+
+
+def test_every_header_opens_with_what_it_holds():
+    """A header's opening comment names every function, operator and macro it defines."""
+    headers = _kernel_headers()
+    assert {"common.cuh", "fixed.cuh", "tile.cuh", "warp.cuh", "fixup.cuh", "features.cuh"} <= set(headers)
+    for name, text in headers.items():
+        head = text[: text.index("#pragma once")]
+        assert head.startswith("//"), name
+        defined = set(
+            re.findall(r"^(?:template <[^\n]*>\s*\n?)?__device__ __forceinline__ [\w:<> ]+?\b(\w+)\(", text, re.M)
+        )
+        defined |= set(re.findall(r'^extern "C" __device__ void (\w+)\(', text, re.M))
+        defined |= set(re.findall(r"^LINRED_NAN_MAX_MIN\((\w+),", text, re.M))
+        defined |= set(re.findall(r"^#define (LINRED_\w+)", text, re.M))
+        missing = sorted(d for d in defined if not re.search(rf"\b{d}\b", head))
+        assert not missing, f"{name} does not list {missing} in its opening comment"
+
+
+def test_source_expands_each_header_once():
+    from linred.kernels.compiler import source
+
+    program = source(
+        '#include "tile.cuh"\n#include "fixup.cuh"\nLINRED_BOUNDS(256, 4096, int, ArrayOffsets<int>{offsets})\n'
+    )
+    assert not re.search(r"^#(include|pragma once)", program, re.M)
+    assert program.count("typedef long long i64;") == 1  # common.cuh, included by offsets.cuh, once
+    assert program.count("struct TileArgs {") == 1
+    assert program.index("#define LINRED_BOUNDS(") < program.index("LINRED_BOUNDS(256,")
+
+
+def _programs() -> list[tuple[str, str, tuple[str, ...]]]:
+    """(what, wrapper, kernel names) for every kernel family, a few dtypes and layouts."""
+    from linred.backends.nvrtc import kernels
+
+    T = DEFAULT_OPTIONS
+    out = []
+    for dtype, reduction, out_dtype in (("float32", "sum", None), ("bfloat16", "mean", None), ("int8", "max", "int64")):
+        kw = {"out": out_dtype} if out_dtype else {}
+        if reduction == "max":
+            kw["acc"] = dtype
+        fixed = problem(reduction, dtype, shape=(1, 1024, 1), length=64, **kw)
+        out.append((f"fixed {dtype}", kernels.fixed_wrapper(fixed, T), ("linred_fixed",)))
+        if dtype != "int8":
+            long = problem(reduction, dtype, shape=(1, 4096 * 4, 1), length=4096, **kw)
+            out.append((f"long {dtype}", kernels.long_wrapper(long, T), ("linred_long",)))
+        var = problem(reduction, dtype, shape=(2, 1000, 1), length=None, offsets_dtype="int32", segments=9, **kw)
+        ic = kernels.index_ctype(var)
+        out.append((f"tile {dtype}", kernels.tile_wrapper(var, dtype == "float32", ic, T, 4),
+                    ("linred_tile", "linred_fixup", "linred_bounds")))  # fmt: skip
+        out.append((f"warp {dtype}", kernels.warp_wrapper(var, ic, T, 2), ("linred_warp", "linred_fixup")))
+        feat = problem(reduction, dtype, shape=(1, 64, 8), length=8, **kw)
+        out.append((f"features {dtype}", kernels.features_wrapper(feat, "long long", T, 1), ("linred_features",)))
+    return out
+
+
+def test_nvrtc_programs_assemble():
+    """Every wrapper is the #include of its family and one macro line per entry point, and assembles into
+    one self-contained program that defines those macros and those entry points' kernels."""
+    from linred.kernels.compiler import source
+
+    for what, wrapper, names in _programs():
+        lines = wrapper.splitlines()
+        includes = [line for line in lines if line.startswith("#include")]
+        macros = [line for line in lines if not line.startswith("#include")]
+        assert includes and all(re.fullmatch(r'#include "\w+\.cuh"', line) for line in includes), what
+        assert all(re.fullmatch(r"LINRED_[A-Z]+\(.*\)", line) for line in macros), what
+        program = source(wrapper)
+        assert not re.search(r"^#include", program, re.M), what
+        for line in macros:
+            assert f"#define {line[: line.index('(')]}(" in program, (what, line)
+        for name in names:
+            assert f"{name}(" in program, (what, name)
+
+
+def _nvrtc_or_skip():
+    try:
+        from cuda.bindings import nvrtc
+
+        err, _, _ = nvrtc.nvrtcVersion()
+        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
+        from cuda.core import Program, ProgramOptions
+    except Exception as e:  # no cuda-bindings, or no libnvrtc: compiled on the GPU machines
+        pytest.skip(f"NVRTC is not usable here ({type(e).__name__})")
+    return Program, ProgramOptions
+
+
+def test_nvrtc_programs_compile():
+    """NVRTC (no GPU needed) compiles every family, whose entry points check the shared memory the
+    backend computes against the C++ structs, and every cub operator to LTO-IR."""
+    Program, ProgramOptions = _nvrtc_or_skip()
+    from linred.backends.cub.operators import OPERATORS, op_source
+    from linred.kernels.compiler import get_ltoir, source
+
+    options = ProgramOptions(arch="sm_80", std="c++17", name="linred_segreduce")
+    for what, wrapper, _ in _programs():
+        assert Program(source(wrapper), "c++", options).compile("cubin").code, what
+    for name in OPERATORS:
+        assert get_ltoir(op_source(name), "sm_80"), name
+
+
+def test_nvrtc_programs_check_their_shared_memory():
+    """A wrapper launching with other shared memory than the C++ structs' does not compile."""
+    Program, ProgramOptions = _nvrtc_or_skip()
+    from linred.backends.nvrtc import kernels
+    from linred.kernels.compiler import source
+
+    p = problem("sum", "float32", shape=(1, 1000, 1), length=None, offsets_dtype="int64", segments=9)
+    options = ProgramOptions(arch="sm_80", std="c++17")
+    smem = kernels.tile_shared_bytes(p, True, DEFAULT_OPTIONS)
+    wrong = kernels.tile_wrapper(p, True, "long long", DEFAULT_OPTIONS, 2).replace(f", {smem})", f", {smem + 16})")
+    with pytest.raises(Exception, match="TileShared::BYTES"):
+        Program(source(wrong), "c++", options).compile("cubin")
+    smem = kernels.warp_shared_bytes(p, DEFAULT_OPTIONS)
+    wrong = kernels.warp_wrapper(p, "long long", DEFAULT_OPTIONS, 2).replace(f", {smem})", f", {smem - 16})")
+    with pytest.raises(Exception, match="WarpShared"):
+        Program(source(wrong), "c++", options).compile("cubin")

@@ -4,7 +4,7 @@ The whole contract runs through ``test_reductions.py`` (nvmath is one of the
 host backends there, and one of the GPU backends on a GPU).  This file covers
 what is particular to nvmath:
 
-- host results for every form of :mod:`linred.backends._nvmath_layout` (rows,
+- host results for every form of :mod:`linred.backends.nvmath.layout` (rows,
   batched rows, chunked long rows, features, columns, complex as real parts);
 - the refusals and their reasons;
 - the layout and dtype decisions for GPU problems, as pure functions;
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import gc
 import logging
 import subprocess
@@ -26,12 +27,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from conftest import HAS_CUPY_GPU, HAS_TORCH, HAS_TORCH_CUDA, assert_reduction, segment_bounds, to_kind, to_numpy
+from support import HAS_CUPY_GPU, HAS_TORCH, HAS_TORCH_CUDA, assert_reduction, segment_bounds, to_kind, to_numpy
 
 import linred
 import linred.backends as registry
-from linred.backends import _nvmath_layout as layouts
-from linred.backends._nvmath_layout import HOST_SEQUENTIAL_MAX
+from linred.backends.nvmath import layout as layouts
+from linred.backends.nvmath.layout import HOST_SEQUENTIAL_MAX
 from linred.problem import Problem
 
 if HAS_TORCH:
@@ -70,7 +71,7 @@ def check(got: Any, reduction: str, x_np: np.ndarray, L: int, axis: int = 0, lik
 def test_import_is_lazy():
     """Importing the backend module imports neither nvmath nor an array library beyond NumPy."""
     code = (
-        "import sys, linred, linred.backends.nvmath, linred.backends._nvmath_layout\n"
+        "import sys, linred, linred.backends.nvmath, linred.backends.nvmath.layout\n"
         "heavy = [m for m in ('nvmath', 'cupy', 'torch', 'cuda') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
@@ -433,8 +434,6 @@ def aligned_empty(shape: Any, dtype: Any) -> np.ndarray:
 class NumpyOps:
     """The CuPy operations of the executors, on NumPy arrays."""
 
-    kind = "cupy"
-
     def __init__(self, device: int) -> None:
         self.device = device
 
@@ -519,7 +518,7 @@ class CpuMatmul:
 def simulated_dense(monkeypatch):
     if not HOST_OK:
         pytest.skip("nvmath cannot execute on the CPU here")
-    from linred.backends import _nvmath_device
+    from linred.backends.nvmath import dense as _nvmath_device
 
     monkeypatch.setattr(_nvmath_device, "ops_for", lambda kind, device: NumpyOps(device))
     monkeypatch.setattr(_nvmath_device, "Matmul", CpuMatmul)
@@ -639,7 +638,7 @@ class TorchCpuOps:
     """The PyTorch operations of the executors, on CPU tensors (no streams)."""
 
     def __new__(cls, device: int):
-        from linred.backends._nvmath_gpu_arrays import TorchOps
+        from linred.backends._device import TorchOps
 
         ops = TorchOps(device)
         ops._device = torch.device("cpu")
@@ -780,13 +779,21 @@ def simulated_sparse(monkeypatch):
     if not HAS_TORCH:
         pytest.skip("needs torch")
     pytest.importorskip("ml_dtypes")
-    from linred.backends import _nvmath_sparse
+    from linred.backends.nvmath import sparse as _nvmath_sparse
 
     fake = FakeCusparse()
     monkeypatch.setattr(_nvmath_sparse, "ops_for", lambda kind, device: TorchCpuOps(device))
     monkeypatch.setattr(_nvmath_sparse, "cusparse", fake)
     monkeypatch.setattr(_nvmath_sparse, "_handles", {})
     return fake
+
+
+@pytest.fixture
+def configure_nvmath():
+    """``configure("nvmath", ...)`` for the test, the options put back after it."""
+    old = registry.configure("nvmath")
+    yield lambda **changes: registry.configure("nvmath", **changes)
+    registry.configure("nvmath", **dataclasses.asdict(old))
 
 
 def sparse_problem(x: Any, reduction: str, offsets_dtype: str, out_dtype: str | None = None, m: int = 6) -> Problem:
@@ -825,12 +832,11 @@ OFFSETS_24 = [0, 0, 5, 5, 13, 24, 24]
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "complex64"])
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 @pytest.mark.parametrize("offsets_dtype", ["int32", "int64"])
-def test_simulated_sparse(simulated_sparse, monkeypatch, strategy, dtype, reduction, offsets_dtype, rng):
-    from linred.backends import _nvmath_sparse
+def test_simulated_sparse(simulated_sparse, configure_nvmath, strategy, dtype, reduction, offsets_dtype, rng):
     from linred.backends.nvmath import BACKEND
     from linred.segments import VariableSegments
 
-    monkeypatch.setattr(_nvmath_sparse, "BATCH_STRATEGY", strategy)
+    configure_nvmath(batch_strategy=strategy)
     half = dtype in ("float16", "bfloat16")
     for B, D in ((1, 1), (2, 1), (1, 3), (2, 3)):
         x_np = data("float32" if half else dtype, (B, 24, D), rng)
@@ -936,11 +942,11 @@ def test_torch_stream_handle_zero_is_the_default_stream(monkeypatch):
     """torch.cuda.ExternalStream(0) is a pooled stream, not the default one: handle 0 must not go through it."""
     if not HAS_TORCH:
         pytest.skip("needs torch")
-    from linred.backends import _nvmath_gpu_arrays
-    from linred.backends._nvmath_gpu_arrays import TorchOps
+    from linred.backends import _device
+    from linred.backends._device import TorchOps
 
     made = []
-    monkeypatch.setattr(_nvmath_gpu_arrays, "_torch_streams", {})
+    monkeypatch.setattr(_device, "_torch_streams", {})
     monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: made.append(("default", device)) or "d")
     monkeypatch.setattr(torch.cuda, "ExternalStream", lambda h, device=None: made.append(("external", h)) or f"e{h}")
     ops = TorchOps(0)
@@ -988,7 +994,7 @@ def test_gpu_fixed_and_variable(kind, dtype, reduction, rng):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs a CUDA torch")
 def test_gpu_torch_handle_zero_is_the_default_stream():
-    from linred.backends._nvmath_gpu_arrays import TorchOps
+    from linred.backends._device import TorchOps
 
     stream = TorchOps(0).stream(0)
     assert stream.cuda_stream == 0 and stream == torch.cuda.default_stream(0)

@@ -102,7 +102,14 @@ def test_signature(name):
     assert "Examples" in doc and "Parameters" in doc and ">>>" in doc
 
 
-DOCTEST_MODULES = ["linred", "linred._functions", "linred._plan_cache", "linred.plan", "linred.errors", "linred.backends"]
+DOCTEST_MODULES = [
+    "linred",
+    "linred._functions",
+    "linred._plan_cache",
+    "linred.plan",
+    "linred.errors",
+    "linred.backends",
+]
 
 
 def test_doctests_cover_every_module_with_public_names():

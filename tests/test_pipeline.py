@@ -67,8 +67,9 @@ def test_a_repeated_call_runs_its_plan_without_validating_again(form, clean_plan
     modules = {m for m, _ in calls}
     assert "_frontend.py" not in modules, calls
     assert ("_plan_cache.py", "call") in calls and ("plan.py", "_run") in calls
-    assert len(calls) <= most_calls, calls
-    assert _switches(calls) <= most_switches, calls
+    torch = "torch" in sys.modules  # then one more: linred._torch_ops.run, which sends arrays on
+    assert len(calls) <= most_calls + torch, calls
+    assert _switches(calls) <= most_switches + torch, calls
     # ... and gives the float64 reference
     ref = X.astype(np.float64).reshape(-1, 32).sum(1) if "max" not in form else None
     if ref is not None:

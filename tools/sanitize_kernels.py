@@ -11,17 +11,17 @@ the kernel cache, so that the sanitized runs compile nothing), then once under e
 ``compute-sanitizer --tool memcheck|racecheck|initcheck|synccheck``, parses every
 tool's ``ERROR SUMMARY`` and prints a table.
 
-The entry points.  ``linred/backends/nvrtc.py`` (wrappers of
-``linred/kernels/segreduce.cuh``): ``linred_fixed`` (``fixed_small`` and ``fixed_rows``),
+The entry points.  ``linred/backends/nvrtc/`` (wrappers of
+``linred/kernels/*.cuh``): ``linred_fixed`` (``fixed_small`` and ``fixed_rows``),
 ``linred_long`` (``fixed_long``), ``linred_warp`` + ``linred_fixup`` (``warp_reduce``),
 ``linred_tile`` + ``linred_fixup`` + ``linred_bounds`` (``tile_reduce``),
 ``linred_features`` (``features_reduce``).  ``tile_reduce`` with 16-byte vector loads
 (``linred_tile:vecload``) is planned only for aligned rows with 2**31 segments or more;
-the driver reaches it by calling ``nvrtc._TileExecutor`` directly.
-``linred/backends/_gpu.py`` (CuPy ``ElementwiseKernel``, compiled with NVRTC, run by the
+the driver reaches it by calling ``nvrtc.executors._TileExecutor`` directly.
+``linred/kernels/elementwise.py`` (CuPy ``ElementwiseKernel``, compiled with NVRTC, run by the
 ``cub`` backend): ``linred_strided_*``, ``linred_divide_by_lengths_*``,
-``linred_fill_empty``, ``linred_cast_bf16``.  ``linred/backends/cub.py``'s ``_SOURCES``
-are LTO-IR operators that cuda.compute links into CUB's kernels (not kernels of their
+``linred_fill_empty``, ``linred_cast_bf16``.  ``linred/backends/cub/operators.py``'s
+operators are LTO-IR that cuda.compute links into CUB's kernels (not kernels of their
 own): the driver records which ones its ``cub`` calls build (``op:linred_*``), and the
 sanitizers check them inside the CUB kernels.
 
@@ -61,13 +61,13 @@ Notes
   runs them one after another.  Each has its own ``--timeout`` (seconds, default 420).
   The native run is split into ``--jobs`` processes, which compile into a shared
   temporary kernel cache (``LINRED_CACHE_DIR``), removed at the end.
-- Which entry points a call should reach: ``NvrtcBackend.plan`` itself, with its
-  executor classes replaced by stubs for the duration (no GPU touched), then the
-  executors' run-time rule (data that is not 16-byte aligned goes to ``tile_reduce``,
-  via ``_Runs._rows_aligned``).  Two rules without a function of their own are
-  reproduced: the tiles per run (``_Runs.__init__``) and when ``tile_reduce`` needs its
-  fix-up (``_TileExecutor.__init__``).  Launches are counted by wrapping
-  ``linred.kernels.compiler.get_kernels`` and ``cuda.core.launch``; some calls plan
+- Which entry points a call should reach: ``linred.backends.nvrtc.route`` itself (no GPU
+  touched), then the executors' run-time rule (data that is not 16-byte aligned goes to
+  ``tile_reduce``, via ``nvrtc.kernels.rows_aligned``).  Two rules without a function of
+  their own are reproduced: the tiles per run (``_Runs.__init__``) and when
+  ``tile_reduce`` needs its fix-up (``_TileExecutor.__init__``).  Launches are counted by
+  wrapping the names ``get_kernels`` and ``cuda_launch`` of ``linred.backends.nvrtc.executors``
+  (``linred.kernels.compiler.get_kernels`` and ``cuda.core.launch``); some calls plan
   with ``_Launcher.sms`` set to 1, so that small data gets several tiles per run.
 - Exit status: 0 clean and correct; 1 a tool reported errors, a result was wrong, an
   entry point was not reached or a run timed out or crashed; 2 compute-sanitizer, CuPy,
@@ -107,7 +107,7 @@ TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 REDUCTIONS = ("sum", "mean", "max", "min")
 GROUPS = ("nvrtc", "cub")
 
-#: the entry points of linred/backends/nvrtc.py (``name:variant`` where one name has variants)
+#: the entry points of linred/backends/nvrtc/ (``name:variant`` where one name has variants)
 NVRTC_ENTRY_POINTS = (
     "linred_fixed:fixed_small",
     "linred_fixed:fixed_rows",
@@ -119,9 +119,9 @@ NVRTC_ENTRY_POINTS = (
     "linred_fixup",
     "linred_features",
 )
-#: the CuPy ElementwiseKernels of linred/backends/_gpu.py (by name prefix)
+#: the CuPy ElementwiseKernels of linred/kernels/elementwise.py (by name prefix)
 CUPY_ENTRY_POINTS = ("linred_strided", "linred_divide_by_lengths", "linred_fill_empty", "linred_cast_bf16")
-#: warp_reduce reads the offsets of a tile's segment starts 64 at a time (segreduce.cuh, warp_reduce:
+#: warp_reduce reads the offsets of a tile's segment starts 64 at a time (warp.cuh, warp_reduce:
 #: a constant of the CUDA source only, not of the Python code)
 OFFSETS_PER_READ = 64
 
@@ -260,7 +260,18 @@ def _lengths_to(n: int, lo: int, hi: int, rng: np.random.Generator, p_empty: flo
 
 
 def _nvrtc() -> types.ModuleType:
+    """linred.backends.nvrtc: the backend, its options and ``route`` (imports no CUDA library)."""
     return importlib.import_module("linred.backends.nvrtc")
+
+
+def _nvrtc_kernels() -> types.ModuleType:
+    """linred.backends.nvrtc.kernels: the kernels' launch shapes and sources (pure arithmetic)."""
+    return importlib.import_module("linred.backends.nvrtc.kernels")
+
+
+def _nvrtc_executors() -> types.ModuleType:
+    """linred.backends.nvrtc.executors (imports cuda.core: the driver only)."""
+    return importlib.import_module("linred.backends.nvrtc.executors")
 
 
 def _tiles_per_run(b: int, n: int, tile: int, max_k: int, per_block: int, min_blocks: int, sms: int) -> int:
@@ -288,28 +299,28 @@ class Constants:
     """The tile constants, read from linred.backends.nvrtc through probe problems."""
 
     def __init__(self) -> None:
-        self.nv = _nvrtc()
-        self.t = self.nv.TUNING
+        self.nv = _nvrtc_kernels()
+        self.t = _nvrtc().BACKEND.options
 
     def probe(self, reduction: str, dtype: str, L: int) -> Any:
         return _problem_of(Case("probe", reduction, dtype, "cupy", (2 * L,), 0, L=L))
 
     def vec(self, dtype: str) -> int:
-        return self.nv._vec(self.probe("sum", dtype, 64))
+        return self.nv.vec(self.probe("sum", dtype, 64))
 
     def fixed_chunk(self, reduction: str, dtype: str, L: int) -> tuple[str, int]:
         """(kernel, elements per block chunk) of fixed_small/fixed_rows for length L."""
         p = self.probe(reduction, dtype, L)
-        kernel, unroll = self.nv._fixed_layout(p, self.t)
-        return kernel, self.t.threads * unroll * self.nv._vec(p)
+        kernel, unroll = self.nv.fixed_layout(p, self.t)
+        return kernel, self.t.threads * unroll * self.nv.vec(p)
 
     def long_chunk(self, reduction: str, dtype: str, L: int) -> int:
         """Vectors per block chunk of fixed_long for length L."""
         p = self.probe(reduction, dtype, L)
-        return self.nv._long_threads(p, self.t) * self.nv._long_unroll(p, self.t)
+        return self.nv.long_threads(p, self.t) * self.nv.long_unroll(p, self.t)
 
     def warp_tile(self, reduction: str, dtype: str) -> int:
-        return 32 * self.nv._warp_items(self.probe(reduction, dtype, 64))
+        return 32 * self.nv.warp_items(self.probe(reduction, dtype, 64))
 
     def warp_k(self, n: int, sms: int, b: int = 1, wt: int = 512) -> int:
         t = self.t
@@ -672,30 +683,12 @@ def _problem_of(case: Case, kind: str | None = None, device: int = 0) -> Any:
     return dataclasses.replace(call.problem, kind=kind or case.kind, device=device)
 
 
-@contextlib.contextmanager
-def _stubbed_executors() -> Iterator[None]:
-    """NvrtcBackend.plan with its executors replaced by their names (no GPU is touched)."""
-    nv = _nvrtc()
-    stubs = {"_FixedExecutor": "fixed", "_LongExecutor": "long", "_FeaturesExecutor": "features",
-             "_WarpExecutor": "warp"}  # fmt: skip
-    saved = {attr: getattr(nv, attr) for attr in (*stubs, "_Launcher")}
-    try:
-        for attr, label in stubs.items():
-            setattr(nv, attr, lambda *a, _label=label, **k: _label)
-        nv._Launcher = lambda *a, **k: None
-        yield
-    finally:
-        for attr, value in saved.items():
-            setattr(nv, attr, value)
-
-
 def _rows_aligned(problem: Any, misalignment: int) -> bool:
-    nv = _nvrtc()
-    return bool(nv._Runs._rows_aligned(types.SimpleNamespace(_problem=problem), misalignment))
+    return bool(_nvrtc_kernels().rows_aligned(problem, misalignment))
 
 
 def _tile_entries(problem: Any, vecload: bool) -> list[str]:
-    tile = _nvrtc().TUNING.tile
+    tile = _nvrtc().BACKEND.options.tile
     entries = ["linred_tile:vecload" if vecload else "linred_tile"]
     if not problem.fixed:
         entries.append("linred_bounds")
@@ -708,8 +701,8 @@ def _tile_entries(problem: Any, vecload: bool) -> list[str]:
 def planned_entries(case: Case, problem: Any, misalignment: int) -> tuple[str, ...]:
     """The entry points a call of ``problem`` with data at ``misalignment`` bytes past 16 launches.
 
-    nvrtc: NvrtcBackend.plan chooses the executor; then the executors' run-time choices (data
-    that is not 16-byte aligned goes to tile_reduce).  cub: the entry points ``case`` declares.
+    nvrtc: linred.backends.nvrtc.route chooses the executor; then the executors' run-time choices
+    (data that is not 16-byte aligned goes to tile_reduce).  cub: the entry points ``case`` declares.
     """
     if case.backend != "nvrtc":
         return tuple(case.declared)
@@ -719,8 +712,7 @@ def planned_entries(case: Case, problem: Any, misalignment: int) -> tuple[str, .
     reason = nv.BACKEND.unsupported(problem)
     if reason is not None:
         return (f"refused: {reason}",)
-    with _stubbed_executors():
-        route = nv.BACKEND.plan(problem)
+    route = nv.route(problem, nv.BACKEND.options)
     if route == "features":
         return ("linred_features",)
     if route in ("fixed", "long"):
@@ -728,7 +720,7 @@ def planned_entries(case: Case, problem: Any, misalignment: int) -> tuple[str, .
             return tuple(_tile_entries(problem, _rows_aligned(problem, misalignment)))
         if route == "long":
             return ("linred_long",)
-        return ("linred_fixed:" + nv._fixed_layout(problem, nv.TUNING)[0],)
+        return ("linred_fixed:" + _nvrtc_kernels().fixed_layout(problem, nv.BACKEND.options)[0],)
     if route == "warp":
         if _rows_aligned(problem, misalignment) and problem.num_segments < 2**31:
             return ("linred_warp", "linred_fixup")
@@ -807,10 +799,10 @@ def _entry_order(entry: str) -> tuple[int, str]:
 class Recorder:
     """Counts the kernel launches of linred's executors, by entry point, while the driver runs.
 
-    linred.kernels.compiler.get_kernels is wrapped to learn each kernel's name (and, from its
-    wrapper source, fixed_small/fixed_rows, vector loads, tiles per run), cuda.core.launch to
-    count launches; for the cub group, the CuPy ElementwiseKernels of linred.backends._gpu
-    and the operators linred.backends.cub builds (raw_op).
+    The nvrtc executors' get_kernels is wrapped to learn each kernel's name (and, from its
+    wrapper source, fixed_small/fixed_rows, vector loads, tiles per run), their cuda_launch to
+    count launches; for the cub group, the CuPy ElementwiseKernels of linred.kernels.elementwise
+    and the operators linred.backends.cub.executors builds (raw_op).
     """
 
     def __init__(self) -> None:
@@ -832,11 +824,9 @@ class Recorder:
         self.current_k = set()
 
     def install(self, with_cub: bool) -> None:
-        import cuda.core
-
-        compiler = importlib.import_module("linred.kernels.compiler")
-        get_kernels = compiler.get_kernels
-        real_launch = cuda.core.launch
+        executors = _nvrtc_executors()  # it launches through its own names of these two
+        get_kernels = executors.get_kernels
+        real_launch = executors.cuda_launch
 
         def counting_get_kernels(device_id: int, wrapper: str, names: tuple[str, ...]) -> tuple[Any, ...]:
             kernels = get_kernels(device_id, wrapper, names)
@@ -852,12 +842,12 @@ class Recorder:
                 self.record("other (cuda.core.launch)")
             return real_launch(stream, config, kernel, *args)
 
-        compiler.get_kernels = counting_get_kernels
-        cuda.core.launch = counting_launch
+        executors.get_kernels = counting_get_kernels
+        executors.cuda_launch = counting_launch
         if not with_cub:
             return
-        gpu = importlib.import_module("linred.backends._gpu")
-        cub = importlib.import_module("linred.backends.cub")
+        gpu = importlib.import_module("linred.kernels.elementwise")
+        cub = importlib.import_module("linred.backends.cub.executors")
         make_kernel, raw_op = gpu._kernel, cub.raw_op
         recorder = self
 
@@ -883,18 +873,21 @@ class Recorder:
 
 
 def _entry_of(name: str, wrapper: str) -> tuple[str, int | None]:
-    """The entry point (with its variant) and tiles per run of kernel ``name`` of ``wrapper``."""
+    """The entry point (with its variant) and tiles per run of kernel ``name`` of ``wrapper``
+    (its macro lines: see linred/backends/nvrtc/kernels.py)."""
     if name == "linred_fixed":
-        return ("linred_fixed:fixed_rows" if "fixed_rows<" in wrapper else "linred_fixed:fixed_small"), None
+        rows = "LINRED_FIXED(fixed_rows," in wrapper
+        return ("linred_fixed:fixed_rows" if rows else "linred_fixed:fixed_small"), None
     if name in ("linred_tile", "linred_warp"):
-        template = "tile_reduce" if name == "linred_tile" else "warp_reduce"
-        match = re.search(template + r"<([^>]*)>", wrapper)
+        macro = "LINRED_TILE" if name == "linred_tile" else "LINRED_WARP"
+        match = re.search(macro + r"\(([^)]*)\)", wrapper)
         if match is None:
             return name, None
         args = [a.strip() for a in match.group(1).split(",")]
-        if name == "linred_warp":
-            return name, int(args[-1])
-        return ("linred_tile:vecload" if args[-1] == "true" else "linred_tile"), int(args[-2])
+        if name == "linred_warp":  # (T, A, O, OP, MEAN, THREADS, MIN_BLOCKS, K, ...)
+            return name, int(args[7])
+        # (T, A, O, OP, MEAN, THREADS, MIN_BLOCKS, TILE, K, VECLOAD, ...)
+        return ("linred_tile:vecload" if args[9] == "true" else "linred_tile"), int(args[8])
     return name, None
 
 
@@ -913,8 +906,8 @@ def _sms(sms: int | None) -> Iterator[None]:
         return
     import linred
 
-    nv = _nvrtc()
-    launcher = nv._Launcher
+    executors = _nvrtc_executors()
+    launcher = executors._Launcher
 
     class FewSMs(launcher):  # type: ignore[misc, valid-type]
         def __init__(self, problem: Any) -> None:
@@ -922,11 +915,11 @@ def _sms(sms: int | None) -> Iterator[None]:
             self.sms = sms
 
     linred.clear_plan_cache()
-    nv._Launcher = FewSMs
+    executors._Launcher = FewSMs
     try:
         yield
     finally:
-        nv._Launcher = launcher
+        executors._Launcher = launcher
         linred.clear_plan_cache()
 
 
@@ -1070,10 +1063,9 @@ def _run_case(case: Case, libs: Libraries, recorder: Recorder) -> dict[str, Any]
     recorder.begin()
     with _sms(case.sms):
         if case.direct == "tile":
-            nv = _nvrtc()
             adapter = call.adapter
             result = adapter.empty(call.out_shape, problem.out_dtype, problem.device)
-            executor = nv._TileExecutor(problem)
+            executor = _nvrtc_executors()._TileExecutor(problem, _nvrtc().BACKEND.options)
             executor(call.x3, adapter.reshape(result, problem.out_shape), call.segments, call.stream)
             libs.synchronize()
             executor.free()

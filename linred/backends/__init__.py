@@ -110,7 +110,7 @@ def configure(name: str, **changes: Any) -> Options:
     Parameters
     ----------
     name : str
-        A backend name (see :data:`BACKENDS`).
+        A backend name: "numpy", "nvmath", "cublas", "cub" or "nvrtc".
     **changes
         Fields of that backend's options dataclass and their new values.  With no
         changes, the options in force are returned.

@@ -23,6 +23,7 @@ The contract:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import Any, ClassVar, Protocol
 
 from linred.problem import Problem
@@ -101,6 +102,24 @@ def cupy_gpu_unavailable() -> str | None:
     except Exception as e:
         return f"no CUDA device ({type(e).__name__}: {e})"
     return "no CUDA device" if count == 0 else None
+
+
+#: the largest count a 32-bit ``int`` argument takes (cuBLAS's dimensions, cuSPARSE's batch,
+#: CUB's and cuda.compute's segment counts, nvmath's host BLAS): one constant for every backend
+INT32_MAX = (1 << 31) - 1
+
+
+def segment_chunks(total: int, limit: int = INT32_MAX) -> Iterator[tuple[int, int]]:
+    """``[start, stop)`` ranges of at most ``limit`` items covering ``range(total)``.
+
+    Libraries that count segments (or rows) in a 32-bit ``int`` (cuda.compute refuses
+    more than ``2**31 - 1`` segments per launch, cuBLAS as many columns) get one call
+    per chunk.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1; got {limit}")
+    for start in range(0, total, limit):
+        yield start, min(start + limit, total)
 
 
 class FunctionExecutor:

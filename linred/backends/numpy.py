@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from linred._dtypes import identity, numpy_dtype
+from linred.arrays.views import host_view
 from linred.backends.base import Backend, FunctionExecutor
 from linred.problem import Problem
 from linred.segments import Segments, VariableSegments
@@ -104,17 +105,6 @@ def _reduceat(ufunc: Any, x3: np.ndarray, starts: np.ndarray, out: np.ndarray, d
     finally:
         for f in futures:
             f.result()
-
-
-def host_view(a: Any) -> np.ndarray:
-    """A NumPy view of a NumPy array or a CPU PyTorch tensor (no copy)."""
-    if isinstance(a, np.ndarray):
-        return a
-    import torch
-
-    if a.dtype == torch.bfloat16:  # torch cannot export bfloat16 to NumPy directly
-        return a.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
-    return a.numpy()
 
 
 def _reshaped(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:

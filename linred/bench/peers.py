@@ -70,8 +70,8 @@ class Method:
 
 def _auto_choice(inp: Inputs, kwargs: dict[str, Any]) -> str | None:
     """The backend ``backend="auto"`` picks for this call (planning only, no data touched)."""
-    from linred.backends.select import select
     from linred._frontend import request
+    from linred.backends.select import select
 
     try:
         seg = kwargs.get("segment_length")

@@ -318,7 +318,7 @@ def kernel_of(case: Case, x: Any, kwargs: dict[str, Any], axis: int) -> str:
             name = f"{p.backend}:{type(ex).__name__}"
             if type(ex).__name__ == "_FixedExecutor":
                 from linred.backends.nvrtc import DEFAULT_OPTIONS as TUNING
-                from linred.backends.nvrtc import _fixed_layout
+                from linred.backends.nvrtc.kernels import fixed_layout as _fixed_layout
 
                 name += f"/{_fixed_layout(p._call.problem, TUNING)[0]}"
             return name

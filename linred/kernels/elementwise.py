@@ -1,136 +1,32 @@
-"""Helpers shared by the GPU backends: streams, zero-copy views, segment bookkeeping.
+"""The CuPy elementwise kernels of the CuPy-based backends.
 
-Imported only by GPU backends, after CuPy is known to be importable.  Arrays
-passed here are CuPy arrays or CUDA PyTorch tensors; the helpers that run
-kernels convert tensors to CuPy views (DLPack, no copy) on the stream the work
-is enqueued on.
+The ``cub`` backend runs them (and the ``nvmath`` backend's CuPy path divides by
+segment lengths with :func:`divide_by_lengths`); they are compiled by CuPy (NVRTC)
+on first use and take CuPy arrays or CUDA tensors (viewed as CuPy, bfloat16 as
+int16 bits):
+
+- :func:`divide_by_lengths`: ``out = sums / lengths`` per segment, NaN when empty;
+- :func:`fill_empty`: the empty segments of a result set to the reduction's identity;
+- :func:`cast_into`: a dtype conversion, bfloat16 rounded to nearest even;
+- :func:`strided_reduce`: one thread per (batch, segment, feature) of any strided
+  input, for the layouts CUB's segmented reduction cannot read.
+
+Their shared C++ (bfloat16 conversions, NaN and infinities) is ``elementwise.cuh``,
+assembled by :func:`linred.kernels.compiler.source`; the operation of each kernel is
+written here per dtype, since CuPy writes the kernel around it (indexing, types).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import cupy
 import numpy as np
 
 from linred._dtypes import C_TYPES, COMPLEX, HALF, identity
-from linred.arrays._cupy import external_stream
-
-#: the largest count a 32-bit ``int`` argument of cuBLAS, CUB or CuPy's CUB wrappers takes
-INT32_MAX = (1 << 31) - 1
-
-_streams: dict[tuple[int, int], cupy.cuda.Stream] = {}
-_streams_lock = threading.Lock()
-
-
-def cupy_stream(handle: int, device: int) -> cupy.cuda.Stream:
-    """A CuPy stream object for a raw ``cudaStream_t`` on ``device`` (cached)."""
-    key = (handle, device)
-    stream = _streams.get(key)
-    if stream is None:
-        with _streams_lock:
-            stream = _streams.setdefault(key, external_stream(handle, device))
-    return stream
-
-
-class on_stream:
-    """Make ``device`` current and ``handle`` CuPy's current stream for the block.
-
-    CuPy kernels, CuPy's cuBLAS wrappers (which set the handle's stream to CuPy's
-    current stream on every call) and CuPy's memory pool all follow CuPy's
-    current stream, so entering this is what puts their work on the resolved
-    stream instead of the legacy default stream.
-    """
-
-    __slots__ = ("_device", "_stream")
-
-    def __init__(self, handle: int, device: int) -> None:
-        self._device = cupy.cuda.Device(device)
-        self._stream = cupy_stream(handle, device)
-
-    def __enter__(self) -> cupy.cuda.Stream:
-        self._device.__enter__()
-        self._stream.__enter__()
-        return self._stream
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self._stream.__exit__(*exc)
-        finally:
-            self._device.__exit__(*exc)
-
-
-def as_cupy(a: Any) -> cupy.ndarray:
-    """``a`` as a CuPy array without copying (CuPy arrays pass through; CUDA tensors via DLPack).
-
-    bfloat16 tensors have no CuPy dtype: view them with :func:`bits16` first.
-    Call it on the stream the result will be used on: PyTorch orders its
-    current stream before that stream when it exports a tensor.
-    """
-    if isinstance(a, cupy.ndarray):
-        return a
-    return cupy.from_dlpack(a)
-
-
-def is_torch(a: Any) -> bool:
-    return not isinstance(a, cupy.ndarray)
-
-
-def data_ptr(a: Any) -> int:
-    """The device address of element ``[0, ..., 0]`` of a CuPy array or CUDA tensor."""
-    if isinstance(a, cupy.ndarray):
-        return a.data.ptr
-    return a.data_ptr()
-
-
-def bits16(a: Any) -> Any:
-    """A 16-bit floating array (float16, bfloat16) viewed as int16, same kind, no copy."""
-    if isinstance(a, cupy.ndarray):
-        return a.view(cupy.int16)
-    import torch
-
-    return a.view(torch.int16)
-
-
-def span_view(a: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[Any, int]:
-    """A 1-D contiguous view of the memory an array spans, and its first element's index in it.
-
-    ``strides`` are in elements.  The view starts at the lowest address the
-    array touches and ends at the highest, so gaps between rows are included
-    but never read; kernels address element ``idx`` of the array as
-    ``base + sum(idx[k] * strides[k])`` in the view.
-    """
-    if any(s == 0 for s in shape):
-        raise ValueError("span_view of an empty array")
-    low = sum(s * (n - 1) for n, s in zip(shape, strides, strict=True) if s < 0)
-    high = sum(s * (n - 1) for n, s in zip(shape, strides, strict=True) if s > 0)
-    base = -low
-    length = high - low + 1
-    if isinstance(a, cupy.ndarray):
-        itemsize = a.dtype.itemsize
-        mem = a.data + low * itemsize
-        return cupy.ndarray((length,), dtype=a.dtype, memptr=mem), base
-    import torch
-
-    # PyTorch has no negative strides, so ``a`` starts at the lowest address.
-    return torch.as_strided(a, (length,), (1,)), base
-
-
-def segment_chunks(total: int, limit: int = INT32_MAX) -> Iterator[tuple[int, int]]:
-    """``[start, stop)`` ranges of at most ``limit`` items covering ``range(total)``.
-
-    Libraries that count segments in a 32-bit ``int`` (cuda.compute refuses
-    more than ``2**31 - 1`` segments per launch) get one launch per chunk.
-    """
-    if limit < 1:
-        raise ValueError(f"limit must be >= 1; got {limit}")
-    for start in range(0, total, limit):
-        yield start, min(start + limit, total)
-
-
-# --- kernels ------------------------------------------------------------------------
+from linred.backends._device import as_cupy, bits16, on_stream, span_view
+from linred.kernels.compiler import source
 
 #: CUDA C type of each dtype as CuPy kernels spell it; bfloat16 data is passed as int16 bits
 CTYPE = {
@@ -141,21 +37,8 @@ CTYPE = {
     "complex128": "complex<double>",
 }
 
-# NVRTC has no <cmath> here, so NaN and infinities come from bit patterns.
-PREAMBLE = r"""
-__device__ __forceinline__ float linred_bf16_value(short h) {
-    return __uint_as_float(((unsigned int)(unsigned short)h) << 16);
-}
-__device__ __forceinline__ short linred_bf16_bits(float v) {
-    const unsigned int u = __float_as_uint(v);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (short)((u >> 16) | 0x40u);  // quiet NaN, sign kept
-    return (short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);                   // round to nearest even
-}
-#define LINRED_NAN_F __int_as_float(0x7fc00000)
-#define LINRED_NAN_D __longlong_as_double(0x7ff8000000000000LL)
-#define LINRED_INF_F __int_as_float(0x7f800000)
-#define LINRED_INF_D __longlong_as_double(0x7ff0000000000000LL)
-"""
+#: the preamble of every kernel here (bfloat16 as int16 bits, NaN and infinities)
+PREAMBLE = source('#include "elementwise.cuh"\n')
 
 _kernels: dict[tuple, cupy.ElementwiseKernel] = {}
 _kernels_lock = threading.Lock()
@@ -247,7 +130,8 @@ _fill_empty = cupy.ElementwiseKernel(
 
 
 def bf16_bits(value: float) -> int:
-    """The bfloat16 bit pattern (as a signed 16-bit int) of ``value``, rounded to nearest even."""
+    """The bfloat16 bit pattern (as a signed 16-bit int) of ``value``, rounded to nearest even:
+    ``linred_bf16_round`` of ``bf16.cuh`` on the host."""
     u = int(np.array(value, dtype=np.float32).view(np.uint32))
     nan = (u & 0x7FFFFFFF) > 0x7F800000
     # a NaN stays a quiet NaN with its sign; anything else rounds to nearest even

@@ -25,10 +25,12 @@
   two features: a complex product with ones would turn ``inf + 0j`` into
   ``inf + nan*j``.
 
-The matrix forms (rows, features, columns, levels of chunks on the host) are in
-:mod:`linred.backends._nvmath_layout`; they cover contiguous data along any axis,
-sliced rows and columns and transposed (column-major) data, all without copying
-the input.
+The package: this module decides (availability, refusals) and imports nothing
+from nvmath; the matrix forms (rows, features, columns, levels of chunks on the
+host) are in :mod:`.layout` (pure stride arithmetic); they cover contiguous data
+along any axis, sliced rows and columns and transposed (column-major) data, all
+without copying the input.  The executors: :mod:`.host` (MKL), :mod:`.dense`
+(cuBLASLt), :mod:`.sparse` (cuSPARSE).
 
 Refused, with a reason: max/min (not linear), integer data (no integer matrix
 products), offsets on the host (nvmath's sparse matmul runs on the GPU only),
@@ -52,14 +54,41 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass
 
-from linred.backends import _nvmath_layout as layouts
-from linred.backends.base import VENDOR_FLOAT32_LONGEST_SPARSE, Backend, Executor, vendor_float32_reason
+from linred.backends.base import (
+    INT32_MAX,
+    VENDOR_FLOAT32_LONGEST_SPARSE,
+    Backend,
+    Executor,
+    Options,
+    vendor_float32_reason,
+)
+from linred.backends.nvmath import layout as layouts
 from linred.problem import Problem
 
 LOGGER = logging.getLogger("linred.nvmath")
 if LOGGER.level == logging.NOTSET:
     LOGGER.setLevel(logging.WARNING)
+
+#: how cuSPARSE reduces a batch of variable-length segments (``axis > 0``): ``"batched"``, one
+#: SpMM over the whole batch with the segment matrix broadcast; ``"loop"``, one SpMM per batch
+#: slice (more launches, no batched-SpMM requirement)
+BATCH_STRATEGIES = ("batched", "loop")
+
+
+@dataclass(frozen=True, slots=True)
+class NvmathOptions(Options):
+    """The nvmath backend's knobs; change them with ``linred.backends.configure("nvmath", ...)``."""
+
+    batch_strategy: str = "batched"  #: one of :data:`BATCH_STRATEGIES`
+
+    def __post_init__(self) -> None:
+        if self.batch_strategy not in BATCH_STRATEGIES:
+            raise ValueError(
+                f"nvmath option batch_strategy must be one of {', '.join(map(repr, BATCH_STRATEGIES))}; "
+                f"got {self.batch_strategy!r}"
+            )
 
 
 @functools.cache
@@ -160,6 +189,7 @@ def _negative_strides(problem: Problem, serves: str) -> str:
 
 
 class NvmathBackend(Backend):
+    options = NvmathOptions()
     name = "nvmath"
     summary = (
         "nvmath-python: cuBLASLt matmul (GPU, fixed lengths), cuSPARSE SpMM (GPU, offsets), "
@@ -210,7 +240,7 @@ class NvmathBackend(Backend):
         strides = layouts.sparse_dense_strides(problem)
         if isinstance(strides, str):
             return f"{strides}; backend='cub' serves it"
-        if problem.batch > layouts.INT32_MAX:
+        if problem.batch > INT32_MAX:
             return (
                 f"it needs a batch of {problem.batch} products, more than cuSPARSE's 2^31 - 1; backend='cub' serves it"
             )
@@ -244,20 +274,20 @@ class NvmathBackend(Backend):
         assert not isinstance(real, str), real
         complex_as_real = real is not problem
         if not problem.on_gpu:
-            from linred.backends._nvmath_host import HostExecutor
+            from linred.backends.nvmath.host import HostExecutor
 
             layout = layouts.dense_layout(problem, host=True)
             assert not isinstance(layout, str), layout
             return HostExecutor(real, layout, LOGGER, complex_as_real=complex_as_real)
         if problem.fixed:
-            from linred.backends._nvmath_device import DenseExecutor
+            from linred.backends.nvmath.dense import DenseExecutor
 
             layout = layouts.dense_layout(problem, host=False)
             assert not isinstance(layout, str), layout
             return DenseExecutor(real, layout, LOGGER, complex_as_real=complex_as_real)
-        from linred.backends._nvmath_sparse import SparseExecutor
+        from linred.backends.nvmath.sparse import SparseExecutor
 
-        return SparseExecutor(real, LOGGER, complex_as_real=complex_as_real)
+        return SparseExecutor(real, LOGGER, batch_strategy=self.options.batch_strategy, complex_as_real=complex_as_real)
 
 
 BACKEND = NvmathBackend()

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from cuda.core import Device
 from nvmath.linalg import ComputeType
 from nvmath.linalg.advanced import Matmul, MatmulOptions, MatmulPlanPreferences, MatmulReductionScheme
 
 from linred._dtypes import HALF
-from linred.backends._nvmath_gpu_arrays import StreamOrder, alignment, ops_for, physical
-from linred.backends._nvmath_layout import Layout, View
+from linred.arrays.views import physical
+from linred.backends._device import StreamOrder, alignment, ops_for
+from linred.backends.nvmath.layout import Layout, View
 from linred.problem import Problem
 from linred.segments import Segments
 
@@ -132,8 +134,6 @@ class DenseExecutor:
         # Freeing a Matmul orders its workspace after its last use: a driver call that needs the
         # device's context current, and free() may run on a thread that never used the device
         # (where CuPy's and torch's device guards make none current).
-        from cuda.core import Device
-
         device = Device(self._ops.device)
         device.set_current()
         for entry in self._plans:

@@ -5,7 +5,7 @@ work.  NumPy arrays and CPU PyTorch tensors (viewed as NumPy, no copy) are
 multiplied in place: the products write the result straight into ``out3``
 (``MatmulOptions(inplace=True)`` with ``c`` the result and ``beta = 0``).  Complex
 data is multiplied as its real and imaginary parts (``.real`` views, see
-:func:`linred.backends._nvmath_layout.as_real`).
+:func:`linred.backends.nvmath.layout.as_real`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from nvmath.linalg import Matmul, MatmulOptions
 from nvmath.linalg.generic import ExecutionCPU
 
 from linred._dtypes import numpy_dtype
-from linred.backends._nvmath_gpu_arrays import physical
-from linred.backends._nvmath_layout import Layout, View
-from linred.backends.numpy import host_view
+from linred.arrays.views import host_view, physical
+from linred.backends.nvmath.layout import Layout, View
 from linred.problem import Problem
 from linred.segments import Segments
 

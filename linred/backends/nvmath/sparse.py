@@ -7,7 +7,7 @@ depend on ``n`` alone and are built once per executor (``n`` elements each:
 memory that a cached plan keeps); ``indptr`` is each call's offsets (converted
 when their dtype is not the index dtype, int32 for ``n < 2^31`` and int64
 beyond, or when they are strided).  A batch (``axis > 0``) is one batched SpMM
-with ``S`` broadcast, or one SpMM per batch slice (:data:`BATCH_STRATEGY`).
+with ``S`` broadcast, or one SpMM per batch slice (the nvmath option ``batch_strategy``).
 
 cuSPARSE is driven directly: the descriptors are made on the first call and
 only their pointers are rebound afterwards, whatever the array library (CuPy
@@ -41,14 +41,12 @@ from nvmath import CudaDataType
 from nvmath.bindings import cusparse
 
 from linred._dtypes import HALF
-from linred.backends._nvmath_gpu_arrays import StreamOrder, ops_for, physical
-from linred.backends._nvmath_layout import INT32_MAX, sparse_dense_strides
+from linred.arrays.views import physical
+from linred.backends._device import StreamOrder, ops_for
+from linred.backends.base import INT32_MAX
+from linred.backends.nvmath.layout import sparse_dense_strides
 from linred.problem import Problem
 from linred.segments import Segments, VariableSegments
-
-#: "batched": one SpMM over the whole batch with the segment matrix broadcast;
-#: "loop": one SpMM per batch slice (more launches, no batched-SpMM requirement)
-BATCH_STRATEGY = "batched"
 
 DATA_TYPE = {
     "float16": CudaDataType.CUDA_R_16F,
@@ -93,10 +91,12 @@ class SparseExecutor:
     """``out3 = S @ x3`` (and a division by the segment lengths for a mean).
 
     ``problem`` is the real problem: complex data as its real and imaginary
-    parts (:func:`linred.backends._nvmath_layout.as_real`).
+    parts (:func:`linred.backends.nvmath.layout.as_real`).
     """
 
-    def __init__(self, problem: Problem, logger: Any, *, complex_as_real: bool = False) -> None:
+    def __init__(
+        self, problem: Problem, logger: Any, *, batch_strategy: str = "batched", complex_as_real: bool = False
+    ) -> None:
         self._ops = ops_for(problem.kind, problem.device)
         self._order = StreamOrder(self._ops)
         self._logger = logger
@@ -112,7 +112,7 @@ class SparseExecutor:
         strides = sparse_dense_strides(problem)
         assert not isinstance(strides, str), strides
         self._row_stride = strides[0]
-        self._loop = self._batch > 1 and BATCH_STRATEGY == "loop"
+        self._loop = self._batch > 1 and batch_strategy == "loop"
         self._batch_stride = problem.strides[0]
         # a batch slice's step in bytes, for the per-slice loop
         self._x_step = self._batch_stride * ITEMSIZE[self._dtype]

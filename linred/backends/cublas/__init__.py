@@ -38,30 +38,45 @@ so an infinite real or imaginary part would turn the other into NaN.
 PyTorch's ``torch.mv``/``torch.matmul`` are not used: they copy operands whose
 strides BLAS cannot take, without saying so, and their float32 precision
 follows ``torch.backends.cuda.matmul.allow_tf32``.
+
+The package: this module plans the calls (:func:`plan_calls`, pure index
+arithmetic, no CUDA library imported); :mod:`.executor` makes them through
+CuPy's cuBLAS bindings.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import threading
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
-
-from linred._dtypes import INTEGER, itemsize
-from linred.backends.base import Backend, cupy_gpu_unavailable, vendor_float32_reason
+from linred._dtypes import INTEGER
+from linred.backends.base import (
+    INT32_MAX,
+    Backend,
+    Executor,
+    Options,
+    cupy_gpu_unavailable,
+    segment_chunks,
+    vendor_float32_reason,
+)
 from linred.problem import Problem
-from linred.segments import Segments
 
 #: the most cuBLAS calls one reduction may take (layouts needing more are refused)
 MAX_CALLS = 256
-#: use the legacy ``?gemv`` for one-feature float32/float64 problems
-#: (``cublasGemmEx`` otherwise); both are exact, the faster is kept
-USE_GEMV = True
 
-_INT32_MAX = (1 << 31) - 1
+
+@dataclass(frozen=True, slots=True)
+class CublasOptions(Options):
+    """The cuBLAS backend's knobs; change them with ``linred.backends.configure("cublas", ...)``."""
+
+    #: use the legacy ``?gemv`` for one-feature float32/float64 problems
+    #: (``cublasGemmEx`` otherwise); both are exact, the faster is kept
+    gemv: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gemv, bool):
+            raise ValueError(f"cublas option gemv must be a bool; got {self.gemv!r}")
+
 
 #: the (input, accumulation, result) dtypes cuBLAS computes in one call
 SUPPORTED_DTYPES = {
@@ -97,10 +112,6 @@ class Call:
     stride_c: int = 0
 
 
-def _chunks(total: int, limit: int = _INT32_MAX) -> list[tuple[int, int]]:
-    return [(start, min(start + limit, total)) for start in range(0, total, limit)]
-
-
 _PARTS = {"complex64": "float32", "complex128": "float64"}
 
 
@@ -129,18 +140,17 @@ def real_view(problem: Problem) -> Problem | str:
     )
 
 
-def plan_calls(problem: Problem, use_gemv: bool | None = None) -> list[Call] | str:
+def plan_calls(problem: Problem, use_gemv: bool = True) -> list[Call] | str:
     """The cuBLAS calls that compute ``problem`` (fixed length), or why there are none.
 
     Pure index arithmetic: it runs without a GPU.  Complex problems are planned
-    as their :func:`real_view`; the offsets are then in real elements.
+    as their :func:`real_view`; the offsets are then in real elements.  ``use_gemv``
+    is :attr:`CublasOptions.gemv`.
     """
     real = real_view(problem)
     if isinstance(real, str):
         return real
     problem = real
-    if use_gemv is None:
-        use_gemv = USE_GEMV
     B, _, D = problem.in_shape
     L = problem.segment_length
     m = problem.num_segments
@@ -153,7 +163,7 @@ def plan_calls(problem: Problem, use_gemv: bool | None = None) -> list[Call] | s
         sD = 1
     if min(sB, sN, sD) < 0:
         return "cuBLAS needs non-negative strides; backend='cub' serves reversed views"
-    if L > _INT32_MAX or D > _INT32_MAX:
+    if L > INT32_MAX or D > INT32_MAX:
         return (
             f"cuBLAS's 32-bit dimensions cannot hold a segment of {L} elements or {D} features; backend='cub' serves it"
         )
@@ -168,17 +178,17 @@ def plan_calls(problem: Problem, use_gemv: bool | None = None) -> list[Call] | s
                 "segment or along the features; backend='cub' serves strided data"
             )
         lda = L * sN
-        if lda < 1 or lda > _INT32_MAX:
+        if lda < 1 or lda > INT32_MAX:
             return f"the distance between segments ({lda} elements) is no valid cuBLAS leading dimension"
         if B == 1 or sB == m * lda:
-            for k0, k1 in _chunks(B * m):
+            for k0, k1 in segment_chunks(B * m):
                 if gemv_ok:
                     calls.append(Call("gemv", True, L, k1 - k0, lda, k0 * lda, k0))
                 else:
                     calls.append(Call("gemm", True, k1 - k0, L, lda, k0 * lda, k0))
         else:
-            for i0, i1 in _chunks(m):
-                for b0, b1 in _chunks(B):
+            for i0, i1 in segment_chunks(m):
+                for b0, b1 in segment_chunks(B):
                     calls.append(
                         Call("batched", True, i1 - i0, L, lda, b0 * sB + i0 * lda, b0 * m + i0, b1 - b0, sB, m)
                     )
@@ -192,15 +202,15 @@ def plan_calls(problem: Problem, use_gemv: bool | None = None) -> list[Call] | s
                 f"neither the features (stride {sD}) nor the segments (stride {sN}) are contiguous with a "
                 "valid leading dimension, which cuBLAS needs; backend='cub' serves this layout"
             )
-        if lda > _INT32_MAX:
+        if lda > INT32_MAX:
             return f"the leading dimension {lda} does not fit cuBLAS's 32-bit int; backend='cub' serves it"
         seg_stride = L * sN
         if B == 1 or sB == m * seg_stride:
-            for k0, k1 in _chunks(B * m):
+            for k0, k1 in segment_chunks(B * m):
                 calls.append(Call("batched", trans, D, L, lda, k0 * seg_stride, k0 * D, k1 - k0, seg_stride, D))
         elif m >= B:
             for b in range(B):
-                for i0, i1 in _chunks(m):
+                for i0, i1 in segment_chunks(m):
                     calls.append(
                         Call(
                             "batched",
@@ -217,7 +227,7 @@ def plan_calls(problem: Problem, use_gemv: bool | None = None) -> list[Call] | s
                     )
         else:
             for i in range(m):
-                for b0, b1 in _chunks(B):
+                for b0, b1 in segment_chunks(B):
                     calls.append(
                         Call(
                             "batched", trans, D, L, lda, b0 * sB + i * seg_stride, (b0 * m + i) * D, b1 - b0, sB, m * D
@@ -231,179 +241,8 @@ def plan_calls(problem: Problem, use_gemv: bool | None = None) -> list[Call] | s
     return calls
 
 
-# --- cuBLAS handles ----------------------------------------------------------------
-
-
-class _Handle:
-    """A cuBLAS handle in pedantic math mode, destroyed with its thread's storage."""
-
-    __slots__ = ("_cublas", "ptr")
-
-    def __init__(self) -> None:
-        from cupy_backends.cuda.libs import cublas
-
-        self._cublas = cublas
-        self.ptr = cublas.create()
-        cublas.setMathMode(self.ptr, getattr(cublas, "CUBLAS_PEDANTIC_MATH", 2))
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # interpreter shutdown, or the device is gone
-            self._cublas.destroy(self.ptr)
-
-
-_local = threading.local()
-
-
-def _handle(device: int) -> int:
-    """This thread's cuBLAS handle for ``device`` (which must be current)."""
-    handles = getattr(_local, "handles", None)
-    if handles is None:
-        handles = _local.handles = {}
-    h = handles.get(device)
-    if h is None:
-        h = handles[device] = _Handle()
-    return h.ptr
-
-
-# --- the executor ------------------------------------------------------------------
-
-
-class _Library:
-    """cuBLAS entry points and constants, imported once on first use."""
-
-    def __init__(self) -> None:
-        from cupy_backends.cuda.api import runtime
-        from cupy_backends.cuda.libs import cublas
-
-        self.cublas = cublas
-        self.get_device = runtime.getDevice
-        import cupy
-
-        self.current_stream = cupy.cuda.get_current_stream
-        self.op_n = getattr(cublas, "CUBLAS_OP_N", 0)
-        self.op_t = getattr(cublas, "CUBLAS_OP_T", 1)
-        self.algo = getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1)
-        self.compute_32f = getattr(cublas, "CUBLAS_COMPUTE_32F_PEDANTIC", 69)
-        self.compute_64f = getattr(cublas, "CUBLAS_COMPUTE_64F_PEDANTIC", 71)
-        self.data_type = {
-            "float16": runtime.CUDA_R_16F,
-            "bfloat16": runtime.CUDA_R_16BF,
-            "float32": runtime.CUDA_R_32F,
-            "float64": runtime.CUDA_R_64F,
-        }
-        self.gemv = {
-            "float32": cublas.sgemv,
-            "float64": cublas.dgemv,
-        }
-
-
-_lib: _Library | None = None
-
-
-def _library() -> _Library:
-    global _lib
-    if _lib is None:
-        _lib = _Library()
-    return _lib
-
-
-_SCALAR = {
-    "float16": np.float32,
-    "bfloat16": np.float32,
-    "float32": np.float32,
-    "float64": np.float64,
-}
-
-
-class CublasExecutor:
-    """Runs a list of :class:`Call` on the data's pointers, on the resolved stream."""
-
-    def __init__(self, problem: Problem, calls: list[Call]) -> None:
-        lib = _library()
-        self._lib = lib
-        self._calls = calls
-        self._device = problem.device
-        self._in_dtype = problem.dtype
-        self._in_size = itemsize(problem.dtype)
-        self._out_size = itemsize(problem.out_dtype)
-        self._length = problem.segment_length
-        scale = 1.0 / problem.segment_length if problem.reduction == "mean" else 1.0
-        scalar = _SCALAR[problem.dtype]
-        self._alpha = np.array([scale], dtype=scalar)
-        self._beta = np.zeros(1, dtype=scalar)
-        self._a_type = lib.data_type[problem.dtype]
-        self._c_type = lib.data_type[problem.out_dtype]
-        self._compute = lib.compute_64f if problem.acc_dtype == "float64" else lib.compute_32f
-        self._gemv = lib.gemv.get(problem.dtype)
-        self._ones: Any = None
-
-    def _make_ones(self) -> Any:
-        import cupy
-
-        if self._in_dtype == "bfloat16":
-            return cupy.full(self._length, 0x3F80, dtype=cupy.int16)  # bfloat16 1.0
-        return cupy.ones(self._length, dtype=self._in_dtype)
-
-    def _first_call(self, stream: int) -> None:
-        from linred.backends._gpu import cupy_stream, on_stream
-
-        with on_stream(stream, self._device):
-            # Read-only from now on: once it is complete, any stream may read it, so
-            # the first call waits for it once and no call orders streams after that.
-            self._ones = self._make_ones()
-            self._ones_ptr = self._ones.data.ptr
-            cupy_stream(stream, self._device).synchronize()
-        # The scalars' addresses are fixed for the plan's life: taken once, not per call.
-        self._alpha_ptr = self._alpha.ctypes.data
-        self._beta_ptr = self._beta.ctypes.data
-
-    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
-        if self._ones is None:
-            self._first_call(stream)
-        lib = self._lib
-        # CuPy's cuBLAS wrappers point the handle at CuPy's current stream before every
-        # call, and handles belong to a device: run under the call's stream and device.
-        if lib.get_device() != self._device or lib.current_stream().ptr != stream:
-            from linred.backends._gpu import on_stream
-
-            with on_stream(stream, self._device):
-                self._run(lib, x, out, stream)
-            return
-        self._run(lib, x, out, stream)
-
-    def _run(self, lib: _Library, x: Any, out: Any, stream: int) -> None:
-        from linred.backends._gpu import data_ptr
-
-        cublas = lib.cublas
-        handle = _handle(self._device)
-        cublas.setStream(handle, stream)
-        xp = data_ptr(x)
-        op = data_ptr(out)
-        ones, alpha, beta = self._ones_ptr, self._alpha_ptr, self._beta_ptr
-        xs, os = self._in_size, self._out_size
-        for c in self._calls:
-            a = xp + c.x_offset * xs
-            y = op + c.out_offset * os
-            trans = lib.op_t if c.trans else lib.op_n
-            if c.kind == "gemv":
-                self._gemv(handle, trans, c.rows, c.cols, alpha, a, c.lda, ones, 1, beta, y, 1)
-            elif c.kind == "gemm":
-                cublas.gemmEx(
-                    handle, trans, lib.op_n, c.rows, 1, c.cols, alpha, a, self._a_type, c.lda,
-                    ones, self._a_type, c.cols, beta, y, self._c_type, c.rows, self._compute, lib.algo,
-                )  # fmt: skip
-            else:
-                cublas.gemmStridedBatchedEx(
-                    handle, trans, lib.op_n, c.rows, 1, c.cols, alpha, a, self._a_type, c.lda, c.stride_a,
-                    ones, self._a_type, c.cols, 0, beta, y, self._c_type, c.rows, c.stride_c, c.batch,
-                    self._compute, lib.algo,
-                )  # fmt: skip
-
-    def free(self) -> None:
-        self._ones = None
-
-
 class CublasBackend(Backend):
+    options = CublasOptions()
     name = "cublas"
     summary = "cuBLAS GEMV/strided-batched GEMM on the data in place: fixed-length sum and mean, float and complex"
 
@@ -437,11 +276,13 @@ class CublasBackend(Backend):
         reason = vendor_float32_reason(problem, "cuBLAS")
         if reason is not None:
             return reason
-        calls = plan_calls(problem)
+        calls = plan_calls(problem, self.options.gemv)
         return calls if isinstance(calls, str) else None
 
-    def plan(self, problem: Problem) -> CublasExecutor:
-        calls = plan_calls(problem)
+    def plan(self, problem: Problem) -> Executor:
+        from linred.backends.cublas.executor import CublasExecutor
+
+        calls = plan_calls(problem, self.options.gemv)
         assert not isinstance(calls, str), calls
         real = real_view(problem)
         assert not isinstance(real, str), real

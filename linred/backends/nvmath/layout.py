@@ -46,6 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from linred._dtypes import HALF
+from linred.backends.base import INT32_MAX  # nvmath's host BLAS calls (cblas_?gemm) take 32-bit ints
 from linred.problem import Problem
 
 #: host: segments longer than this are summed in levels of chunks
@@ -58,8 +59,6 @@ HOST_LEVELS_FROM = 1 << 18
 #: (each feature column's sum is sequential there: 4096 rows of positive data came out 1e-6
 #: off, 1024 rows 5e-7; 2^22 rows 4e-3)
 HOST_SEQUENTIAL_MAX = 1024
-#: nvmath's host BLAS calls (cblas_?gemm, ?gemm_batch_strided) take 32-bit integers
-INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,8 +350,6 @@ def check_device_extents(layout: Layout) -> str | None:
 # dtypes
 # ---------------------------------------------------------------------------
 
-#: dtypes the host path (nvmath.linalg.Matmul on MKL) multiplies
-HOST_DTYPES = ("float32", "float64", "complex64", "complex128")
 #: dtypes cuBLASLt multiplies with a float32/float64 compute type
 DEVICE_DTYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128")
 

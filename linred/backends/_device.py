@@ -1,0 +1,340 @@
+"""The GPU plumbing under every GPU backend: CuPy and PyTorch arrays, streams, stream order.
+
+No backend imports another; what they share on the GPU is here (and the kernels
+they share are in :mod:`linred.kernels`).  Three groups:
+
+- CuPy helpers, for the backends that run CuPy (``cub``, ``cublas``): a CuPy
+  stream object for a raw ``cudaStream_t`` (:func:`cupy_stream`,
+  :func:`on_stream`), zero-copy CuPy views of CuPy arrays and CUDA tensors
+  (:func:`as_cupy`, :func:`bits16`, :func:`span_view`) and device pointers
+  (:func:`data_ptr`);
+- array operations on a stream, one class per array library (:class:`CupyOps`,
+  :class:`TorchOps`, chosen by :func:`ops_for`), for the backends that work on
+  the caller's own arrays (``nvmath``, ``nvrtc``); :class:`StreamOrder` orders a
+  call on a new stream after the previous call of the same executor;
+- pointer alignment (:func:`alignment`).
+
+CuPy is imported here when it is installed; PyTorch only by :class:`TorchOps`.
+The ``nvmath`` and ``nvrtc`` backends run on PyTorch alone, so nothing here needs
+CuPy unless it is called with CuPy arrays.  What host and device executors share
+(NumPy views of host data, PyTorch's lazy conjugate bit) is in
+:mod:`linred.arrays.views`.
+
+A handle becomes a stream object of the array library: for PyTorch, handle 0
+(the legacy default stream, which is PyTorch's default stream) must not go
+through ``torch.cuda.ExternalStream``, which reads 0 as "no handle given" and
+returns a stream from PyTorch's pool instead: work enqueued there is not
+ordered with the default stream the libraries' kernels run on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+try:
+    import cupy
+except Exception:  # not installed, or a broken CUDA install (it raises more than ImportError)
+    cupy = None  # PyTorch alone: only TorchOps, StreamOrder, physical and alignment serve it
+
+# --- CuPy: streams, views and pointers ---------------------------------------------
+
+_streams: dict[tuple[int, int], Any] = {}
+_streams_lock = threading.Lock()
+
+
+def cupy_stream(handle: int, device: int) -> Any:
+    """A CuPy stream object for a raw ``cudaStream_t`` on ``device`` (cached)."""
+    key = (handle, device)
+    stream = _streams.get(key)
+    if stream is None:
+        from linred.arrays._cupy import external_stream
+
+        with _streams_lock:
+            stream = _streams.setdefault(key, external_stream(handle, device))
+    return stream
+
+
+class on_stream:
+    """Make ``device`` current and ``handle`` CuPy's current stream for the block.
+
+    CuPy kernels, CuPy's cuBLAS wrappers (which set the handle's stream to CuPy's
+    current stream on every call) and CuPy's memory pool all follow CuPy's
+    current stream, so entering this is what puts their work on the resolved
+    stream instead of the legacy default stream.
+    """
+
+    __slots__ = ("_device", "_stream")
+
+    def __init__(self, handle: int, device: int) -> None:
+        self._device = cupy.cuda.Device(device)
+        self._stream = cupy_stream(handle, device)
+
+    def __enter__(self) -> Any:
+        self._device.__enter__()
+        self._stream.__enter__()
+        return self._stream
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._stream.__exit__(*exc)
+        finally:
+            self._device.__exit__(*exc)
+
+
+def as_cupy(a: Any) -> Any:
+    """``a`` as a CuPy array without copying (CuPy arrays pass through; CUDA tensors via DLPack).
+
+    bfloat16 tensors have no CuPy dtype: view them with :func:`bits16` first.
+    Call it on the stream the result will be used on: PyTorch orders its
+    current stream before that stream when it exports a tensor.
+    """
+    if isinstance(a, cupy.ndarray):
+        return a
+    return cupy.from_dlpack(a)
+
+
+def data_ptr(a: Any) -> int:
+    """The device address of element ``[0, ..., 0]`` of a CuPy array or CUDA tensor."""
+    if isinstance(a, cupy.ndarray):
+        return a.data.ptr
+    return a.data_ptr()
+
+
+def bits16(a: Any) -> Any:
+    """A 16-bit floating array (float16, bfloat16) viewed as int16, same kind, no copy."""
+    if isinstance(a, cupy.ndarray):
+        return a.view(cupy.int16)
+    import torch
+
+    return a.view(torch.int16)
+
+
+def span_view(a: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[Any, int]:
+    """A 1-D contiguous view of the memory an array spans, and its first element's index in it.
+
+    ``strides`` are in elements.  The view starts at the lowest address the
+    array touches and ends at the highest, so gaps between rows are included
+    but never read; kernels address element ``idx`` of the array as
+    ``base + sum(idx[k] * strides[k])`` in the view.
+    """
+    if any(s == 0 for s in shape):
+        raise ValueError("span_view of an empty array")
+    low = sum(s * (n - 1) for n, s in zip(shape, strides, strict=True) if s < 0)
+    high = sum(s * (n - 1) for n, s in zip(shape, strides, strict=True) if s > 0)
+    base = -low
+    length = high - low + 1
+    if isinstance(a, cupy.ndarray):
+        itemsize = a.dtype.itemsize
+        mem = a.data + low * itemsize
+        return cupy.ndarray((length,), dtype=a.dtype, memptr=mem), base
+    import torch
+
+    # PyTorch has no negative strides, so ``a`` starts at the lowest address.
+    return torch.as_strided(a, (length,), (1,)), base
+
+
+# --- array operations on a stream, per array library -------------------------------
+
+_torch_streams: dict[tuple[int, int], Any] = {}
+_torch_streams_lock = threading.Lock()
+
+
+class CupyOps:
+    """The operations the executors run on CuPy arrays, on device ``device``."""
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+
+    @contextlib.contextmanager
+    def on(self, stream: int) -> Iterator[None]:
+        with cupy.cuda.Device(self.device), cupy_stream(stream, self.device):
+            yield
+
+    def synchronize(self, stream: int) -> None:
+        cupy_stream(stream, self.device).synchronize()
+
+    def event(self) -> Any:
+        with cupy.cuda.Device(self.device):
+            return cupy.cuda.Event(disable_timing=True)
+
+    def record(self, event: Any, stream: int) -> None:
+        event.record(cupy_stream(stream, self.device))
+
+    def wait(self, stream: int, event: Any) -> None:
+        cupy_stream(stream, self.device).wait_event(event)
+
+    @staticmethod
+    def view(base: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+        itemsize = base.itemsize
+        return cupy.lib.stride_tricks.as_strided(base, shape, tuple(s * itemsize for s in strides))
+
+    @staticmethod
+    def pointer(a: Any) -> int:
+        return a.data.ptr
+
+    @staticmethod
+    def ones(size: int, dtype: str) -> Any:
+        return cupy.ones(size, dtype=dtype)
+
+    @staticmethod
+    def empty(shape: tuple[int, ...], dtype: str) -> Any:
+        return cupy.empty(shape, dtype=dtype)
+
+    @staticmethod
+    def arange(size: int, dtype: str) -> Any:
+        return cupy.arange(size, dtype=dtype)
+
+    @staticmethod
+    def contiguous(a: Any, dtype: str) -> Any:
+        """``a`` itself if it is C-contiguous of ``dtype``, else a contiguous converted copy."""
+        if a.dtype.name == dtype and a.flags.c_contiguous:
+            return a
+        return cupy.ascontiguousarray(a, dtype=dtype)
+
+    @staticmethod
+    def copy(dst: Any, src: Any) -> None:
+        dst[...] = src
+
+    @staticmethod
+    def cast(dst: Any, src: Any) -> None:
+        """``dst[...] = src`` converting the dtype (rounded to nearest)."""
+        cupy.copyto(dst, src, casting="unsafe")
+
+    @staticmethod
+    def divide_by_lengths(sums: Any, offsets: Any, out: Any, stream: int) -> None:
+        """``out = sums / lengths`` per segment, NaN for an empty one; ``sums`` may be ``out``."""
+        from linred.kernels.elementwise import divide_by_lengths
+
+        divide_by_lengths(sums, offsets, out, stream)
+
+
+class TorchOps:
+    """The operations the executors run on CUDA PyTorch tensors, on device ``device``."""
+
+    def __init__(self, device: int) -> None:
+        import torch
+
+        from linred.arrays._torch import torch_dtype, torch_stream
+
+        self._torch = torch
+        self._torch_dtype = torch_dtype
+        self._torch_stream = torch_stream
+        self.device = device
+        self._device = torch.device("cuda", device)
+
+    def stream(self, handle: int) -> Any:
+        """The PyTorch stream object of a raw handle (cached); 0 is the device's default stream."""
+        key = (handle, self.device)
+        s = _torch_streams.get(key)
+        if s is None:
+            made = self._torch_stream(handle, self._device)  # 0: the default stream, not a pooled one
+            with _torch_streams_lock:
+                s = _torch_streams.setdefault(key, made)
+        return s
+
+    @contextlib.contextmanager
+    def on(self, stream: int) -> Iterator[None]:
+        with self._torch.cuda.device(self.device), self._torch.cuda.stream(self.stream(stream)):
+            yield
+
+    def synchronize(self, stream: int) -> None:
+        self.stream(stream).synchronize()
+
+    def event(self) -> Any:
+        return self._torch.cuda.Event()
+
+    def record(self, event: Any, stream: int) -> None:
+        event.record(self.stream(stream))
+
+    def wait(self, stream: int, event: Any) -> None:
+        self.stream(stream).wait_event(event)
+
+    @staticmethod
+    def view(base: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+        return base.as_strided(shape, strides)
+
+    @staticmethod
+    def pointer(a: Any) -> int:
+        return a.data_ptr()
+
+    def ones(self, size: int, dtype: str) -> Any:
+        return self._torch.ones(size, dtype=self._torch_dtype(dtype), device=self._device)
+
+    def empty(self, shape: tuple[int, ...], dtype: str) -> Any:
+        return self._torch.empty(shape, dtype=self._torch_dtype(dtype), device=self._device)
+
+    def arange(self, size: int, dtype: str) -> Any:
+        return self._torch.arange(size, dtype=self._torch_dtype(dtype), device=self._device)
+
+    def contiguous(self, a: Any, dtype: str) -> Any:
+        """``a`` itself if it is contiguous of ``dtype``, else a contiguous converted copy."""
+        return a.to(self._torch_dtype(dtype)).contiguous()
+
+    @staticmethod
+    def copy(dst: Any, src: Any) -> None:
+        dst.copy_(src)
+
+    @staticmethod
+    def cast(dst: Any, src: Any) -> None:
+        dst.copy_(src)
+
+    def divide_by_lengths(self, sums: Any, offsets: Any, out: Any, stream: int) -> None:
+        """``out = sums / lengths`` per segment (0 / 0 = NaN for an empty one), in the sums' precision.
+
+        ``sums`` and ``out`` are ``(batch, m, features)``; float32 sums of float16 or
+        bfloat16 data are divided in float32 and rounded once into ``out``.
+        """
+        torch = self._torch
+        double = sums.dtype in (torch.float64, torch.complex128)
+        lengths = torch.diff(offsets).to(torch.float64 if double else torch.float32).view(1, -1, 1)
+        if sums.is_complex():
+            # Parts divided separately: a complex division turns an infinite part into NaN.
+            torch.div(torch.view_as_real(sums), lengths.unsqueeze(-1), out=torch.view_as_real(out))
+        else:
+            torch.div(sums, lengths, out=out)
+
+
+def ops_for(kind: str, device: int) -> CupyOps | TorchOps:
+    """The operations for arrays of ``kind`` (``"cupy"``, else PyTorch) on ``device``."""
+    return CupyOps(device) if kind == "cupy" else TorchOps(device)
+
+
+class StreamOrder:
+    """Orders a call on a new stream after the previous call of the same executor.
+
+    Executors reuse their scratch buffers and workspaces (nvmath's ``Matmul``
+    objects one workspace) on whatever stream each call names; a call on another
+    stream than the previous one must not start before that one is done.  The new
+    stream waits on an event (no host synchronization).
+    """
+
+    def __init__(self, ops: CupyOps | TorchOps) -> None:
+        self._ops = ops
+        self._event: Any = None
+        self._last: int | None = None
+
+    def begin(self, stream: int) -> None:
+        if self._last is not None and stream != self._last:
+            self._ops.wait(stream, self._event)
+
+    def end(self, stream: int) -> None:
+        if self._event is None:
+            self._event = self._ops.event()
+        self._ops.record(self._event, stream)
+        self._last = stream
+
+    def wait_idle(self) -> None:
+        """Block until the last call's work is done: its buffers may then be released to any stream."""
+        if self._event is not None:
+            self._event.synchronize()
+
+
+# --- alignment -----------------------------------------------------------------------
+
+
+def alignment(pointer: int) -> int:
+    """The largest power of two (at most 256) that divides ``pointer``."""
+    return min(256, pointer & -pointer) if pointer else 256

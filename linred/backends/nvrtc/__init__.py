@@ -1,0 +1,178 @@
+"""The nvrtc backend: linred's own CUDA kernels, compiled at run time with NVRTC.
+
+It serves what the libraries leave below memory bandwidth (see
+docs/performance.md): short fixed-length segments, where a GEMV with a tiny
+inner dimension or CUB's segment-per-warp mapping waste most of each load,
+variable-length segments, where cuSPARSE's indicator SpMV reads an index per
+element and CUB balances poorly, and short segments of feature rows.  The
+kernels (``linred/kernels/*.cuh``):
+
+- ``fixed_small`` for fixed lengths that are powers of two up to 32 vectors of 16
+  bytes, on contiguous data: 16-byte loads, segments reduced in registers and
+  warp shuffles; ``fixed_rows`` for longer powers of two, up to 16 rows of 32
+  vectors (2048 float32 elements), each warp streaming a contiguous run of rows
+  and reducing a segment's rows lane by lane, then across the warp.  Both are
+  one launch that reads only the data's and the result's device pointers,
+  which keeps small calls cheap; ``fixed_long`` for longer fixed lengths of
+  whole vectors: blocks reduce chunks of up to 4096 vectors and the last block
+  of each segment adds the partials in order (one launch, deterministic);
+- ``warp_reduce`` + ``tile_fixup`` for offsets, and fixed lengths that are not powers
+  of two, on 16-byte aligned contiguous rows: every warp reduces a run of tiles of
+  512 elements on its own (no block barriers), finding its first segment with a
+  32-way search, marking the segment starts of a tile in a bitmask and joining the
+  pieces that cross lanes with a keyed warp scan; segments that span runs are
+  completed from per-run partials in a fixed order;
+- ``tile_reduce`` + ``tile_fixup`` for everything else with one feature column:
+  tiles of 4096 elements, every segment in a tile reduced by a group of lanes
+  sized to the tile's segment count (or, where a tile holds many segments, every
+  thread reducing its own 16 consecutive elements and a block-wide segmented
+  scan joining the pieces), and segments that span blocks completed from
+  per-block partials in a fixed order, so results are deterministic;
+- ``features_reduce`` for segments of rows of several contiguous feature columns:
+  one thread per segment and 16 bytes of features.
+
+Sums accumulate in float32 for float16/bfloat16, in the data's own precision for
+float32/float64 (never TF32: these are plain FMA-free adds), and in int64/uint64
+for integers.  Complex data is left to the linear-algebra backends.
+
+The package: this module decides (availability, refusals, :func:`route`: which
+kernel family serves a problem) and imports no CUDA library; :mod:`.kernels`
+derives the template instantiations and launch shapes (pure arithmetic);
+:mod:`.executors` compiles, allocates and launches through cuda.core.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+from linred._dtypes import COMPLEX, itemsize
+from linred.backends.base import Backend, Executor, Options
+from linred.backends.nvrtc.kernels import flat, is_pow2, vec
+from linred.problem import Problem
+
+
+@dataclass(frozen=True, slots=True)
+class NvrtcOptions(Options):
+    """Launch shapes of the kernels, read once per plan (see docs/performance.md for how they
+    were chosen); change them with ``linred.backends.configure("nvrtc", ...)``."""
+
+    threads: int = 256  #: threads per block
+    unroll: int = 8  #: 16-byte vectors per thread in fixed_small and fixed_rows
+    #: the same for fixed_small with 2-byte data (float16 and bfloat16 ran 4-8% faster with 4
+    #: than with 8 for L = 32 to 256 on an H100, and as fast for L = 2 and 8)
+    unroll_2byte: int = 4
+    max_rows: int = 16  #: longest fixed_rows segment, in warp-rows of 32 vectors (then the tile kernel)
+    #: most threads per block of fixed_long (fewer for short segments: see _long_threads)
+    long_threads: int = 256
+    #: shortest segment fixed_long reduces, in bytes: each block reads a segment's chunk, and
+    #: blocks of shorter segments start too slowly (1200-byte segments ran at 66% of copy on
+    #: an H100, 2000-byte ones at 104%); shorter ones go to warp_reduce
+    long_min_bytes: int = 2000
+    tile: int = 4096  #: elements per tile in tile_reduce
+    min_blocks: int = 5  #: resident blocks per SM that tile_reduce's registers must allow
+    min_blocks_wide: int = 4  #: the same with 8-byte accumulators (more registers without spilling)
+    max_tiles_per_block: int = 16  #: consecutive tiles one block reduces (fewer when the data is small)
+    max_tiles_per_warp: int = 16  #: consecutive tiles one warp reduces in warp_reduce (fewer for small data)
+    min_blocks_warp: int = 4  #: resident blocks per SM that warp_reduce's registers must allow
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"nvrtc option {f.name} must be a positive int; got {value!r}")
+        for name in ("threads", "long_threads"):
+            value = getattr(self, name)
+            if value % 32 or value > 1024:
+                raise ValueError(f"nvrtc option {name} must be a multiple of 32 up to 1024; got {value}")
+        for name in ("unroll", "unroll_2byte", "max_rows"):
+            value = getattr(self, name)
+            if value & (value - 1):
+                raise ValueError(f"nvrtc option {name} must be a power of two; got {value}")
+        if self.tile % self.threads:
+            raise ValueError(f"nvrtc option tile must be a multiple of threads ({self.threads}); got {self.tile}")
+
+
+def route(problem: Problem, options: NvrtcOptions) -> str:
+    """Which kernel family serves ``problem`` (one the backend does not refuse).
+
+    - ``"fixed"``: power-of-two fixed lengths on contiguous data, ``fixed_small``
+      or ``fixed_rows``;
+    - ``"long"``: long fixed lengths of whole 16-byte vectors on contiguous data,
+      ``fixed_long``;
+    - ``"features"``: several feature columns, ``features_reduce``;
+    - ``"warp"``: everything else, ``warp_reduce`` on aligned contiguous rows and
+      ``tile_reduce`` on the rest (chosen per call, by the data's alignment).
+    """
+    L, v = problem.segment_length, vec(problem)
+    # fixed_rows and fixed_long keep up to 16 vectors in flight per thread; 1-byte data widened
+    # to 4- or 8-byte sums would need over 100 registers for that, so for 1-byte data only
+    # fixed_small's lengths take a one-launch kernel.
+    wide = v <= 8
+    longest = 32 * v * (options.max_rows if wide else 1)
+    short = problem.fixed and is_pow2(L) and longest >= L
+    if short and flat(problem) and (problem.batch * problem.n) % v == 0:
+        return "fixed"
+    # Long fixed lengths of whole vectors: fixed_long.
+    long = wide and problem.fixed and L % v == 0 and L * itemsize(problem.dtype) >= options.long_min_bytes
+    if long and problem.features == 1 and flat(problem):
+        return "long"
+    if problem.features != 1:
+        return "features"
+    return "warp"
+
+
+@functools.cache
+def _compute_capability(device: int) -> tuple[int, int]:
+    from cuda.core import Device
+
+    return tuple(Device(device).compute_capability)
+
+
+#: the launch shapes nvrtc starts with (tests and tools read the default shapes here)
+DEFAULT_OPTIONS = NvrtcOptions()
+
+
+class NvrtcBackend(Backend):
+    options = DEFAULT_OPTIONS
+    name = "nvrtc"
+    summary = "CUDA devices: linred's own kernels (NVRTC) for short fixed segments and variable lengths"
+
+    def unavailable(self) -> str | None:
+        try:
+            import cuda.core  # noqa: F401 - compiles and launches the kernels
+            from cuda.bindings import nvrtc, runtime
+
+            err, count = runtime.cudaGetDeviceCount()
+            if err != runtime.cudaError_t.cudaSuccess or count == 0:
+                return "no CUDA device is visible"
+            err, _, _ = nvrtc.nvrtcVersion()
+            if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+                return "NVRTC is not usable"
+        except Exception as e:  # missing packages or libraries raise more than ImportError
+            return f"cuda.core, cuda.bindings or NVRTC is not usable ({type(e).__name__}: {e})"
+        return None
+
+    def unsupported(self, problem: Problem) -> str | None:
+        if not problem.on_gpu:
+            return f"it runs on CUDA devices and the data is a host {problem.kind} array"
+        if problem.dtype in COMPLEX or problem.out_dtype in COMPLEX:
+            return "its kernels handle real and integer data; 'nvmath' and 'cublas' serve complex sums"
+        if "bfloat16" in (problem.dtype, problem.out_dtype) and _compute_capability(problem.device) < (8, 0):
+            return "its bfloat16 conversions need compute capability 8.0 or newer; 'cub' serves bfloat16 here"
+        if problem.features != 1 and problem.strides[2] != 1:
+            return (
+                f"its feature kernel reads contiguous feature columns (their stride is {problem.strides[2]} elements); "
+                "'nvmath', 'cublas' and 'cub' serve strided features"
+            )
+        return None
+
+    def plan(self, problem: Problem) -> Executor:
+        from linred.backends.nvrtc.executors import EXECUTORS
+
+        options = self.options  # read once: the executor keeps them
+        return EXECUTORS[route(problem, options)](problem, options)
+
+
+BACKEND = NvrtcBackend()

@@ -1,0 +1,426 @@
+"""The nvrtc backend's executors: compile the kernels of :mod:`.kernels`, keep their scratch, launch.
+
+- ``_FixedExecutor`` (``fixed_small``/``fixed_rows``) and ``_LongExecutor``
+  (``fixed_long``): one launch that reads only the device pointers of the data and
+  the result;
+- ``_WarpExecutor`` (``warp_reduce`` + ``tile_fixup``) and ``_TileExecutor``
+  (``tile_reduce`` + ``tile_fixup``, ``tile_bounds`` for offsets): rows cut into
+  tiles, runs of tiles per warp or block, per-run partials joined in a fixed order;
+- ``_FeaturesExecutor`` (``features_reduce``): segments of rows of feature columns.
+
+:data:`EXECUTORS` maps the routes of :func:`linred.backends.nvrtc.route` to them.
+Every executor launches through cuda.core on the raw stream handle it is given and
+reads its launch shapes from the :class:`~linred.backends.nvrtc.NvrtcOptions` of its
+plan.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cuda.bindings import driver
+from cuda.core import Device, LaunchConfig, Stream
+from cuda.core import launch as cuda_launch
+
+from linred._dtypes import itemsize
+from linred.backends._device import StreamOrder, ops_for
+from linred.backends.base import INT32_MAX
+from linred.backends.nvrtc.kernels import (
+    acc_dtype,
+    features_wrapper,
+    fixed_layout,
+    fixed_wrapper,
+    index_ctype,
+    long_threads,
+    long_unroll,
+    long_wrapper,
+    rows_aligned,
+    tile_shared_bytes,
+    tile_wrapper,
+    vec,
+    warp_items,
+    warp_shared_bytes,
+    warp_wrapper,
+)
+from linred.kernels.compiler import get_kernels
+from linred.problem import Problem
+from linred.segments import Segments, VariableSegments
+
+if TYPE_CHECKING:
+    from linred.backends.nvrtc import NvrtcOptions
+
+
+def _cupy_pointer(a: Any) -> int:
+    return a.data.ptr
+
+
+def _torch_pointer(a: Any) -> int:
+    return a.data_ptr()
+
+
+class _Launcher:
+    """What every executor needs: the device, SM count and cuda.core streams by handle."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.device = problem.device
+        dev = Device(problem.device)
+        dev.set_current()
+        self.sms = dev.properties.multiprocessor_count
+        self._streams: dict[int, Any] = {}
+        self.kind = problem.kind
+        #: the device pointer of an array of the problem's library (chosen once: calls are hot)
+        self.ptr = _cupy_pointer if problem.kind == "cupy" else _torch_pointer
+
+    def stream(self, handle: int) -> Any:
+        s = self._streams.get(handle)
+        if s is None:
+            s = self._streams[handle] = Stream.from_handle(handle)
+        return s
+
+    def allow_shared_memory(self, kernel: Any, size: int) -> None:
+        """Let ``kernel`` use ``size`` bytes of dynamic shared memory (past 48 KiB it must opt in)
+        and prefer the largest shared memory carveout (its occupancy is set by shared memory)."""
+        attribute = driver.CUfunction_attribute
+        for attr, value in (
+            (attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, size),
+            (attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100),
+        ):
+            (err,) = driver.cuKernelSetAttribute(attr, value, kernel.handle, self.device)
+            if err != driver.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"cannot set {attr.name}={value} for a kernel on device {self.device}: {err}")
+
+    def _adapter(self) -> Any:
+        if self.kind == "cupy":
+            from linred.arrays._cupy import CUPY as adapter
+        else:
+            from linred.arrays._torch import TORCH as adapter
+        return adapter
+
+    def empty(self, count: int, dtype: str) -> Any:
+        return self._adapter().empty((count,), dtype, self.device)
+
+    def fill(self, a: Any, value: Any, stream: int) -> None:
+        """Fill ``a`` with ``value`` on ``stream`` (ordered with the kernels launched there)."""
+        self._adapter().fill(a, value, stream)
+
+    def stream_order(self) -> Any:
+        """A :class:`StreamOrder` for an executor with scratch buffers: a call on another stream
+        than the previous call's waits for it (an event, no host synchronization), so that two
+        streams never use the scratch at once."""
+        return StreamOrder(ops_for(self.kind, self.device))
+
+
+class _OneLaunch:
+    """What the one-launch fixed-length executors share: they read only the device pointers of
+    ``x`` and ``out``, launch one kernel bound once by ``_compile``, and hand data that is not
+    16-byte aligned to the tile kernel."""
+
+    #: only the device pointers of ``x`` and ``out`` are read, so a repeated call may pass the
+    #: caller's arrays without the (batch, n, features) views
+    views = False
+
+    def __init__(self, problem: Problem, options: NvrtcOptions) -> None:
+        self._problem = problem
+        self._tuning = options
+        self._launch = _Launcher(problem)
+        self._ptr = self._launch.ptr
+        self._go: Any = None
+        self._tiles: _TileExecutor | None = None
+
+    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
+        ptr = self._ptr
+        xp = ptr(x)
+        if xp % 16:
+            if self._tiles is None:
+                self._tiles = _TileExecutor(self._problem, self._tuning)
+            self._tiles(x, out, segments, stream)  # it too reads only the pointers
+            return
+        (self._go or self._compile(stream))(stream, xp, ptr(out))
+
+    def _compile(self, stream: int) -> Any:
+        """Compile (or load) the kernel, bind what a call does not change, store and return
+        ``go(stream, x pointer, out pointer)``; ``stream`` is the first call's."""
+        raise NotImplementedError
+
+    def _threads(self) -> int:
+        """Threads per block of the executor's kernel."""
+        return self._tuning.threads
+
+    def _bind(self, wrapper: str, name: str, grid: int, *args: Any) -> Any:
+        """``go`` for kernel ``name`` of ``wrapper``: ``(x, out, *args)`` on ``grid`` blocks."""
+        (kernel,) = get_kernels(self._launch.device, wrapper, (name,))
+        config = LaunchConfig(grid=max(1, min(grid, INT32_MAX)), block=self._threads())
+        streams = self._launch.stream
+
+        def go(stream: int, xp: int, op: int) -> None:
+            cuda_launch(streams(stream), config, kernel, xp, op, *args)
+
+        self._go = go
+        return go
+
+    def free(self) -> None:
+        if self._tiles is not None:
+            self._tiles.free()
+        self._go = self._tiles = None
+
+
+class _FixedExecutor(_OneLaunch):
+    """Power-of-two fixed lengths on contiguous data: ``fixed_small`` or ``fixed_rows``."""
+
+    def _compile(self, stream: int) -> Any:
+        problem, tuning = self._problem, self._tuning
+        b, n, _ = problem.in_shape
+        nvec = b * n // vec(problem)
+        _, unroll = fixed_layout(problem, tuning)
+        # One chunk per block: the block scheduler overlaps finishing blocks with new ones.
+        blocks = -(-nvec // (tuning.threads * unroll))
+        return self._bind(fixed_wrapper(problem, tuning), "linred_fixed", blocks, nvec)
+
+
+class _LongExecutor(_OneLaunch):
+    """Long fixed lengths of whole 16-byte vectors on contiguous data: ``fixed_long`` (blocks
+    reduce chunks of a segment; the last one of a segment adds the partials in order)."""
+
+    def __init__(self, problem: Problem, options: NvrtcOptions) -> None:
+        super().__init__(problem, options)
+        b, _, _ = problem.in_shape
+        self._m = b * problem.num_segments
+        self._lv = problem.segment_length // vec(problem)
+        self._chunks = -(-self._lv // (self._threads() * long_unroll(problem, self._tuning)))
+        # Partials and tickets only where a segment spans several blocks.  The tickets are
+        # zeroed on the first call's stream, and every call leaves them at zero.
+        many = self._chunks > 1
+        self._partials = self._launch.empty(self._m * self._chunks, acc_dtype(problem)) if many else None
+        self._tickets = self._launch.empty(self._m, "uint32") if many else None
+        self._order = self._launch.stream_order() if many else None
+
+    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
+        order = self._order
+        if order is None:
+            super().__call__(x, out, segments, stream)
+            return
+        order.begin(stream)
+        super().__call__(x, out, segments, stream)
+        order.end(stream)
+
+    def _threads(self) -> int:
+        return long_threads(self._problem, self._tuning)
+
+    def _compile(self, stream: int) -> Any:
+        problem, ptr = self._problem, self._ptr
+        partials = tickets = 0
+        if self._tickets is not None:
+            self._launch.fill(self._tickets, 0, stream)
+            partials, tickets = ptr(self._partials), ptr(self._tickets)
+        args = (partials, tickets, self._lv, self._chunks, self._m)
+        return self._bind(long_wrapper(problem, self._tuning), "linred_long", self._m * self._chunks, *args)
+
+    def free(self) -> None:
+        if self._order is not None:
+            self._order.wait_idle()  # the partials and tickets go back to the pool
+        super().free()
+        self._partials = self._tickets = self._order = None
+
+
+class _Runs:
+    """What the executors of ``tile_reduce`` and ``warp_reduce`` share: every row cut into tiles
+    of ``tile`` elements, runs of ``k`` consecutive tiles each reduced by one worker (a block of
+    ``tile_reduce``, a warp of ``warp_reduce``; ``per_block`` workers to a block), the partials of
+    the segments that span runs, for offsets the first segment of every tile (``bounds``:
+    ``tile_reduce`` reads them, ``warp_reduce``'s warps search for their own), compiling, and
+    the launches: bounds, reduction, fix-up."""
+
+    def __init__(
+        self, problem: Problem, options: NvrtcOptions, launch: _Launcher, *, tile: int, max_k: int, per_block: int,
+        min_blocks: int, bounds: bool,
+    ) -> None:  # fmt: skip
+        self._problem = problem
+        self._tuning = tuning = options
+        self._launch = launch
+        b, n, _ = problem.in_shape
+        threads = tuning.threads
+        self._tiles_per_row = -(-n // tile)
+        # Tiles per run: as many as leave a few waves of workers for every SM.
+        k = max_k
+        while k > 1 and b * -(-self._tiles_per_row // k) < 4 * min_blocks * per_block * launch.sms:
+            k //= 2
+        self._k = k
+        self._runs_per_row = -(-self._tiles_per_row // k)
+        self._runs = b * self._runs_per_row
+        self._grid = -(-self._runs // per_block)
+        acc = acc_dtype(problem)
+        self._head = launch.empty(self._runs, acc)
+        self._tail = launch.empty(self._runs, acc)
+        self._tail_seg = launch.empty(self._runs, "int64")
+        # The heads of each block's runs, joined (where a block holds several runs).
+        self._group_head = launch.empty(self._grid, acc) if per_block > 1 else None
+        self._order = launch.stream_order()  # the partials (and bounds) serve one stream at a time
+        # Offsets: the first segment of every tile, found once per call by linred_bounds.
+        count = self._tiles_per_row + 1
+        self._bounds = launch.empty(count, "int64") if bounds and not problem.fixed else None
+        self._bounds_config = LaunchConfig(grid=max(1, -(-count // threads)), block=threads)
+        self._fixup_config = LaunchConfig(grid=max(1, -(-self._runs // threads)), block=threads)
+        self._needs_fixup = True
+
+    def _rows_aligned(self, xp: int) -> bool:
+        """Whether every row of the data at ``xp`` is contiguous and made of whole 16-byte vectors."""
+        return rows_aligned(self._problem, xp)
+
+    def _compile_kernels(self, wrapper: str, names: tuple[str, ...], shared: int) -> tuple[tuple[Any, Any, Any], Any]:
+        """The kernels ``names`` of ``wrapper`` (reduction, fix-up, then the bounds kernel where
+        there is one; None in its place otherwise) and the reduction's launch shape with
+        ``shared`` bytes of dynamic shared memory."""
+        kernels = tuple(get_kernels(self._launch.device, wrapper, names))
+        self._launch.allow_shared_memory(kernels[0], shared)
+        config = LaunchConfig(grid=self._grid, block=self._tuning.threads, shmem_size=shared)
+        return kernels + (None,) * (3 - len(kernels)), config
+
+    def _run(self, xp: int, out: Any, segments: Segments, stream: Any, kernels: tuple, config: Any) -> None:
+        """Launch the bounds (for offsets), the reduction ``kernels[0]`` and the fix-up
+        ``kernels[1]``; both take the group heads' pointer (0 without them; tile_reduce ignores it)."""
+        problem, launch = self._problem, self._launch
+        kernel, fixup, bounds_kernel = kernels
+        _, n, _ = problem.in_shape
+        s0, s1, _ = problem.strides
+        offsets = launch.ptr(segments.offsets) if isinstance(segments, VariableSegments) else 0
+        bounds = 0 if self._bounds is None else launch.ptr(self._bounds)
+        common = (offsets, problem.segment_length or 0, n, problem.num_segments, s0, s1, self._tiles_per_row,
+                  self._runs_per_row, self._runs, self._k, bounds)  # fmt: skip
+        group = 0 if self._group_head is None else launch.ptr(self._group_head)
+        partials = (launch.ptr(self._head), launch.ptr(self._tail), launch.ptr(self._tail_seg), group)
+        out_ptr = launch.ptr(out)
+        s = launch.stream(stream)
+        self._order.begin(stream)
+        if self._bounds is not None:
+            cuda_launch(s, self._bounds_config, bounds_kernel, *common)
+        cuda_launch(s, config, kernel, xp, out_ptr, *common, *partials)
+        if self._needs_fixup:
+            cuda_launch(s, self._fixup_config, fixup, out_ptr, *common, *partials)
+        self._order.end(stream)
+
+    def free(self) -> None:
+        self._order.wait_idle()  # the partials go back to the pool
+        self._head = self._tail = self._tail_seg = self._group_head = self._bounds = None
+
+
+class _TileExecutor(_Runs):
+    """Any segments (fixed or offsets) with one feature column, any strides: rows cut into
+    tiles, runs of tiles given to blocks, per-block partials joined by the fix-up."""
+
+    def __init__(self, problem: Problem, options: NvrtcOptions, launch: _Launcher | None = None) -> None:
+        tuning = options
+        launch = launch or _Launcher(problem)
+        super().__init__(problem, options, launch, tile=tuning.tile, max_k=tuning.max_tiles_per_block, per_block=1,
+                         min_blocks=tuning.min_blocks, bounds=True)  # fmt: skip
+        L = problem.segment_length
+        # Fixed lengths dividing the tile never span two tiles: no partials to combine.
+        self._needs_fixup = not (problem.fixed and tuning.tile >= L and tuning.tile % L == 0)
+        # Per vector-load variant: the three kernels and the tile kernel's launch shape.
+        self._kernels: dict[bool, tuple[tuple[Any, Any, Any], Any]] = {}
+
+    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
+        problem, tuning = self._problem, self._tuning
+        xp = self._launch.ptr(x)
+        vecload = self._rows_aligned(xp)
+        compiled = self._kernels.get(vecload)
+        if compiled is None:
+            compiled = self._kernels[vecload] = self._compile_kernels(
+                tile_wrapper(problem, vecload, index_ctype(problem), tuning, self._k),
+                ("linred_tile", "linred_fixup", "linred_bounds"),
+                tile_shared_bytes(problem, vecload, tuning),
+            )
+        self._run(xp, out, segments, stream, *compiled)
+
+    def free(self) -> None:
+        super().free()
+        self._kernels.clear()
+
+
+class _WarpExecutor(_Runs):
+    """Any segments (fixed or offsets) of contiguous, 16-byte aligned rows with one feature
+    column: ``warp_reduce``, every warp a run of tiles of its own, partials of segments that
+    span runs joined by the fix-up.  Other layouts go to ``tile_reduce``."""
+
+    def __init__(self, problem: Problem, options: NvrtcOptions, launch: _Launcher | None = None) -> None:
+        tuning = options
+        launch = launch or _Launcher(problem)
+        wt = 32 * warp_items(problem)
+        super().__init__(problem, options, launch, tile=wt, max_k=tuning.max_tiles_per_warp,
+                         per_block=tuning.threads // 32, min_blocks=tuning.min_blocks_warp, bounds=False)  # fmt: skip
+        # Always a fix-up: warp_reduce finishes a segment at the first mark after its end, so a
+        # segment that ends exactly where a run ends (every run's last one, when a fixed length
+        # divides the run) is left open as the run's tail and written by the fix-up.
+        self._tiles: _TileExecutor | None = None
+        self._compiled: tuple[tuple[Any, Any, Any], Any] | None = None
+
+    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
+        problem, tuning = self._problem, self._tuning
+        xp = self._launch.ptr(x)
+        # Whole 16-byte vectors of every row (and segment indices that fit the int of its
+        # per-tile table), else tile_reduce.
+        if not self._rows_aligned(xp) or problem.num_segments > INT32_MAX:
+            if self._tiles is None:
+                self._tiles = _TileExecutor(problem, tuning, self._launch)
+            self._tiles(x, out, segments, stream)
+            return
+        if self._compiled is None:
+            self._compiled = self._compile_kernels(
+                warp_wrapper(problem, index_ctype(problem), tuning, self._k),
+                ("linred_warp", "linred_fixup"),
+                warp_shared_bytes(problem, tuning),
+            )
+        self._run(xp, out, segments, stream, *self._compiled)
+
+    def free(self) -> None:
+        super().free()
+        if self._tiles is not None:
+            self._tiles.free()
+        self._compiled = self._tiles = None
+
+
+class _FeaturesExecutor:
+    """Segments of rows of several contiguous feature columns: one thread per segment
+    and group of features (16 bytes of them where the rows are 16-byte aligned)."""
+
+    def __init__(self, problem: Problem, options: NvrtcOptions, launch: _Launcher | None = None) -> None:
+        self._problem, self._launch, self._tuning = problem, launch or _Launcher(problem), options
+        self._kernels: dict[int, Any] = {}
+        self._configs: dict[int, Any] = {}
+
+    def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
+        problem, launch = self._problem, self._launch
+        b, n, d = problem.in_shape
+        s0, s1, _ = problem.strides
+        size = itemsize(problem.dtype)
+        aligned = launch.ptr(x) % 16 == 0 and all((v * size) % 16 == 0 for v in (s1, d, s0 if b > 1 else 0))
+        # 16 bytes of features per thread, whose results are stored as whole vectors when
+        # they fill some: the result rows must then be 16-byte aligned too.
+        width = vec(problem) if aligned else 1
+        out_size = itemsize(problem.out_dtype)
+        if width > 1 and (width * out_size) % 16 == 0 and (launch.ptr(out) % 16 or (d * out_size) % 16):
+            width = 1
+        kernel = self._kernels.get(width)
+        if kernel is None:
+            wrapper = features_wrapper(problem, index_ctype(problem), self._tuning, width)
+            (kernel,) = get_kernels(launch.device, wrapper, ("linred_features",))
+            self._kernels[width] = kernel
+            total = b * problem.num_segments * (d // width)
+            # Grid-stride: enough blocks to fill the device many times over, no more.
+            blocks = max(1, min(-(-total // self._tuning.threads), 64 * launch.sms))
+            self._configs[width] = (LaunchConfig(grid=blocks, block=self._tuning.threads), total)
+        config, total = self._configs[width]
+        offsets = launch.ptr(segments.offsets) if isinstance(segments, VariableSegments) else 0
+        cuda_launch(launch.stream(stream), config, kernel, launch.ptr(x), launch.ptr(out), offsets,
+                       problem.segment_length or 0, n, problem.num_segments, s0, s1, d, d // width, total)  # fmt: skip
+
+    def free(self) -> None:
+        self._kernels.clear()
+
+
+#: the executor of each route of :func:`linred.backends.nvrtc.route`
+EXECUTORS = {
+    "fixed": _FixedExecutor,
+    "long": _LongExecutor,
+    "features": _FeaturesExecutor,
+    "warp": _WarpExecutor,
+}

@@ -1,0 +1,219 @@
+"""What the nvrtc backend compiles and how it launches it, for one problem: pure arithmetic.
+
+No GPU and no CUDA library is needed here, so the choices can be tested anywhere:
+
+- the accumulator and vector width of a problem (:func:`acc_dtype`, :func:`vec`), and
+  whether rows can be read as whole 16-byte vectors (:func:`rows_aligned`);
+- launch shapes: :func:`fixed_layout` (``fixed_small`` or ``fixed_rows`` and the
+  vectors per thread), :func:`long_threads` and :func:`long_unroll` (``fixed_long``),
+  :func:`warp_items` (``warp_reduce``'s elements per lane), and the dynamic shared
+  memory of the tile and warp kernels (:func:`tile_shared_bytes`,
+  :func:`warp_shared_bytes`; each wrapper has the compiler check them against the
+  C++ structs, ``TileShared`` and ``WarpShared``);
+- the programs :func:`linred.kernels.compiler.get_kernels` compiles (``*_wrapper``):
+  the ``#include`` of a kernel family of ``linred/kernels/`` and one line per
+  ``extern "C"`` entry point, a macro of that header given the template arguments.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from linred._dtypes import REAL, UNSIGNED, itemsize
+from linred.kernels.compiler import CTYPES
+from linred.problem import Problem
+
+if TYPE_CHECKING:
+    from linred.backends.nvrtc import NvrtcOptions
+
+# --- the problem --------------------------------------------------------------------
+
+#: max/min compare narrow types in a wider one (exactly: every value is representable)
+_COMPARE_IN = {
+    "float16": "float32",
+    "bfloat16": "float32",
+    "bool": "int32",
+    "int8": "int32",
+    "int16": "int32",
+    "uint8": "uint32",
+    "uint16": "uint32",
+}
+
+
+def acc_dtype(problem: Problem) -> str:
+    """The accumulator dtype: the problem's for sums and means; for max/min, a type that
+    holds every input value and the result dtype's identity (an empty segment's value)."""
+    if problem.reduction not in ("max", "min"):
+        return problem.acc_dtype
+    compare = _COMPARE_IN.get(problem.dtype, problem.dtype)
+    out = problem.out_dtype
+    if out == problem.dtype:
+        return compare
+    if out in REAL or compare in REAL:  # conversions to and from floating point are monotone
+        return "float64" if "float64" in (out, compare) or out not in REAL else "float32"
+    if (compare in UNSIGNED) != (out in UNSIGNED):
+        return "int64"  # mixed signedness: a signed type wide enough for both ranges
+    return max((compare, _COMPARE_IN.get(out, out)), key=itemsize)
+
+
+def vec(problem: Problem) -> int:
+    return 16 // itemsize(problem.dtype)
+
+
+def is_pow2(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
+
+
+def flat(problem: Problem) -> bool:
+    """Whether x3 is one contiguous run of batch * n elements."""
+    b, n, _ = problem.in_shape
+    s0, s1, _ = problem.strides
+    return s1 == 1 and (b == 1 or s0 == n)
+
+
+def rows_aligned(problem: Problem, xp: int) -> bool:
+    """Whether every row of the data at address ``xp`` is contiguous and made of whole 16-byte
+    vectors (then ``warp_reduce``, and ``tile_reduce``'s vector loads, can read it)."""
+    b, _, _ = problem.in_shape
+    s0, s1, _ = problem.strides
+    return s1 == 1 and xp % 16 == 0 and (b == 1 or (s0 * itemsize(problem.dtype)) % 16 == 0)
+
+
+def index_ctype(problem: Problem) -> str:
+    """The C type of the offsets (``long long`` for a fixed length, whose offsets are computed)."""
+    return "long long" if problem.fixed else CTYPES[problem.offsets_dtype]
+
+
+# --- launch shapes ------------------------------------------------------------------
+
+
+def fixed_layout(problem: Problem, tuning: NvrtcOptions) -> tuple[str, int]:
+    """``(kernel, vectors per thread)`` for a power-of-two fixed length: ``fixed_small`` up to
+    32 vectors per segment, ``fixed_rows`` up to ``max_rows`` warp-rows (a thread loads at
+    least one vector of each row of its segment, so the unroll grows with the rows)."""
+    rows = problem.segment_length // (32 * vec(problem))
+    if rows <= 1:
+        return "fixed_small", tuning.unroll_2byte if itemsize(problem.dtype) == 2 else tuning.unroll
+    return "fixed_rows", max(tuning.unroll, rows)
+
+
+def long_threads(problem: Problem, tuning: NvrtcOptions) -> int:
+    """Threads per block of fixed_long: up to ``tuning.long_threads``, halved (to 64 at least)
+    until every thread has at least 2 of a segment's vectors to load.  One vector per thread
+    left too few loads in flight (1000 float32 elements: 77% of copy with 256 threads, 104%
+    with 128)."""
+    lv = problem.segment_length // vec(problem)
+    threads = tuning.long_threads
+    while threads > 64 and 2 * threads > lv:
+        threads //= 2
+    return threads
+
+
+def long_unroll(problem: Problem, tuning: NvrtcOptions) -> int:
+    """Vectors per thread in fixed_long: the fewest (a power of two, at most 16) that let one
+    block's chunk cover a whole segment, so that short-enough segments need no partials."""
+    lv = problem.segment_length // vec(problem)
+    threads = long_threads(problem, tuning)
+    unroll = 1
+    while unroll < 16 and threads * unroll < lv:
+        unroll *= 2
+    return unroll
+
+
+def warp_items(problem: Problem) -> int:
+    """Elements per lane of warp_reduce: WarpShared::ITEMS in warp.cuh."""
+    return max(vec(problem), 8 if itemsize(acc_dtype(problem)) == 8 else 16)
+
+
+def warp_shared_bytes(problem: Problem, tuning: NvrtcOptions) -> int:
+    """Dynamic shared memory of linred_warp: WarpShared::WARP_BYTES per warp of a block (warp.cuh)."""
+    acc = itemsize(acc_dtype(problem))
+    wt = 32 * warp_items(problem)
+    pieces = -(-(wt + wt // 16 * max(1, 16 // acc)) * acc // 16) * 16
+    return tuning.threads // 32 * (pieces + -(-wt // 32) * 4 + 48)  # 48: WarpState
+
+
+def tile_shared_bytes(problem: Problem, vecload: bool, tuning: NvrtcOptions) -> int:
+    """Dynamic shared memory of linred_tile: TileShared::BYTES in tile.cuh."""
+    acc = itemsize(acc_dtype(problem))
+    pad = max(1, 16 // acc)
+    items = tuning.tile // tuning.threads
+    stage = -(-(tuning.tile + tuning.tile // 16 * pad) * acc // 16) * 16
+    fast = vecload and acc == 4 and items <= 32 and 32 % items == 0
+    return stage + (tuning.tile * 2 if fast else 0)
+
+
+# --- the programs: a kernel family's header and its entry points -------------------
+
+_OPS = {"sum": "OpSum", "mean": "OpSum", "max": "OpMax", "min": "OpMin"}
+
+
+def kernel_types(problem: Problem) -> tuple[str, str, str, str, str]:
+    """C types of the data, result and accumulator, the operation, and MEAN."""
+    mean = "true" if problem.reduction == "mean" else "false"
+    return CTYPES[problem.dtype], CTYPES[problem.out_dtype], CTYPES[acc_dtype(problem)], _OPS[problem.reduction], mean
+
+
+def _offsets(problem: Problem, index_ctype: str) -> str:
+    """The segment boundaries as the kernels read them (offsets.cuh)."""
+    return "FixedOffsets{L}" if problem.fixed else f"ArrayOffsets<{index_ctype}>{{offsets}}"
+
+
+def fixed_wrapper(problem: Problem, tuning: NvrtcOptions) -> str:
+    """``linred_fixed``: ``fixed_small`` or ``fixed_rows`` (fixed.cuh)."""
+    t, o, a, op, mean = kernel_types(problem)
+    kernel, unroll = fixed_layout(problem, tuning)
+    L, threads = problem.segment_length, tuning.threads
+    return f'#include "fixed.cuh"\nLINRED_FIXED({kernel}, {t}, {a}, {o}, {op}, {L}, {mean}, {threads}, {unroll})\n'
+
+
+def long_wrapper(problem: Problem, tuning: NvrtcOptions) -> str:
+    """``linred_long``: ``fixed_long`` (fixed.cuh)."""
+    t, o, a, op, mean = kernel_types(problem)
+    threads, unroll = long_threads(problem, tuning), long_unroll(problem, tuning)
+    return f'#include "fixed.cuh"\nLINRED_LONG({t}, {a}, {o}, {op}, {mean}, {threads}, {unroll})\n'
+
+
+def tile_wrapper(problem: Problem, vecload: bool, index_ctype: str, tuning: NvrtcOptions, k: int) -> str:
+    """``linred_tile`` (``tile_reduce``, ``k`` tiles per block), ``linred_fixup`` and
+    ``linred_bounds`` (tile.cuh, fixup.cuh)."""
+    t, o, a, op, mean = kernel_types(problem)
+    threads, tile = tuning.threads, tuning.tile
+    offsets = _offsets(problem, index_ctype)
+    vl = "true" if vecload else "false"
+    min_blocks = tuning.min_blocks if itemsize(acc_dtype(problem)) <= 4 else tuning.min_blocks_wide
+    smem = tile_shared_bytes(problem, vecload, tuning)
+    return (
+        '#include "tile.cuh"\n#include "fixup.cuh"\n'
+        f"LINRED_TILE({t}, {a}, {o}, {op}, {mean}, {threads}, {min_blocks}, {tile}, {k}, {vl}, {index_ctype}, "
+        f"{offsets}, {smem})\n"
+        f"LINRED_FIXUP({t}, {a}, {o}, {op}, {mean}, {threads}, {tile}, 1, {index_ctype}, {offsets})\n"
+        f"LINRED_BOUNDS({threads}, {tile}, {index_ctype}, {offsets})\n"
+    )
+
+
+def warp_wrapper(problem: Problem, index_ctype: str, tuning: NvrtcOptions, k: int) -> str:
+    """``linred_warp`` (``warp_reduce``, ``k`` tiles per warp) and ``linred_fixup``, whose runs
+    are a block's warps (warp.cuh, fixup.cuh)."""
+    t, o, a, op, mean = kernel_types(problem)
+    threads, min_blocks = tuning.threads, tuning.min_blocks_warp
+    offsets = _offsets(problem, index_ctype)
+    wt, group = 32 * warp_items(problem), threads // 32
+    smem = warp_shared_bytes(problem, tuning)
+    return (
+        '#include "warp.cuh"\n#include "fixup.cuh"\n'
+        f"LINRED_WARP({t}, {a}, {o}, {op}, {mean}, {threads}, {min_blocks}, {k}, {index_ctype}, {offsets}, {wt}, "
+        f"{smem})\n"
+        f"LINRED_FIXUP({t}, {a}, {o}, {op}, {mean}, {threads}, {wt}, {group}, {index_ctype}, {offsets})\n"
+    )
+
+
+def features_wrapper(problem: Problem, index_ctype: str, tuning: NvrtcOptions, width: int) -> str:
+    """``linred_features``: ``features_reduce`` over groups of ``width`` features (features.cuh)."""
+    t, o, a, op, mean = kernel_types(problem)
+    offsets = _offsets(problem, index_ctype)
+    return (
+        '#include "features.cuh"\n'
+        f"LINRED_FEATURES({t}, {a}, {o}, {op}, {mean}, {tuning.threads}, {width}, {tuning.unroll}, {index_ctype}, "
+        f"{offsets})\n"
+    )

@@ -1,0 +1,180 @@
+// The fixed-length kernels: one launch that reads only the data's and the result's
+// device pointers.
+//
+// Holds:
+//  - fixed_small: fixed-length segments whose length L is a power of two no
+//    longer than 32 vectors.  Each thread loads 16-byte vectors; a segment lies
+//    inside one vector (L <= VEC) or across L / VEC neighbouring lanes, reduced
+//    with warp shuffles.  No shared memory, no offsets.
+//  - fixed_rows: longer power-of-two lengths, up to 32 * UNROLL vectors: a warp
+//    streams a contiguous run of rows and reduces R rows per segment.
+//  - fixed_long: long fixed lengths of whole vectors: blocks reduce chunks of a
+//    segment, and the last block of a segment adds their partials in order.
+//  - their entry points: LINRED_FIXED (linred_fixed: fixed_small or fixed_rows) and
+//    LINRED_LONG (linred_long).
+
+#pragma once
+
+#include "common.cuh"
+
+// ---- fixed_small --------------------------------------------------------------
+// x: N elements (N a multiple of L and of VEC), 16-byte aligned.  out: N / L results.
+// Grid-stride over chunks of THREADS * UNROLL vectors.
+template <class T, class A, class O, class OP, int L, bool MEAN, int THREADS, int UNROLL>
+__device__ __forceinline__ void fixed_small(const T* __restrict__ x, O* __restrict__ out, i64 nvec) {
+    typedef typename VecOf<T>::type V;
+    constexpr int VEC = VecOf<T>::N;
+    const V* xv = reinterpret_cast<const V*>(x);
+    const i64 chunk = (i64)THREADS * UNROLL;
+    for (i64 base = (i64)blockIdx.x * chunk; base < nvec; base += (i64)gridDim.x * chunk) {
+        V buf[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const i64 v = base + (i64)u * THREADS + threadIdx.x;
+            if (v < nvec) buf[u] = xv[v];
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const i64 v = base + (i64)u * THREADS + threadIdx.x;
+            const bool valid = v < nvec;
+            if constexpr (L <= VEC) {
+                if (valid) {
+#pragma unroll
+                    for (int k = 0; k < VEC / L; ++k) {
+                        A acc = to_acc<A>(buf[u].v[k * L]);
+#pragma unroll
+                        for (int i = 1; i < L; ++i) acc = OP::combine(acc, to_acc<A>(buf[u].v[k * L + i]));
+                        out[v * (VEC / L) + k] = finish<O, MEAN>(acc, L);
+                    }
+                }
+            } else {
+                constexpr int LANES = L / VEC;  // neighbouring lanes sharing one segment
+                A acc = OP::template identity<O, A>();
+                if (valid) {
+                    acc = to_acc<A>(buf[u].v[0]);
+#pragma unroll
+                    for (int i = 1; i < VEC; ++i) acc = OP::combine(acc, to_acc<A>(buf[u].v[i]));
+                }
+#pragma unroll
+                for (int off = LANES / 2; off > 0; off /= 2) acc = OP::combine(acc, shfl_xor(acc, off));
+                if (valid && (threadIdx.x & (LANES - 1)) == 0) out[v / LANES] = finish<O, MEAN>(acc, L);
+            }
+        }
+    }
+}
+
+// ---- fixed_rows -----------------------------------------------------------------
+// Fixed lengths of R = L / (32 * VEC) warp-rows (R a power of two dividing UNROLL):
+// each warp reduces a contiguous run of 32 * UNROLL vectors, one coalesced 512-byte
+// row per load, so that a segment is R consecutive rows of one warp.  Each lane adds
+// its R vectors, then the warp adds its lanes.  No shared memory, one launch.
+template <class T, class A, class O, class OP, int L, bool MEAN, int THREADS, int UNROLL>
+__device__ __forceinline__ void fixed_rows(const T* __restrict__ x, O* __restrict__ out, i64 nvec) {
+    typedef typename VecOf<T>::type V;
+    constexpr int VEC = VecOf<T>::N;
+    constexpr int R = L / (32 * VEC);
+    static_assert(R >= 1 && R * 32 * VEC == L && UNROLL % R == 0, "L must be 32 * VEC * R with R dividing UNROLL");
+    const V* xv = reinterpret_cast<const V*>(x);
+    const int lane = threadIdx.x & 31;
+    const i64 warp_chunk = (i64)32 * UNROLL;
+    const i64 chunk = (i64)THREADS * UNROLL;
+    for (i64 base = (i64)blockIdx.x * chunk + (i64)(threadIdx.x >> 5) * warp_chunk; base < nvec;
+         base += (i64)gridDim.x * chunk) {
+        V buf[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const i64 v = base + (i64)u * 32 + lane;
+            if (v < nvec) buf[u] = xv[v];
+        }
+        // nvec is a multiple of 32 * R vectors: a segment is wholly in range or wholly out.
+#pragma unroll
+        for (int k = 0; k < UNROLL / R; ++k) {
+            if (base + (i64)k * R * 32 >= nvec) break;
+            A acc = to_acc<A>(buf[k * R].v[0]);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+#pragma unroll
+                for (int i = (r == 0 ? 1 : 0); i < VEC; ++i) acc = OP::combine(acc, to_acc<A>(buf[k * R + r].v[i]));
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off /= 2) acc = OP::combine(acc, shfl_xor(acc, off));
+            if (lane == 0) out[base / (32 * R) + k] = finish<O, MEAN>(acc, L);
+        }
+    }
+}
+
+// ---- fixed_long -------------------------------------------------------------------
+// Long fixed lengths of whole vectors (L = LV * VEC): segment s is cut into chunks of
+// THREADS * UNROLL vectors, one block per chunk.  A segment of one chunk is written by
+// its block; otherwise each block leaves its partial, and the block that finishes a
+// segment's chunks last (a per-segment ticket) adds the partials in chunk order and
+// writes the result: one launch, the same bits every run.  The last block sets the
+// ticket back to zero for the next call.
+template <class T, class A, class O, class OP, bool MEAN, int THREADS, int UNROLL>
+__device__ __forceinline__ void fixed_long(const T* __restrict__ x, O* __restrict__ out, A* __restrict__ partials,
+                                           unsigned* __restrict__ tickets, i64 LV, i64 chunks, i64 m) {
+    typedef typename VecOf<T>::type V;
+    constexpr int VEC = VecOf<T>::N;
+    constexpr i64 CH = (i64)THREADS * UNROLL;
+    __shared__ A shared[THREADS / 32];
+    __shared__ bool last;
+    const V* xv = reinterpret_cast<const V*>(x);
+    for (i64 w = blockIdx.x; w < m * chunks; w += gridDim.x) {
+        const i64 s = w / chunks, c = w - s * chunks;
+        const i64 begin = s * LV + c * CH;
+        const i64 end = min(begin + CH, (s + 1) * LV);
+        V buf[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const i64 v = begin + (i64)u * THREADS + threadIdx.x;
+            if (v < end) buf[u] = xv[v];
+        }
+        A acc = OP::template identity<O, A>();
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (begin + (i64)u * THREADS + threadIdx.x < end) {
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) acc = OP::combine(acc, to_acc<A>(buf[u].v[i]));
+            }
+        }
+        acc = block_combine<A, OP, THREADS>(acc, OP::template identity<O, A>(), shared);
+        if (chunks == 1) {
+            if (threadIdx.x == 0) out[s] = finish<O, MEAN>(acc, LV * VEC);
+            continue;
+        }
+        if (threadIdx.x == 0) {
+            partials[w] = acc;
+            __threadfence();  // the partial is visible before the ticket says so
+            last = atomicAdd(&tickets[s], 1u) == (unsigned)(chunks - 1);
+        }
+        __syncthreads();
+        if (last) {  // uniform across the block
+            __threadfence();
+            A total = OP::template identity<O, A>();
+            // A fixed assignment of partials to threads and a fixed tree: deterministic.
+            for (i64 k = threadIdx.x; k < chunks; k += THREADS) {
+                total = OP::combine(total, *(volatile A*)&partials[s * chunks + k]);
+            }
+            total = block_combine<A, OP, THREADS>(total, OP::template identity<O, A>(), shared);
+            if (threadIdx.x == 0) {
+                out[s] = finish<O, MEAN>(total, LV * VEC);
+                tickets[s] = 0u;
+            }
+        }
+    }
+}
+
+// ---- entry points -----------------------------------------------------------------
+// linred_fixed: KERNEL (fixed_small or fixed_rows) over nvec 16-byte vectors.
+#define LINRED_FIXED(KERNEL, T, A, O, OP, LEN, MEAN, THREADS, UNROLL)                                         \
+    extern "C" __global__ void __launch_bounds__(THREADS) linred_fixed(const T* x, O* out, long long nvec) { \
+        KERNEL<T, A, O, OP, LEN, MEAN, THREADS, UNROLL>(x, out, nvec);                                        \
+    }
+
+// linred_long: fixed_long over m segments of lv vectors, chunks blocks per segment.
+#define LINRED_LONG(T, A, O, OP, MEAN, THREADS, UNROLL)                                                        \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
+        linred_long(const T* x, O* out, A* partials, unsigned* tickets, long long lv, long long chunks,        \
+                    long long m) {                                                                             \
+        fixed_long<T, A, O, OP, MEAN, THREADS, UNROLL>(x, out, partials, tickets, lv, chunks, m);              \
+    }

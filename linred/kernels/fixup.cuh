@@ -1,0 +1,94 @@
+// tile_fixup: the segments that span the runs of tile_reduce or warp_reduce.
+//
+// Holds:
+//  - tile_fixup: one thread per run whose last segment continues into later runs
+//    sums that segment's partials in a fixed order (deterministic) and writes the
+//    result;
+//  - warp_range: a warp adds a range of partials, a fixed order;
+//  - its entry point: LINRED_FIXUP (linred_fixup).
+
+#pragma once
+
+#include "offsets.cuh"
+
+// Adds h[lo], ..., h[hi - 1] across the warp's lanes, four loads in flight per lane
+// (a fixed order: deterministic); every lane gets its own part.
+template <class A, class O, class OP>
+__device__ __forceinline__ A warp_range(const A* __restrict__ h, i64 lo, i64 hi, int lane) {
+    A acc0 = OP::template identity<O, A>(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    i64 k = lo + lane;
+    for (; k + 96 < hi; k += 128) {
+        acc0 = OP::combine(acc0, h[k]);
+        acc1 = OP::combine(acc1, h[k + 32]);
+        acc2 = OP::combine(acc2, h[k + 64]);
+        acc3 = OP::combine(acc3, h[k + 96]);
+    }
+    for (; k < hi; k += 32) acc0 = OP::combine(acc0, h[k]);
+    return OP::combine(OP::combine(acc0, acc1), OP::combine(acc2, acc3));
+}
+
+// One thread per run b (a block of tile_reduce, a warp's run of warp_reduce) whose
+// last segment continues into later runs: it is completed from the head pieces of
+// the runs it covers, summed in a fixed order (deterministic).  A thread adds up to
+// SHORT heads itself, with their loads in flight together; longer spans are taken
+// by the whole warp, one at a time.  With G > 1, group_head[g] holds the sum of
+// head[g * G .. g * G + G - 1], valid where those runs lie inside one segment,
+// which is where it is read: a segment spanning thousands of runs reads G times
+// fewer partials.
+template <class T, class A, class O, class OP, bool MEAN, int TILE, int G, class Off>
+__device__ __forceinline__ void tile_fixup(O* __restrict__ out, Off off, TileArgs a, const A* __restrict__ head,
+                                           const A* __restrict__ tail, const i64* __restrict__ tail_seg,
+                                           const A* __restrict__ group_head) {
+    constexpr int SHORT = 4;
+    const int lane = threadIdx.x & 31;
+    const i64 b = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    const A identity = OP::template identity<O, A>();
+    const i64 s = b < a.num_blocks ? tail_seg[b] : -1;
+    i64 lo = 0, hi = 0, len = 0, at = 0;
+    A acc = identity;
+    if (s >= 0) {
+        const i64 row = b / a.blocks_per_row;
+        const i64 bj = b - row * a.blocks_per_row;
+        const i64 begin = off(s), end = off(s + 1);
+        const i64 last = (end - 1) / ((i64)TILE * a.tiles_per_block);  // the run holding the segment's last element
+        // The heads of runs b + 1 .. b + last - bj, by their index over all rows.
+        lo = b + 1;
+        hi = b + 1 + (last - bj);
+        len = end - begin;
+        at = row * a.m + s;
+        acc = tail[b];
+        if (hi - lo <= SHORT) {
+#pragma unroll
+            for (int q = 0; q < SHORT; ++q)
+                if (lo + q < hi) acc = OP::combine(acc, head[lo + q]);
+            out[at] = finish<O, MEAN>(acc, len);
+        }
+    }
+    for (unsigned spans = __ballot_sync(0xffffffffu, s >= 0 && hi - lo > SHORT); spans; spans &= spans - 1) {
+        const int src = __ffs(spans) - 1;
+        const i64 l = __shfl_sync(0xffffffffu, lo, src), h = __shfl_sync(0xffffffffu, hi, src);
+        // Whole groups of runs inside the segment: in [l, h - 1), before the run holding
+        // its last element.
+        const i64 g0 = (l + G - 1) / G, g1 = (h - 1) / G;
+        A part;
+        if (G > 1 && g1 > g0) {
+            part = OP::combine(warp_range<A, O, OP>(head, l, g0 * G, lane),
+                               warp_range<A, O, OP>(group_head, g0, g1, lane));
+            part = OP::combine(part, warp_range<A, O, OP>(head, g1 * G, h, lane));
+        } else {
+            part = warp_range<A, O, OP>(head, l, h, lane);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) part = OP::combine(part, shfl_xor(part, o));
+        if (lane == src) out[at] = finish<O, MEAN>(OP::combine(acc, part), len);
+    }
+}
+
+// ---- entry points -----------------------------------------------------------------
+// linred_fixup: tile_fixup for runs of tiles of TILE elements, heads joined G runs at a time.
+#define LINRED_FIXUP(T, A, O, OP, MEAN, THREADS, TILE, G, I, OFFSETS)                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS) linred_fixup(                                        \
+        O* out, LINRED_TILE_PARAMS(I), const A* head, const A* tail, const long long* ts, const A* gh) {       \
+        LINRED_TILE_ARGS                                                                                       \
+        tile_fixup<T, A, O, OP, MEAN, TILE, G>(out, OFFSETS, a, head, tail, ts, gh);                           \
+    }

@@ -1,0 +1,82 @@
+// Segment boundaries and the tiling of rows, shared by tile_reduce, warp_reduce,
+// tile_fixup and features_reduce.
+//
+// Holds: ArrayOffsets and FixedOffsets (offsets[s] from an array, or s * L),
+// segment_at_or_after and warp_segment_at_or_after (the first segment at or after an
+// element), TileArgs (a row's tiling), the carry modes, and the parameter list and
+// TileArgs construction every tile kernel's entry point shares (LINRED_TILE_PARAMS,
+// LINRED_TILE_ARGS).
+
+#pragma once
+
+#include "common.cuh"
+
+// Segment boundaries: offsets[s] from an array, or s * L for a fixed length.
+template <class I> struct ArrayOffsets {
+    const I* __restrict__ p;
+    __device__ __forceinline__ i64 operator()(i64 s) const { return (i64)p[s]; }
+    // Lanes ask L2 for the 128-byte lines of the boundaries from s on: those of
+    // `expect` boundaries and one more line (up to 32 lines).
+    __device__ __forceinline__ void prefetch(i64 s, int lane, i64 expect) const {
+        const int lines = 2 + (int)min(expect, (i64)(32 * 128)) * (int)sizeof(I) / 128;
+        if (lane < lines) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + s + lane * (128 / (int)sizeof(I))));
+    }
+};
+struct FixedOffsets {
+    i64 L;
+    __device__ __forceinline__ i64 operator()(i64 s) const { return s * L; }
+    __device__ __forceinline__ void prefetch(i64, int, i64) const {}
+};
+
+// The first segment starting at or after tile j's first element: read from the
+// bounds that tile_bounds computed, or computed directly for a fixed length.
+template <class Off> __device__ __forceinline__ i64 segment_at_or_after(const Off&, const i64* bounds, i64 j, i64, i64) {
+    return bounds[j];
+}
+__device__ __forceinline__ i64 segment_at_or_after(const FixedOffsets& off, const i64*, i64, i64 m, i64 v) {
+    const i64 s = (v + off.L - 1) / off.L;
+    return s < m ? s : m;
+}
+
+// The same for warp_reduce, found by the warp itself: a 32-way search over [0, m]
+// (each step the lanes probe 32 evenly spaced offsets and a ballot narrows the range
+// 32 times; 5 steps for 16 million segments, their loads mostly L2 hits shared with
+// the neighbouring runs), in place of a binary search 24 loads deep.
+template <class Off> __device__ __forceinline__ i64 warp_segment_at_or_after(const Off& off, i64 m, i64 v, int lane) {
+    i64 lo = 0, hi = m;  // the answer lies in [lo, hi]; off(hi) >= v
+    while (hi > lo) {
+        const i64 step = (hi - lo + 31) >> 5;
+        const i64 q = lo + lane * step;
+        const unsigned below = __ballot_sync(0xffffffffu, q < hi && off(q) < v);
+        const int c = __popc(below);  // probes 0 .. c - 1 lie below v, the others (or hi) at or past it
+        if (c == 0) break;
+        const i64 next = lo + (i64)c * step;
+        lo += (i64)(c - 1) * step + 1;
+        hi = min(next, hi);
+    }
+    return lo;
+}
+__device__ __forceinline__ i64 warp_segment_at_or_after(const FixedOffsets& off, i64 m, i64 v, int) {
+    return segment_at_or_after(off, nullptr, 0, m, v);
+}
+
+struct TileArgs {
+    i64 n;              // elements per row
+    i64 m;              // segments per row
+    i64 row_stride;     // elements between rows of x
+    i64 elem_stride;    // elements between consecutive elements of a row
+    i64 tiles_per_row;
+    i64 blocks_per_row; // each block reduces tiles_per_block consecutive tiles of one row
+    i64 num_blocks;     // rows * blocks_per_row
+    i64 tiles_per_block;
+};
+
+// The open segment a block carries from one of its tiles to the next.
+enum { CARRY_NONE = 0, CARRY_FROM_BEFORE = 1, CARRY_OWN = 2 };
+
+// The arguments every tile kernel's entry point takes (linred_tile, linred_warp, linred_fixup,
+// linred_bounds), and the TileArgs they make; I is the C type of the offsets.
+#define LINRED_TILE_PARAMS(I)                                                                                    \
+    const I* offsets, long long L, long long n, long long m, long long rs, long long es, long long tpr,           \
+        long long bpr, long long nb, long long tpb, const long long* bounds
+#define LINRED_TILE_ARGS TileArgs a{n, m, rs, es, tpr, bpr, nb, tpb};
