@@ -16,7 +16,7 @@ Gradients (see docs/torch.md):
 - sum: each element gets its segment's gradient; mean: divided by the segment length.
   Their backward is made of differentiable PyTorch operations, so double backward works.
 - max/min: the gradient goes to one element per segment, the first that attains the
-  maximum (minimum), found by :func:`linred.segmented_argmax` (``argmin``); the others get 0.
+  maximum (minimum), as :func:`linred.segmented_argmax` (``argmin``) finds it; the others get 0.
 """
 
 from typing import Any, Optional
@@ -87,10 +87,10 @@ def _expand(ctx: Any, t: Tensor, lengths: Optional[Tensor]) -> Tensor:  # noqa: 
 def _backward(ctx: Any, grad: Tensor) -> tuple:
     nones = (None,) * 8
     if ctx.reduction in ("max", "min"):
-        offsets, lengths, x, _ = ctx.saved_tensors
+        offsets, lengths, x, extreme = ctx.saved_tensors
         if ctx.n == 0:
             return (torch.zeros(x.shape, dtype=ctx.x_dtype, device=x.device), *nones)
-        arg = _arg(ctx, x, offsets, lengths)
+        arg = _arg(ctx, x, extreme, offsets, lengths)
         chosen = arg < ctx.n  # empty segments choose no element
         gx = torch.zeros(x.shape, dtype=grad.dtype, device=grad.device)
         gx = gx.scatter_add(ctx.axis, arg.clamp(max=ctx.n - 1), grad.masked_fill(~chosen, 0))
@@ -108,12 +108,20 @@ def _backward(ctx: Any, grad: Tensor) -> tuple:
     return (_expand(ctx, grad, lengths).to(ctx.x_dtype), *nones)
 
 
-def _arg(ctx: Any, x: Tensor, offsets: Optional[Tensor], lengths: Optional[Tensor]) -> Tensor:  # noqa: UP045
-    import linred
-
-    fn = linred.segmented_argmax if ctx.reduction == "max" else linred.segmented_argmin
-    with torch.no_grad():
-        return fn(x.detach(), ctx.segment_length, offsets=offsets, lengths=lengths, axis=ctx.axis, check=False)
+def _arg(ctx: Any, x: Tensor, extreme: Tensor, offsets: Optional[Tensor], lengths: Optional[Tensor]) -> Tensor:  # noqa: UP045
+    """The first position along the axis that attains each segment's extreme (``n`` for an
+    empty segment), from the saved input and result: torch operations and the operator itself,
+    so that it is traced as it is (also with fake tensors, by torch.compile's backward)."""
+    n = ctx.n
+    x, extreme = x.detach(), extreme.detach()
+    spread = _expand(ctx, extreme, offsets.diff() if lengths is None and offsets is not None else lengths)
+    hit = (x == spread) | (x.isnan() & spread.isnan()) if x.is_floating_point() else x == spread
+    shape = [1] * ctx.ndim
+    shape[ctx.axis] = n
+    index = torch.arange(n, device=x.device).reshape(shape)
+    positions = torch.where(hit, index, n)
+    first = segmented_reduce(positions, offsets, lengths, ctx.segment_length, ctx.axis, "min", None, "auto", False)
+    return first.clamp(max=n)
 
 
 segmented_reduce.register_autograd(_backward, setup_context=_setup_context)

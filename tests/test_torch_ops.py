@@ -204,7 +204,7 @@ def test_cuda_graph_captures_a_call(spec):
             call(False)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):  # captured where the warm-up ran
         y = call(False)
     x.copy_(torch.randn(4096, 16, device="cuda"))
     graph.replay()
@@ -213,6 +213,6 @@ def test_cuda_graph_captures_a_call(spec):
     if spec == "offsets":
         with (
             pytest.raises(RuntimeError, match=r"check=True\) reads them back"),
-            torch.cuda.graph(torch.cuda.CUDAGraph()),
+            torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream),
         ):
             call(True)

@@ -302,6 +302,16 @@ def ops_for(kind: str, device: int) -> CupyOps | TorchOps:
     return CupyOps(device) if kind == "cupy" else TorchOps(device)
 
 
+def capturing(stream: int) -> bool:
+    """Whether ``stream`` is being captured into a CUDA graph."""
+    if cupy is not None and cupy.cuda.is_available():
+        return cupy.cuda.runtime.streamIsCapturing(stream) != 0
+    import torch
+
+    # (PyTorch alone: calls run on its current stream)
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 class StreamOrder:
     """Orders a call on a new stream after the previous call of the same executor.
 
@@ -318,9 +328,23 @@ class StreamOrder:
 
     def begin(self, stream: int) -> None:
         if self._last is not None and stream != self._last:
-            self._ops.wait(stream, self._event)
+            if capturing(stream):
+                # A capture can neither wait on work outside it nor let the host wait.
+                raise RuntimeError(
+                    "this plan's previous call ran on another stream, and a CUDA graph capture cannot wait "
+                    "for it; make the warm-up calls on the stream that captures (torch.cuda.graph(g, stream=s) "
+                    "after warming up on s), or call backend='nvrtc' or 'cub' inside the capture"
+                )
+            else:
+                self._ops.wait(stream, self._event)
 
     def end(self, stream: int) -> None:
+        if capturing(stream):
+            # An event recorded in a capture cannot order later eager calls: none is kept.
+            # (A graph's replays share the plan's workspace with eager calls of the same plan:
+            # they must not run at the same time, as with any captured workspace.)
+            self._last = None
+            return
         if self._event is None:
             self._event = self._ops.event()
         self._ops.record(self._event, stream)

@@ -75,6 +75,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "NumPy on the CPU) on the same buffers, with the relative error of each against float64."
     )
     parser.add_argument(
+        "--suite",
+        choices=("bandwidth", "workloads"),
+        default="bandwidth",
+        help="bandwidth: segmented sums of large buffers beside the peers (default); workloads: GNN pooling, "
+        "embedding bags and windowed time series on torch tensors beside the PyTorch idioms "
+        "(linred.bench.workloads; --n does not apply)",
+    )
+    parser.add_argument(
         "--device",
         choices=("auto", "gpu", "cpu"),
         default="auto",
@@ -200,6 +208,10 @@ def _device(requested: str) -> tuple[str | None, str]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; returns 0, 1 if a linred backend gave a wrong result, 2 for a usage error."""
+    if getattr(args, "suite", "bandwidth") == "workloads":
+        from linred.bench import workloads
+
+        return workloads.run(args)
     from linred.bench import cases as cases_module
     from linred.bench import report
     from linred.bench.runner import Settings, run_cases
