@@ -1,12 +1,12 @@
 """The public functions' body, and how it meets PyTorch.
 
 Without PyTorch, a call goes straight to the plan cache
-(:func:`linred._plan_cache.call`).  Once PyTorch is imported, :data:`run` becomes
+(:func:`linred._plan_cache.call`).  Once PyTorch is in use, :data:`run` becomes
 :func:`linred._torch_ops.run`, which sends a tensor through the registered operator
 ``linred::segmented_reduce`` where that is needed (inside ``torch.compile``, and
 for tensors that require grad) and every other call to the plan cache, as before.
-``import linred`` still imports no PyTorch: the switch happens on the first call
-made after PyTorch is imported (or when linred is imported after it).
+``import linred`` still imports no PyTorch: the switch happens when linred is
+imported after PyTorch, or when linred first meets a tensor.
 """
 
 from __future__ import annotations
@@ -17,24 +17,20 @@ from typing import Any
 
 from linred import _plan_cache
 
-
-def _without_torch(*args: Any) -> Any:
-    """The body while PyTorch is not imported (one dictionary test per call)."""
-    if "torch" in sys.modules:
-        register_torch()
-        return run(*args)
-    return _plan_cache.call(*args)
-
-
 #: the body of the public functions: ``run(reduction, x, segment_length, offsets, lengths, axis,
 #: dtype, out, backend, stream, check)``
-run: Callable[..., Any] = _without_torch
+run: Callable[..., Any] = _plan_cache.call
+
+# Until PyTorch is registered, a compiled function that calls linred breaks its graph here and
+# runs the call eagerly (which registers PyTorch, so that the next compilation traces through).
+_plan_cache.call._torchdynamo_disable = True  # type: ignore[attr-defined]
+_plan_cache.call._torchdynamo_disable_msg = "linred meets PyTorch on its first call"  # type: ignore[attr-defined]
 
 
 def register_torch() -> None:
     """Route the public functions through :mod:`linred._torch_ops` (once; a no-op without PyTorch)."""
     global run
-    if run is not _without_torch:
+    if run is not _plan_cache.call:
         return
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(getattr(torch, "library", None), "custom_op"):

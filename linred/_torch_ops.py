@@ -26,7 +26,6 @@ from torch import Tensor
 
 from linred import _plan_cache
 from linred._dtypes import dtype_name, resolve
-from linred.arrays._torch import torch_dtype
 
 __all__ = ["run", "segmented_reduce"]
 
@@ -59,7 +58,7 @@ def _(x, offsets, lengths, segment_length, axis, reduction, dtype, backend, chec
     _, out_dtype = resolve(reduction, dtype_name(x.dtype), dtype)
     shape = list(x.shape)
     shape[axis] = m
-    return x.new_empty(shape, dtype=torch_dtype(out_dtype))
+    return x.new_empty(shape, dtype=getattr(torch, out_dtype))  # linred's dtype names are torch's
 
 
 def _setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import importlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -238,10 +239,13 @@ def test_asv_benchmarks_check_run_or_skip(cls, monkeypatch):
     """Each benchmark class at small sizes: setup (with its correctness check), time_sum and track_gbps.
 
     A skip (NotImplementedError, asv's n/a) is allowed only for a GPU benchmark without a GPU, a
-    linred backend that is unavailable or refuses the problem, and a PyTorch method without PyTorch.
+    linred backend that is unavailable or refuses the problem, and a PyTorch method (or a PyTorch
+    workload: GNN pooling, embedding bags) without PyTorch.
     """
     module = sys.modules[cls.__module__]
-    gpu = cls.__name__.startswith("Gpu")
+    gpu = cls.__name__.startswith("Gpu") or (
+        module.__name__.endswith("workloads") and importlib.util.find_spec("torch") is None
+    )
     assert cls.param_names == ("method", "shape", "dtype")
     for name in ("N_CPU", "N_GPU"):
         if hasattr(module, name):

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from linred._dtypes import dtype_name
+from linred._dynamo import register_torch
 from linred.arrays._base import ArrayAdapter, ArrayInfo, adapters, byte_range, ranges_overlap
 from linred.arrays._streams import stream_handle
 
@@ -232,3 +233,4 @@ class TorchAdapter(ArrayAdapter):
 
 TORCH = TorchAdapter()
 adapters[torch.Tensor] = TORCH
+register_torch()  # autograd and torch.compile through linred's operator (see linred._dynamo)

@@ -30,6 +30,7 @@ ordered with the default stream the libraries' kernels run on.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -306,10 +307,8 @@ def capturing(stream: int) -> bool:
     """Whether ``stream`` is being captured into a CUDA graph."""
     if cupy is not None and cupy.cuda.is_available():
         return cupy.cuda.runtime.streamIsCapturing(stream) != 0
-    import torch
-
-    # (PyTorch alone: calls run on its current stream)
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    torch = sys.modules.get("torch")  # (PyTorch alone: calls run on its current stream)
+    return torch is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 class StreamOrder:
