@@ -120,7 +120,7 @@ def call(
         if plan is not None:
             _cache.hits += 1
             plan._last_use = _cache.hits
-            handle = plan._current_stream() if stream is None else plan._stream(stream)
+            handle = (plan._current_stream and plan._current_stream()) if stream is None else plan._stream(stream)
             if fixed:
                 return plan._run(x, out, handle, plan._segments)
             segments = _segments(plan, offsets, lengths, check, stream, handle)

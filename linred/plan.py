@@ -179,8 +179,9 @@ class SegmentedReduction:
         self._out_key = adapter.out_key(req.out_shape, problem.out_dtype, problem.device)
         self._prepare = adapter.prepare if adapter.prepares else None
         self._empty = adapter.allocator(problem.out_dtype, problem.device)
-        self._current_stream = adapter.current_stream(problem.device)
-        self._writeable = adapter.is_writeable
+        #: the library's current stream on the data's device (None on the host: no call to make)
+        self._current_stream = None if problem.device is None else adapter.current_stream(problem.device)
+        self._describe_out = adapter.key_out
         self._overlaps = adapter.overlaps
         # (an executor that takes the caller's arrays cannot take one whose 3-D view is a copy)
         self._views = getattr(self._executor, "views", True) or not req.viewed
@@ -193,7 +194,7 @@ class SegmentedReduction:
     def _stream(self, stream: Any) -> Any:
         """The handle a call runs on: ``stream`` resolved, or the array library's current stream."""
         if stream is None:
-            return self._current_stream()
+            return self._current_stream and self._current_stream()
         return self._request.adapter.resolve_stream(stream, self._request.problem.device)
 
     def _run(self, x: Any, out: Any, handle: Any, segments: Segments) -> Any:
@@ -207,8 +208,7 @@ class SegmentedReduction:
             result = out
             if (
                 type(out) is self._type
-                and self._describe(out) == self._out_key
-                and self._writeable(out)
+                and self._describe_out(out) == self._out_key  # (also says it is writeable)
                 and not self._overlaps(out, x)
                 and (self._fixed or not self._overlaps(out, segments.offsets))
             ):
@@ -272,7 +272,7 @@ class SegmentedReduction:
             raise RuntimeError("this SegmentedReduction has been freed")
         if type(x) is not self._type or self._describe(x) != self._x_key:
             x = check_x(x, self._request)  # the same layout through another route, or an error
-        handle = self._current_stream() if stream is None else self._stream(stream)
+        handle = (self._current_stream and self._current_stream()) if stream is None else self._stream(stream)
         return self._run(x, out, handle, self._segments)
 
     __call__ = execute

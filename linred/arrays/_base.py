@@ -64,9 +64,13 @@ class ArrayAdapter:
         raise NotImplementedError
 
     def out_key(self, shape: tuple[int, ...], dtype: str, device: int | None) -> tuple:
-        """The :meth:`key` of a C-contiguous, plain array of ``shape``, ``dtype`` and ``device``
-        (one that :meth:`empty` makes)."""
+        """The :meth:`key_out` of a C-contiguous, plain, writeable array of ``shape``, ``dtype``
+        and ``device`` (one that :meth:`empty` makes)."""
         raise NotImplementedError
+
+    def key_out(self, x: Any) -> tuple:
+        """:meth:`key` with whatever else decides whether ``x`` can be written (its writeability)."""
+        return self.key(x)
 
     def allocator(self, dtype: str, device: int | None) -> Any:
         """``empty(shape)``: :meth:`empty` with the dtype and device fixed, for repeated calls."""

@@ -134,8 +134,11 @@ class NumpyAdapter(ArrayAdapter):
         # The dtype carries the byte order; alignment and strides decide plainness.
         return (x.shape, x.strides, x.dtype, x.flags.aligned)
 
+    def key_out(self, x: np.ndarray) -> tuple:
+        return (x.shape, x.strides, x.dtype, x.flags.aligned, x.flags.writeable)
+
     def out_key(self, shape: tuple[int, ...], dtype: str, device: int | None) -> tuple:
-        return self.key(np.empty(shape, dtype=numpy_dtype(dtype)))
+        return self.key_out(np.empty(shape, dtype=numpy_dtype(dtype)))
 
     def allocator(self, dtype: str, device: int | None) -> Any:
         return functools.partial(np.empty, dtype=numpy_dtype(dtype))
