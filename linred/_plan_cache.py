@@ -39,11 +39,10 @@ class PlanCache:
         self.maxsize = maxsize
         self.plans: dict[tuple, SegmentedReduction] = {}
         self._lock = threading.Lock()
-        self.hits = 0
         self.misses = 0
 
     def put(self, key: tuple, plan: SegmentedReduction) -> None:
-        plan._last_use = self.hits
+        plan._last_use = _hits
         with self._lock:
             if self.maxsize:
                 self.plans[key] = plan
@@ -65,6 +64,8 @@ class PlanCache:
 
 
 _cache = PlanCache(64)
+#: calls that found their plan; also each plan's last-use stamp
+_hits = 0
 _plans = _cache.plans  # read without the lock: a call's lookup is one dict access
 _get_ident = threading.get_ident
 # Plans keep the options they were made with; those made with replaced ones are unreachable.
@@ -118,8 +119,9 @@ def call(
         except TypeError:  # an unhashable argument: described and refused (or served) below
             plan = key = None
         if plan is not None:
-            _cache.hits += 1
-            plan._last_use = _cache.hits
+            global _hits
+            _hits += 1  # (a module global: a call's cheapest counter)
+            plan._last_use = _hits
             handle = (plan._current_stream and plan._current_stream()) if stream is None else plan._stream(stream)
             if fixed:
                 return plan._run(x, out, handle, plan._segments)
@@ -248,4 +250,4 @@ def plan_cache_info() -> dict[str, int]:
     >>> after["size"], after["misses"] - before["misses"], after["hits"] - before["hits"]
     (1, 1, 1)
     """
-    return {"size": len(_cache.plans), "maxsize": _cache.maxsize, "hits": _cache.hits, "misses": _cache.misses}
+    return {"size": len(_cache.plans), "maxsize": _cache.maxsize, "hits": _hits, "misses": _cache.misses}
