@@ -35,17 +35,31 @@ def run_json(tmp_path, argv: list[str]) -> tuple[int, dict]:
     return rc, json.loads(path.read_text())
 
 
-def test_cpu_bench_end_to_end(tmp_path, capsys):
+def test_plot_without_matplotlib_is_an_error_before_the_run(tmp_path, capsys):
     png = tmp_path / "bench.png"
-    rc, data = run_json(tmp_path, ["--plot", str(png)])
+    if importlib.util.find_spec("matplotlib") is not None:
+        rc, _ = run_json(tmp_path, ["--plot", str(png)])
+        assert rc == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        return
+    rc = bench.run(parse([*TINY, "--plot", str(png)]))
+    assert rc == 2
+    assert "--plot needs matplotlib: pip install 'linred[bench]'" in capsys.readouterr().err
+    assert not png.exists()
+
+
+def test_unknown_methods_are_an_error_naming_the_valid_ones(capsys):
+    rc = bench.run(parse([*TINY, "--methods", "linred,zzz"]))
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--methods zzz matches no method; methods: linred auto" in err
+    assert "numpy add.reduceat" in err
+
+
+def test_cpu_bench_end_to_end(tmp_path, capsys):
+    rc, data = run_json(tmp_path, [])
     assert rc == 0
     captured = capsys.readouterr()
     assert "Summary: linred auto vs the fastest correct peer" in captured.out
-    if importlib.util.find_spec("matplotlib") is None:  # the plot needs the bench extra
-        assert "no plot (ModuleNotFoundError" in captured.err
-        assert not png.exists()
-    else:
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     meta = data["meta"]
     assert meta["device"] == "cpu"
@@ -416,7 +430,9 @@ def test_gpu_bench_small(tmp_path):
     argv = ["--device", "gpu", "--n", "2^22", "--repeats", "3", "--warmup", "2", "--budget", "0.2", "--no-progress"]
     argv += ["--cases", "L=32,geom 16,half empty,f16 L=128,bf16 L=32,f64 L=8,d=64 L=8"]
     path = tmp_path / "gpu.json"
-    rc = bench.run(parse([*argv, "--json", str(path), "--plot", str(tmp_path / "gpu.png")]))
+    if importlib.util.find_spec("matplotlib") is not None:
+        argv += ["--plot", str(tmp_path / "gpu.png")]
+    rc = bench.run(parse([*argv, "--json", str(path)]))
     data = json.loads(path.read_text())
     assert data["meta"]["gpu"]["name"]
     problems = []

@@ -57,8 +57,14 @@ def test_num_threads_env(monkeypatch, value, expected):
         assert got <= expected
 
 
-@pytest.mark.parametrize("value", ["two", "1.5"])
+@pytest.mark.parametrize("value", ["two", "1.5", "0", "-2"])
 def test_num_threads_env_rejects_non_integers(monkeypatch, value):
     monkeypatch.setenv("LINRED_NUM_THREADS", value)
     with pytest.raises(ValueError, match="LINRED_NUM_THREADS must be a positive integer"):
         numpy_backend.num_threads()
+
+
+def test_a_bad_thread_cap_is_reported_by_the_first_call_not_only_a_large_one(monkeypatch, clean_plan_cache):
+    monkeypatch.setenv("LINRED_NUM_THREADS", "abc")
+    with pytest.raises(ValueError, match=r"LINRED_NUM_THREADS must be a positive integer; got 'abc'"):
+        linred.segmented_sum(np.ones(4), 2, backend="numpy")

@@ -49,13 +49,28 @@ def num_threads() -> int:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    cap = os.environ.get("LINRED_NUM_THREADS", "")
-    if cap.strip():
-        try:
-            cpus = min(cpus, max(1, int(cap)))
-        except ValueError:
-            raise ValueError(f"LINRED_NUM_THREADS must be a positive integer; got {cap!r}") from None
-    return max(1, cpus)
+    cap = thread_cap()
+    return max(1, cpus if cap is None else min(cpus, cap))
+
+
+def thread_cap() -> int | None:
+    """``LINRED_NUM_THREADS`` as a positive integer, None when unset or empty.
+
+    Raises
+    ------
+    ValueError
+        If it is set to anything else (``0``, ``-2``, ``abc``).
+    """
+    cap = os.environ.get("LINRED_NUM_THREADS", "").strip()
+    if not cap:
+        return None
+    try:
+        value = int(cap)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"LINRED_NUM_THREADS must be a positive integer; got {cap!r}")
+    return value
 
 
 def _executor(workers: int) -> ThreadPoolExecutor:
@@ -494,6 +509,7 @@ class NumpyBackend(Backend):
         return None
 
     def plan(self, problem: Problem) -> FunctionExecutor:
+        thread_cap()  # a bad LINRED_NUM_THREADS is reported when planning, not by the first large call
         direct = _fixed_direct(problem) if problem.fixed else _variable_direct(problem)
         if direct is not None:  # reads the caller's arrays as they come: no views needed
             return FunctionExecutor(direct, views=False)
