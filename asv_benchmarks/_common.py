@@ -323,7 +323,8 @@ class _SegmentedSum:
         self.sync()
 
     def track_gbps(self, method: str, shape: str, dtype: str) -> float:
-        """(bytes read + bytes written) / median time per call, in GB/s."""
-        return round(self.nbytes / self.seconds() / 1e9, 2)
+        """(bytes read + bytes written) / median time per call, in GB/s (3 significant digits: a
+        slow call, on a loaded machine, must not round to 0)."""
+        return float(f"{self.nbytes / self.seconds() / 1e9:.3g}")
 
     track_gbps.unit = "GB/s"
