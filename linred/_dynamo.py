@@ -21,10 +21,12 @@ from linred import _plan_cache
 #: dtype, out, backend, stream, check)``
 run: Callable[..., Any] = _plan_cache.call
 
-# Until PyTorch is registered, a compiled function that calls linred breaks its graph here and
-# runs the call eagerly (which registers PyTorch, so that the next compilation traces through).
+# The plan cache is opaque to TorchDynamo (what torch.compiler.disable marks): a compiled function
+# breaks its graph there and runs the call eagerly.  That is every call before PyTorch is registered
+# (the call registers it, so that the next compilation traces through linred's operator), and any
+# call on NumPy or CuPy data afterwards.
 _plan_cache.call._torchdynamo_disable = True  # type: ignore[attr-defined]
-_plan_cache.call._torchdynamo_disable_msg = "linred meets PyTorch on its first call"  # type: ignore[attr-defined]
+_plan_cache.call._torchdynamo_disable_msg = "linred runs this call eagerly, outside the graph"  # type: ignore[attr-defined]
 
 
 def register_torch() -> None:

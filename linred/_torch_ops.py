@@ -125,10 +125,6 @@ def _arg(ctx: Any, x: Tensor, extreme: Tensor, offsets: Optional[Tensor], length
 
 segmented_reduce.register_autograd(_backward, setup_context=_setup_context)
 
-#: the plain call path, opaque to TorchDynamo: a linred call on NumPy or CuPy data inside a
-#: compiled function runs eagerly, outside the graph (a graph break)
-_eager = torch.compiler.disable(_plan_cache.call, reason="linred runs NumPy and CuPy data eagerly")
-
 
 def _as_dtype_name(dtype: Any) -> Any:
     if dtype is None or isinstance(dtype, str):
@@ -177,12 +173,11 @@ def run(
     check: Any,
 ) -> Any:
     """The public functions' body once PyTorch is in use: the operator where it is needed."""
-    if torch.compiler.is_compiling():
-        if isinstance(x, Tensor):
-            return _through_op(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
-        return _eager(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
-    if isinstance(x, Tensor) and x.requires_grad and torch.is_grad_enabled() and reduction in _DIFFERENTIABLE:
+    if isinstance(x, Tensor) and (
+        torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled() and reduction in _DIFFERENTIABLE)
+    ):
         return _through_op(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    # (the plan cache is opaque to TorchDynamo: inside torch.compile, NumPy or CuPy data runs eagerly)
     return _plan_cache.call(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 

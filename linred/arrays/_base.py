@@ -39,10 +39,6 @@ class ArrayInfo:
     plain: bool = True
 
 
-def _no_stream() -> None:
-    return None
-
-
 class ArrayAdapter:
     """Operations on one array library's arrays.  Subclasses fill every method."""
 
@@ -76,10 +72,10 @@ class ArrayAdapter:
         """``empty(shape)``: :meth:`empty` with the dtype and device fixed, for repeated calls."""
         raise NotImplementedError
 
-    def current_stream(self, device: int | None) -> Any:
-        """A function returning the handle of the library's current stream on ``device``
-        (None on the host): what a call with ``stream=None`` runs on."""
-        return _no_stream
+    def current_stream(self, device: int) -> Any:
+        """A function returning the handle of the library's current stream on CUDA device
+        ``device``: what a call with ``stream=None`` runs on (host calls have no stream)."""
+        raise NotImplementedError
 
     def prepare(self, x: Any) -> Any:
         """``x`` ready to be read by raw pointer (torch: lazy conjugation resolved)."""

@@ -121,7 +121,7 @@ class CupyAdapter(ArrayAdapter):
 
         return empty
 
-    def current_stream(self, device: int | None) -> Any:
+    def current_stream(self, device: int) -> Any:
         current = cupy.cuda.get_current_stream
         return lambda: current(device).ptr
 

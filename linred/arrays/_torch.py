@@ -107,8 +107,8 @@ class TorchAdapter(ArrayAdapter):
     def allocator(self, dtype: str, device: int | None) -> Any:
         return functools.partial(torch.empty, dtype=torch_dtype(dtype), device=_device(device))
 
-    def current_stream(self, device: int | None) -> Any:
-        return super().current_stream(device) if device is None else _current_stream_handle(device)
+    def current_stream(self, device: int) -> Any:
+        return _current_stream_handle(device)
 
     def is_writeable(self, x: torch.Tensor) -> bool:
         return not (x.is_conj() or x.is_neg())
