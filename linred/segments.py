@@ -74,6 +74,15 @@ def _one_dimensional(a: Any, name: str) -> None:
         raise ValueError(f"{name} must be 1-D; got shape {tuple(a.shape)}")
 
 
+def _refuse_capture(adapter: ArrayAdapter, a: Any, name: str) -> None:
+    """Checking segments reads their summary back on the host, which a CUDA graph capture cannot do."""
+    if adapter.capturing(a):
+        raise RuntimeError(
+            f"checking {name} (check=True) reads them back on the host, which cannot happen while a CUDA "
+            "graph is being captured; pass check=False inside the capture (and check them before it)"
+        )
+
+
 def parse_offsets(
     value: Any, n: int, axis: int, adapter: ArrayAdapter, device: int | None, check: bool
 ) -> VariableSegments:
@@ -85,6 +94,7 @@ def parse_offsets(
     count = off.shape[0] - 1
     if not check:
         return VariableSegments(off, count)
+    _refuse_capture(adapter, off, "offsets")
     first, last, at, lo, hi = adapter.offsets_summary(off)
     if first != 0:
         raise ValueError(f"offsets[0] must be 0; got {first}")
@@ -105,6 +115,7 @@ def parse_lengths(
     off = adapter.lengths_to_offsets(lengths)
     if not check:
         return VariableSegments(off, lengths.shape[0])
+    _refuse_capture(adapter, lengths, "lengths")
     lo, at, hi, wrapped, total = adapter.lengths_summary(lengths, off)
     if lo < 0:
         raise ValueError(f"lengths must be non-negative: lengths[{at}]={lo}")

@@ -72,6 +72,11 @@ class ArrayAdapter:
         """``empty(shape)``: :meth:`empty` with the dtype and device fixed, for repeated calls."""
         raise NotImplementedError
 
+    def capturing(self, x: Any) -> bool:
+        """Whether work on ``x``'s device now goes into a CUDA graph capture (its current stream is
+        capturing), where nothing may be read back on the host."""
+        return False
+
     def current_stream(self, device: int) -> Any:
         """A function returning the handle of the library's current stream on CUDA device
         ``device``: what a call with ``stream=None`` runs on (host calls have no stream)."""
