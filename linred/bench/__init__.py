@@ -242,11 +242,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.methods:
         from linred.bench import peers as peers_module
+        from linred.bench.runner import wanted
 
         known = [m.name for m in peers_module.linred_methods(device)]
         known += [m.name for m in (peers_module.GPU_PEERS if device == "gpu" else peers_module.CPU_PEERS)]
         patterns = [p.strip().lower() for p in args.methods.split(",") if p.strip()]
-        unmatched = [p for p in patterns if not any(p in name.lower() for name in known)]
+        unmatched = [p for p in patterns if not any(wanted(p, name) for name in known)]
         if unmatched:
             print(
                 f"linred bench: --methods {', '.join(unmatched)} matches no method; methods: {', '.join(known)}",

@@ -293,11 +293,16 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def dump_json(path: str, document: dict[str, Any]) -> None:
+    """Write ``document`` to ``path`` as strict JSON (NaN and infinities as null)."""
+    with open(path, "w") as f:
+        json.dump(_clean(document), f, indent=1, default=str, allow_nan=False)
+        f.write("\n")
+
+
 def write_json(path: str, meta: dict[str, Any], results: list[CaseResult]) -> None:
     """Write :func:`to_json` to ``path`` (strict JSON: no NaN)."""
-    with open(path, "w") as f:
-        json.dump(_clean(to_json(meta, results)), f, indent=1, default=str, allow_nan=False)
-        f.write("\n")
+    dump_json(path, to_json(meta, results))
 
 
 def write_plot(path: str, meta: dict[str, Any], results: list[CaseResult]) -> None:

@@ -28,6 +28,13 @@ __all__ = ["CaseResult", "MethodResult", "Settings", "run_cases"]
 AUTO = "linred auto"
 
 
+def wanted(patterns: str | None, name: str) -> bool:
+    """Whether method ``name`` matches ``--methods`` (comma-separated substrings, any case; None: all)."""
+    if not patterns:
+        return True
+    return any(t.strip().lower() in name.lower() for t in patterns.split(",") if t.strip())
+
+
 @dataclass
 class Settings:
     """How to time: the device, warm-up calls, samples, time budgets, a method filter, interleaving."""
@@ -43,9 +50,7 @@ class Settings:
     interleave: bool = False
 
     def wants(self, name: str) -> bool:
-        if not self.methods:
-            return True
-        return any(t.strip().lower() in name.lower() for t in self.methods.split(",") if t.strip())
+        return wanted(self.methods, name)
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline

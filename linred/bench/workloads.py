@@ -57,7 +57,6 @@ import datetime
 import gc
 import importlib
 import importlib.util
-import json
 import math
 import random
 import statistics
@@ -68,6 +67,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from linred.bench.report import dump_json
+from linred.bench.runner import wanted
 from linred.bench.timing import HostClock, device_clock, lead_calls, take_sample, warm_up
 
 __all__ = ["METHODS", "Method", "Row", "WCase", "WorkloadResult", "build_cases", "run", "run_cases"]
@@ -601,9 +602,7 @@ class Settings:
     methods: str | None = None
 
     def wants(self, name: str) -> bool:
-        if not self.methods:
-            return True
-        return any(t.strip().lower() in name.lower() for t in self.methods.split(",") if t.strip())
+        return wanted(self.methods, name)
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
@@ -1128,20 +1127,8 @@ def to_json(meta: dict[str, Any], results: list[WorkloadResult]) -> dict[str, An
     return {"suite": "workloads", "units": "seconds per call", "meta": meta, "cases": cases}
 
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
-
-
 def write_json(path: str, meta: dict[str, Any], results: list[WorkloadResult]) -> None:
-    with open(path, "w") as f:
-        json.dump(_clean(to_json(meta, results)), f, indent=1, default=str, allow_nan=False)
-        f.write("\n")
+    dump_json(path, to_json(meta, results))
 
 
 def write_plot(path: str, meta: dict[str, Any], results: list[WorkloadResult]) -> None:
