@@ -18,7 +18,7 @@ import linred.backends as _backends
 from linred._frontend import check_reduction, request
 from linred.arrays import adapters
 from linred.plan import SegmentedReduction
-from linred.segments import parse_lengths, parse_offsets
+from linred.segments import VariableSegments, parse_lengths, parse_offsets
 
 __all__ = ["call", "clear_plan_cache", "plan_cache_info", "set_plan_cache_size"]
 
@@ -125,6 +125,17 @@ def call(
             handle = (plan._current_stream and plan._current_stream()) if stream is None else plan._stream(stream)
             if fixed:
                 return plan._run(x, out, handle, plan._segments)
+            if (
+                check is False
+                and plan._offsets_as_given
+                and type(offsets) is plan._type
+                and offsets.dtype == plan._offsets_dtype
+                and plan._device_of(offsets) == plan._device
+                and plan._contiguous(offsets)
+            ):
+                # Unchecked, contiguous offsets of the first call's array type, shape (the key),
+                # dtype and device: used as they are, as parse_offsets would return them.
+                return plan._run(x, out, handle, VariableSegments(offsets, plan._count))
             segments = _segments(plan, offsets, lengths, check, stream, handle)
             if segments.offsets.dtype == plan._offsets_dtype:
                 return plan._run(x, out, handle, segments)
@@ -144,6 +155,9 @@ def call(
     )
     _cache.misses += 1
     plan = SegmentedReduction._from_request(req, x)
+    segments = req.segments
+    # (offsets that parse_offsets returned as they came: a later unchecked call may skip it)
+    plan._offsets_as_given = lengths is None and segments.__class__ is VariableSegments and segments.offsets is offsets
     if key is not None and _cache.maxsize:
         _cache.put(key, plan)
     return plan._run(x, out, handle, req.segments)

@@ -161,6 +161,11 @@ class SegmentedReduction:
             req = dataclasses.replace(req, segments=dataclasses.replace(segments, offsets=None))
         plan._setup(req, x)
         plan._offsets_dtype = segments.offsets.dtype if isinstance(segments, VariableSegments) else None
+        plan._offsets_as_given = False  # (set by the plan cache)
+        plan._count = segments.count
+        plan._device = req.problem.device
+        plan._device_of = req.adapter.device_of
+        plan._contiguous = req.adapter.is_c_contiguous
         return plan
 
     def _setup(self, req: Request, x: Any) -> None:

@@ -30,8 +30,9 @@ class FixedSegments:
 class VariableSegments:
     """Segments ``[offsets[i], offsets[i + 1])``; ``offsets`` is 1-D int32/int64 on the data's device.
 
-    ``max_length`` and ``min_length`` are known when the offsets were checked
-    (``check=True``), else None.  (Not frozen: one is made per call with offsets,
+    ``max_length`` and ``min_length`` are known when the offsets were checked on the
+    host (``check=True``), else None (a check on a device learns only whether they
+    are valid).  (Not frozen: one is made per call with offsets,
     and a frozen dataclass takes twice as long to make; nothing changes one.)
     """
 
@@ -95,7 +96,9 @@ def parse_offsets(
     if not check:
         return VariableSegments(off, count)
     _refuse_capture(adapter, off, "offsets")
-    first, last, at, lo, hi = adapter.offsets_summary(off)
+    if adapter.offsets_ok(off, n):  # on a device: one pass, one word read back
+        return VariableSegments(off, count)
+    first, last, at, lo, hi = adapter.offsets_summary(off)  # on the host, or to say what broke
     if first != 0:
         raise ValueError(f"offsets[0] must be 0; got {first}")
     if at >= 0:
@@ -116,6 +119,10 @@ def parse_lengths(
     if not check:
         return VariableSegments(off, lengths.shape[0])
     _refuse_capture(adapter, lengths, "lengths")
+    # Non-negative lengths that sum to n without wrapping around are offsets that never
+    # decrease and end at n: on a device, the offsets' check is the lengths'.
+    if adapter.offsets_ok(off, n):
+        return VariableSegments(off, lengths.shape[0])
     lo, at, hi, wrapped, total = adapter.lengths_summary(lengths, off)
     if lo < 0:
         raise ValueError(f"lengths must be non-negative: lengths[{at}]={lo}")

@@ -444,6 +444,10 @@ class NumpyOps:
     def synchronize(self, stream: int) -> None:
         pass
 
+    @staticmethod
+    def capturing(stream: int) -> bool:
+        return False  # (no CUDA graphs on the host)
+
     waits: ClassVar[list[int]] = []
 
     @staticmethod
@@ -647,6 +651,7 @@ class TorchCpuOps:
         ops.event = lambda: None
         ops.record = lambda event, stream: None
         ops.wait = lambda stream, event: None
+        ops.capturing = lambda stream: False
         return ops
 
 

@@ -135,6 +135,13 @@ class ArrayAdapter:
     # Index work for offsets and lengths.  Each returns host Python ints after one
     # synchronization, which is all ``check=True`` costs on a device.
 
+    def offsets_ok(self, offsets: Any, n: int) -> bool | None:
+        """Whether offsets on a device start at 0, never decrease and end at ``n``, found by one
+        kernel over them on the current stream and one word read back (see
+        :mod:`linred.arrays._device_checks`); None on the host, where :meth:`offsets_summary`
+        costs no synchronization.  When False, :meth:`offsets_summary` says what broke."""
+        return None
+
     def offsets_summary(self, offsets: Any) -> tuple[int, int, int, int, int]:
         """``(offsets[0], offsets[-1], at, min step, max step)``.
 

@@ -29,6 +29,11 @@ def external_stream(handle: int, device: int) -> Any:
         return from_external(ProtocolStream(handle))
 
 
+def _pinned_int32() -> tuple[Any, int]:
+    memory = cupy.cuda.alloc_pinned_memory(4)
+    return memory, memory.ptr
+
+
 def _range(a: cupy.ndarray) -> tuple[int, int]:
     return byte_range(a.data.ptr, a.shape, a.strides, a.dtype.itemsize)
 
@@ -86,7 +91,9 @@ class CupyAdapter(ArrayAdapter):
             if obj.device.type != "cuda":
                 obj = obj.numpy()
         with cupy.cuda.Device(device):
-            return _int_array(cupy, obj, name)
+            # The kernels read offsets as a plain array: a strided view is made contiguous.
+            a = _int_array(cupy, obj, name)
+            return a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
 
     def key(self, x: cupy.ndarray) -> tuple:
         # The pointer's misalignment decides plainness with the strides.
@@ -130,6 +137,14 @@ class CupyAdapter(ArrayAdapter):
             with cupy.cuda.Device(device):
                 return int(cupy.cuda.get_current_stream().ptr)
         return stream_handle(stream, device)
+
+    def offsets_ok(self, offsets: cupy.ndarray, n: int) -> bool:
+        from linred.arrays._device_checks import offsets_ok
+
+        device = offsets.device.id
+        stream = cupy.cuda.get_current_stream(device).ptr
+        wide = offsets.dtype == cupy.int64
+        return offsets_ok(offsets.data.ptr, wide, offsets.shape[0] - 1, n, device, stream, _pinned_int32)
 
     def offsets_summary(self, offsets: cupy.ndarray) -> tuple[int, int, int, int, int]:
         with offsets.device:

@@ -60,6 +60,11 @@ def _current_stream_handle(device: int) -> Any:
     return lambda: current(device).cuda_stream
 
 
+def _pinned_int32() -> tuple[torch.Tensor, int]:
+    word = torch.empty(1, dtype=torch.int32, pin_memory=True)
+    return word, word.data_ptr()
+
+
 def _device(device: int | None) -> torch.device:
     return torch.device("cpu") if device is None else torch.device("cuda", device)
 
@@ -168,7 +173,8 @@ class TorchAdapter(ArrayAdapter):
             raise TypeError(f"{name} must be an array of integers; got dtype {dtype_name(t.dtype)}")
         if t.dtype not in (torch.int32, torch.int64):
             t = t.to(torch.int64)
-        return t
+        # The kernels read offsets as a plain array: a strided view is made contiguous.
+        return t.contiguous()
 
     def on_stream(self, stream: Any, device: int | None) -> Any:
         if device is None or torch.cuda.current_stream(device).cuda_stream == stream:
@@ -183,6 +189,16 @@ class TorchAdapter(ArrayAdapter):
         if stream is None:
             return int(torch.cuda.current_stream(device).cuda_stream)
         return stream_handle(stream, device)
+
+    def offsets_ok(self, offsets: torch.Tensor, n: int) -> bool | None:
+        if offsets.device.type != "cuda":
+            return None
+        from linred.arrays._device_checks import offsets_ok
+
+        device = offsets.device.index
+        stream = _current_stream_handle(device)()
+        wide = offsets.dtype == torch.int64
+        return offsets_ok(offsets.data_ptr(), wide, offsets.shape[0] - 1, n, device, stream, _pinned_int32)
 
     def offsets_summary(self, offsets: torch.Tensor) -> tuple[int, int, int, int, int]:
         if offsets.shape[0] < 2:

@@ -30,7 +30,6 @@ ordered with the default stream the libraries' kernels run on.
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -157,15 +156,20 @@ class CupyOps:
     def synchronize(self, stream: int) -> None:
         cupy_stream(stream, self.device).synchronize()
 
+    @staticmethod
+    def capturing(stream: int) -> bool:
+        return capturing(stream)
+
     def event(self) -> Any:
-        with cupy.cuda.Device(self.device):
-            return cupy.cuda.Event(disable_timing=True)
+        return DriverEvent(self.device)
 
-    def record(self, event: Any, stream: int) -> None:
-        event.record(cupy_stream(stream, self.device))
+    @staticmethod
+    def record(event: Any, stream: int) -> None:
+        event.record(stream)
 
-    def wait(self, stream: int, event: Any) -> None:
-        cupy_stream(stream, self.device).wait_event(event)
+    @staticmethod
+    def wait(stream: int, event: Any) -> None:
+        event.wait_on(stream)
 
     @staticmethod
     def view(base: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
@@ -244,14 +248,20 @@ class TorchOps:
     def synchronize(self, stream: int) -> None:
         self.stream(stream).synchronize()
 
+    @staticmethod
+    def capturing(stream: int) -> bool:
+        return capturing(stream)
+
     def event(self) -> Any:
-        return self._torch.cuda.Event()
+        return DriverEvent(self.device)
 
-    def record(self, event: Any, stream: int) -> None:
-        event.record(self.stream(stream))
+    @staticmethod
+    def record(event: Any, stream: int) -> None:
+        event.record(stream)
 
-    def wait(self, stream: int, event: Any) -> None:
-        self.stream(stream).wait_event(event)
+    @staticmethod
+    def wait(stream: int, event: Any) -> None:
+        event.wait_on(stream)
 
     @staticmethod
     def view(base: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
@@ -304,11 +314,15 @@ def ops_for(kind: str, device: int) -> CupyOps | TorchOps:
 
 
 def capturing(stream: int) -> bool:
-    """Whether ``stream`` is being captured into a CUDA graph."""
-    if cupy is not None and cupy.cuda.is_available():
-        return cupy.cuda.runtime.streamIsCapturing(stream) != 0
-    torch = sys.modules.get("torch")  # (PyTorch alone: calls run on its current stream)
-    return torch is not None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    """Whether ``stream`` (a raw handle) is being captured into a CUDA graph."""
+    from cuda.bindings import driver
+
+    err, status = driver.cuStreamIsCapturing(stream)
+    if err == driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+        return True  # the legacy default stream, while another stream captures in global mode
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cannot tell whether stream {stream:#x} is being captured: {err}")
+    return status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
 class StreamOrder:
@@ -316,8 +330,11 @@ class StreamOrder:
 
     Executors reuse their scratch buffers and workspaces (nvmath's ``Matmul``
     objects one workspace) on whatever stream each call names; a call on another
-    stream than the previous one must not start before that one is done.  The new
-    stream waits on an event (no host synchronization).
+    stream than the previous one must not start before that one is done.  Each
+    call records an event on its stream (one driver call: the streams' own
+    objects cost microseconds more per call); a call on another stream waits on
+    it (no host synchronization).  The event is recorded after the call, not
+    looked for on the previous stream at the next one: that stream may be gone.
     """
 
     def __init__(self, ops: CupyOps | TorchOps) -> None:
@@ -327,18 +344,17 @@ class StreamOrder:
 
     def begin(self, stream: int) -> None:
         if self._last is not None and stream != self._last:
-            if capturing(stream):
+            if self._ops.capturing(stream):
                 # A capture can neither wait on work outside it nor let the host wait.
                 raise RuntimeError(
                     "this plan's previous call ran on another stream, and a CUDA graph capture cannot wait "
                     "for it; make the warm-up calls on the stream that captures (torch.cuda.graph(g, stream=s) "
                     "after warming up on s), or call backend='nvrtc' or 'cub' inside the capture"
                 )
-            else:
-                self._ops.wait(stream, self._event)
+            self._ops.wait(stream, self._event)
 
     def end(self, stream: int) -> None:
-        if capturing(stream):
+        if self._ops.capturing(stream):
             # An event recorded in a capture cannot order later eager calls: none is kept.
             # (A graph's replays share the plan's workspace with eager calls of the same plan:
             # they must not run at the same time, as with any captured workspace.)
@@ -353,6 +369,48 @@ class StreamOrder:
         """Block until the last call's work is done: its buffers may then be released to any stream."""
         if self._event is not None:
             self._event.synchronize()
+
+
+class DriverEvent:
+    """A CUDA event without timing on ``device``, recorded and waited on through the driver
+    (one call each, where the array libraries' event and stream objects cost microseconds)."""
+
+    __slots__ = ("_driver", "handle")
+
+    def __init__(self, device: int) -> None:
+        from cuda.bindings import driver
+
+        try:
+            from cuda.core import Device
+        except ImportError:  # the array library has made the device's primary context current
+            pass
+        else:
+            Device(device).set_current()  # (the primary context, which CuPy and PyTorch use too)
+        self._driver = driver
+        self.handle = _checked(driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING), "create an event")
+
+    def record(self, stream: int) -> None:
+        _checked(self._driver.cuEventRecord(self.handle, stream), "record an event")
+
+    def wait_on(self, stream: int) -> None:
+        """Make ``stream`` wait for the work before the last record (no host synchronization)."""
+        _checked(self._driver.cuStreamWaitEvent(stream, self.handle, 0), "wait on an event")
+
+    def synchronize(self) -> None:
+        _checked(self._driver.cuEventSynchronize(self.handle), "wait for an event")
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # (at interpreter exit the driver may be gone already)
+            self._driver.cuEventDestroy(self.handle)
+
+
+def _checked(result: tuple, what: str) -> Any:
+    from cuda.bindings import driver
+
+    err, *rest = result
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cannot {what}: {err}")
+    return rest[0] if rest else None
 
 
 # --- alignment -----------------------------------------------------------------------

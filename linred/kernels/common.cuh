@@ -21,6 +21,7 @@
 //  - fixup.cuh: tile_fixup (segments that span the runs of tile_reduce or warp_reduce);
 //  - features.cuh: features_reduce (segments of rows of feature columns);
 //  - offsets.cuh: segment boundaries and the tiling of rows those families share.
+// checks.cuh holds the check of offsets that check=True runs on the device (any backend).
 // Each family header also defines the macros that instantiate its kernels as
 // extern "C" entry points (plain names, so that a compiled binary can be cached);
 // linred/backends/nvrtc/kernels.py writes one such line per kernel it compiles, and

@@ -230,6 +230,9 @@ class _Runs:
     ``tile_reduce`` reads them, ``warp_reduce``'s warps search for their own), compiling, and
     the launches: bounds, reduction, fix-up."""
 
+    #: only the device pointers of ``x`` and ``out`` are read (the strides are the plan's)
+    views = False
+
     def __init__(
         self, problem: Problem, options: NvrtcOptions, launch: _Launcher, *, tile: int, max_k: int, per_block: int,
         min_blocks: int, bounds: bool,
@@ -381,6 +384,9 @@ class _WarpExecutor(_Runs):
 class _FeaturesExecutor:
     """Segments of rows of several contiguous feature columns: one thread per segment
     and group of features (16 bytes of them where the rows are 16-byte aligned)."""
+
+    #: only the device pointers of ``x`` and ``out`` are read (the strides are the plan's)
+    views = False
 
     def __init__(self, problem: Problem, options: NvrtcOptions, launch: _Launcher | None = None) -> None:
         self._problem, self._launch, self._tuning = problem, launch or _Launcher(problem), options
