@@ -400,8 +400,10 @@ class DriverEvent:
         _checked(self._driver.cuEventSynchronize(self.handle), "wait for an event")
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # (at interpreter exit the driver may be gone already)
+        try:  # noqa: SIM105 (at interpreter exit, contextlib may be gone already)
             self._driver.cuEventDestroy(self.handle)
+        except Exception:  # (and so may the driver)
+            pass
 
 
 def _checked(result: tuple, what: str) -> Any:
