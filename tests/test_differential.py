@@ -160,6 +160,23 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
     for d in around(vec, 2 * vec, lo=2):
         shapes += [_fixed(L, m, d) for L, m in ((1, 33), (7, 40), (64, 9), (3000, 2))]
         shapes += [_variable(s, ls, d) for s, ls, _ in _styles(rng, [50, 7], 20)]
+    # features_split: each segment's rows dealt to R lanes (features_lanes) where segments are
+    # few; lengths around multiples of unroll * R (the unrolled loop's step), segment counts
+    # around a block's pairs, empty segments.  (Its grid-stride loop starts past 64 blocks per SM
+    # of pairs, over 10^8 elements at two lanes: not reached here.)
+    from linred.backends.nvrtc.kernels import features_lanes
+
+    for d in (16 * vec, 16 * vec + 1, 2 * vec):
+        width = vec if d % vec == 0 else 1
+        for L, m in ((62, 32), (500, 3), (3000, 1)):
+            lanes = features_lanes(_problem(dtype, "sum", fixed=L, n=L * m, d=d), d // width, T.threads, sms)
+            step = T.unroll * lanes
+            shapes += [_fixed(length, m, d) for length in around(step * max(1, L // step))]
+            lengths = [int(v) for v in rng.integers(0, 2 * L, m)]
+            lengths[m // 2] = 0
+            shapes.append(_variable(("offsets", "lengths")[m % 2], tuple(lengths), d))
+        per_pair = max(1, T.threads // (2 * (d // width)))  # pairs per block at two lanes
+        shapes += [_fixed(17, count, d) for count in around(per_pair)]
     fam["features"] = shapes
     return fam
 

@@ -8,9 +8,11 @@ the word.  That is one pass over the offsets and one synchronization per checked
 which rule broke, and where, is found only when one did (the callers then compute the
 offending index and values for the message).
 
-The word is per thread: a thread's check is over (synchronized) before it returns, so
-no two checks share one.  It is allocated by the array library of the call (CuPy's or
-PyTorch's pinned allocator), so this module needs only cuda.core to launch.
+The word (and the packed launch arguments) are per thread: a thread's check is over
+(synchronized) before it returns, so no two checks share them.  The word is allocated by
+the array library of the call (CuPy's or PyTorch's pinned allocator).  The kernel is
+launched through the driver with its arguments packed once per thread: the check is on
+the path of every checked call, where cuda.core's launch costs microseconds more.
 """
 
 from __future__ import annotations
@@ -31,23 +33,50 @@ _THREADS = 256
 _MAX_BLOCKS = 8192
 
 
-class _Word(threading.local):
-    """This thread's pinned word: the buffer that owns it and a ctypes view of it."""
+class _State(threading.local):
+    """This thread's pinned word (the buffer that owns it and a ctypes view of it) and the
+    packed arguments of its launches.  A thread's check is over before it returns, so the
+    arguments can be rewritten in place by its next one."""
 
     owner: Any = None
-    value: Any = None
+    word: Any = None
+    args: Any = None
+    pointers: Any = None
+    params: int = 0
 
 
-_word = _Word()
-_streams: dict[int, Any] = {}
-_kernels: dict[int, tuple[Any, Any]] = {}
+_state = _State()
+#: per device: the two kernels as driver functions
+_functions: dict[int, tuple[Any, Any]] = {}
+_driver: Any = None
 
 
-def _pinned_word(pinned_int32: Callable[[], tuple[Any, int]]) -> Any:
-    if _word.value is None:
+def _setup(device: int, pinned_int32: Callable[[], tuple[Any, int]]) -> tuple[Any, Any]:
+    global _driver
+    from cuda.bindings import driver
+
+    _driver = driver
+    functions = _functions.get(device)
+    if functions is None:
+        kernels = get_kernels(device, _PROGRAM, _NAMES)
+        functions = _functions[device] = tuple(_check(driver.cuKernelGetFunction(k.handle)) for k in kernels)
+    if _state.word is None:
         owner, address = pinned_int32()
-        _word.owner, _word.value = owner, ctypes.c_int32.from_address(address)
-    return _word.value
+        _state.owner, _state.word = owner, ctypes.c_int32.from_address(address)
+        # Four 8-byte arguments (offsets, m, n, the word) and the array of their addresses.
+        _state.args = args = (ctypes.c_int64 * 4)()
+        base = ctypes.addressof(args)
+        _state.pointers = pointers = (ctypes.c_void_p * 4)(*(base + 8 * i for i in range(4)))
+        _state.params = ctypes.addressof(pointers)
+        args[3] = address
+    return functions
+
+
+def _check(result: tuple) -> Any:
+    err, value = result
+    if err != _driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cannot load the offsets check: {err}")
+    return value
 
 
 def offsets_ok(
@@ -60,20 +89,17 @@ def offsets_ok(
     ``pinned_int32`` allocates 4 bytes of pinned host memory (the first call in a thread) and
     returns the object that owns them and their address.
     """
-    from cuda.bindings import driver
-    from cuda.core import LaunchConfig, Stream, launch
-
-    kernels = _kernels.get(device)
-    if kernels is None:
-        kernels = _kernels[device] = get_kernels(device, _PROGRAM, _NAMES)
-    s = _streams.get(stream)
-    if s is None:
-        s = _streams[stream] = Stream.from_handle(stream)
-    word = _pinned_word(pinned_int32)
-    word.value = 0
-    blocks = max(1, min(-(-(m + 1) // _THREADS), _MAX_BLOCKS))
-    launch(s, LaunchConfig(grid=blocks, block=_THREADS), kernels[wide], pointer, m, n, ctypes.addressof(word))
-    (err,) = driver.cuStreamSynchronize(stream)
+    functions = _functions.get(device)
+    if functions is None or _state.word is None:
+        functions = _setup(device, pinned_int32)
+    driver, state = _driver, _state
+    args = state.args
+    args[0], args[1], args[2] = pointer, m, n
+    state.word.value = 0
+    blocks = min(m // _THREADS + 1, _MAX_BLOCKS)
+    (err,) = driver.cuLaunchKernel(functions[wide], blocks, 1, 1, _THREADS, 1, 1, 0, stream, state.params, 0)
+    if err == driver.CUresult.CUDA_SUCCESS:
+        (err,) = driver.cuStreamSynchronize(stream)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"checking the offsets on CUDA device {device} failed: {err}")
-    return word.value == 0
+    return state.word.value == 0

@@ -46,6 +46,9 @@ def torch_stream(handle: int, device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.ExternalStream(handle, device=device)
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _current_stream_handle(device: int) -> Any:
     """A function returning the handle of torch's current stream on CUDA device ``device``.
 
@@ -53,7 +56,7 @@ def _current_stream_handle(device: int) -> Any:
     returns the handle without building a ``torch.cuda.Stream``, a few microseconds less per
     call; where a torch build lacks it, the public ``current_stream(device).cuda_stream``.
     """
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    raw = _raw_stream
     if raw is not None:
         return lambda: raw(device)
     current = torch.cuda.current_stream
@@ -196,7 +199,7 @@ class TorchAdapter(ArrayAdapter):
         from linred.arrays._device_checks import offsets_ok
 
         device = offsets.device.index
-        stream = _current_stream_handle(device)()
+        stream = _raw_stream(device) if _raw_stream is not None else torch.cuda.current_stream(device).cuda_stream
         wide = offsets.dtype == torch.int64
         return offsets_ok(offsets.data_ptr(), wide, offsets.shape[0] - 1, n, device, stream, _pinned_int32)
 

@@ -3,8 +3,11 @@
 // Holds:
 //  - features_reduce: one thread per (row of the batch, segment, group of W consecutive
 //    features), walking the segment's rows with UNROLL loads in flight;
+//  - features_split: the same with each segment's rows dealt to R lanes whose partials a
+//    fixed tree in shared memory adds (segments too few to fill the device otherwise);
 //  - Group (W features), FeatureArgs, SumWide (float32 sums accumulated in double);
-//  - its entry point: LINRED_FEATURES (linred_features).
+//  - its entry points: LINRED_FEATURES (linred_features), LINRED_FEATURES_SPLIT
+//    (linred_features_split).
 
 #pragma once
 
@@ -83,6 +86,76 @@ __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __re
     }
 }
 
+// features_split: features_reduce with each segment's rows dealt to R lanes, for segments
+// too few to fill the device one thread per feature group.  A block holds P = blockDim / (R *
+// groups) (row of the batch, segment) pairs; thread (p, j, g) adds rows begin + j, begin + j + R,
+// ... of pair p's segment for feature group g (lanes of the same j read one row: coalesced),
+// then the R partials of a group are added by a fixed tree in shared memory (lane 0 + lane R/2,
+// ...), so a result does not depend on timing.  R is a power of two and R * groups <= blockDim.
+template <class T, class A0, class O, class OP, bool MEAN, int W, int UNROLL, class Off>
+__device__ __forceinline__ void features_split(const T* __restrict__ x, O* __restrict__ out, Off off, FeatureArgs a,
+                                               int lanes) {
+    typedef typename Group<T, W>::type G;
+    typedef typename SumWide<OP, A0>::type A;
+    extern __shared__ unsigned char features_shared[];
+    A* shared = reinterpret_cast<A*>(features_shared);
+    const int per_pair = lanes * (int)a.groups;
+    const int pairs = blockDim.x / per_pair;  // the host makes blockDim a multiple of per_pair
+    const int p = threadIdx.x / per_pair, within = threadIdx.x - p * per_pair;
+    const int j = within / (int)a.groups, g = within - j * (int)a.groups;
+    const i64 count = a.total;  // (row of the batch, segment) pairs
+    // Every thread of a block runs the same number of rounds (the barriers below).
+    for (i64 base = (i64)blockIdx.x * pairs; base < count; base += (i64)gridDim.x * pairs) {
+        const i64 rs = base + p;
+        const bool live = p < pairs && rs < count;
+        A acc[W];
+#pragma unroll
+        for (int k = 0; k < W; ++k) acc[k] = OP::template identity<O, A>();
+        i64 begin = 0, end = 0;
+        if (live) {
+            const i64 r = rs / a.m, s = rs - r * a.m;
+            begin = off(s);
+            end = off(s + 1);
+            const T* q = x + r * a.batch_stride + g * W;
+            i64 i = begin + j;
+            for (; i + (UNROLL - 1) * (i64)lanes < end; i += UNROLL * (i64)lanes) {
+                G buf[UNROLL];
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u) buf[u] = *reinterpret_cast<const G*>(q + (i + u * lanes) * a.row_stride);
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u) {
+#pragma unroll
+                    for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(buf[u].v[k]));
+                }
+            }
+            for (; i < end; i += lanes) {
+                const G v = *reinterpret_cast<const G*>(q + i * a.row_stride);
+#pragma unroll
+                for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(v.v[k]));
+            }
+        }
+        // The lanes' partials, added pairwise: lane j takes lane j + h for h = R/2, R/4, ..., 1.
+        A* mine = shared + (size_t)threadIdx.x * W;
+#pragma unroll
+        for (int k = 0; k < W; ++k) mine[k] = acc[k];
+        __syncthreads();
+        for (int h = lanes / 2; h > 0; h /= 2) {
+            if (j < h) {
+                const A* other = shared + (size_t)(threadIdx.x + h * (int)a.groups) * W;
+#pragma unroll
+                for (int k = 0; k < W; ++k) mine[k] = OP::combine(mine[k], other[k]);
+            }
+            __syncthreads();
+        }
+        if (live && j == 0) {
+            O* o = out + rs * a.features + g * W;
+#pragma unroll
+            for (int k = 0; k < W; ++k) o[k] = finish<O, MEAN>(mine[k], end - begin);
+        }
+        __syncthreads();  // shared is read before the next round writes it
+    }
+}
+
 // ---- entry points -----------------------------------------------------------------
 // linred_features: features_reduce; OFFSETS is FixedOffsets{L} or ArrayOffsets<I>{offsets}.
 #define LINRED_FEATURES(T, A, O, OP, MEAN, THREADS, W, UNROLL, I, OFFSETS)                                     \
@@ -91,4 +164,14 @@ __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __re
                         long long bs, long long rs, long long d, long long groups, long long total) {          \
         FeatureArgs a{n, m, bs, rs, d, groups, total};                                                         \
         features_reduce<T, A, O, OP, MEAN, W, UNROLL>(x, out, OFFSETS, a);                                     \
+    }
+
+// linred_features_split: features_split (lanes = R, total = batch * m pairs).
+#define LINRED_FEATURES_SPLIT(T, A, O, OP, MEAN, THREADS, W, UNROLL, I, OFFSETS)                               \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
+        linred_features_split(const T* x, O* out, const I* offsets, long long L, long long n, long long m,      \
+                              long long bs, long long rs, long long d, long long groups, long long total,      \
+                              long long lanes) {                                                               \
+        FeatureArgs a{n, m, bs, rs, d, groups, total};                                                         \
+        features_split<T, A, O, OP, MEAN, W, UNROLL>(x, out, OFFSETS, a, (int)lanes);                          \
     }

@@ -27,6 +27,9 @@ from linred.backends._device import StreamOrder, ops_for
 from linred.backends.base import INT32_MAX
 from linred.backends.nvrtc.kernels import (
     acc_dtype,
+    features_lanes,
+    features_shared_bytes,
+    features_split_wrapper,
     features_wrapper,
     fixed_layout,
     fixed_wrapper,
@@ -383,7 +386,9 @@ class _WarpExecutor(_Runs):
 
 class _FeaturesExecutor:
     """Segments of rows of several contiguous feature columns: one thread per segment
-    and group of features (16 bytes of them where the rows are 16-byte aligned)."""
+    and group of features (16 bytes of them where the rows are 16-byte aligned), or, where
+    those threads are too few to fill the device, each segment's rows dealt to several lanes
+    of a block whose partials are added in a fixed order (``features_split``)."""
 
     #: only the device pointers of ``x`` and ``out`` are read (the strides are the plan's)
     views = False
@@ -391,33 +396,51 @@ class _FeaturesExecutor:
     def __init__(self, problem: Problem, options: NvrtcOptions, launch: _Launcher | None = None) -> None:
         self._problem, self._launch, self._tuning = problem, launch or _Launcher(problem), options
         self._kernels: dict[int, Any] = {}
-        self._configs: dict[int, Any] = {}
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
         problem, launch = self._problem, self._launch
         b, n, d = problem.in_shape
         s0, s1, _ = problem.strides
+        xp, op = launch.ptr(x), launch.ptr(out)
         size = itemsize(problem.dtype)
-        aligned = launch.ptr(x) % 16 == 0 and all((v * size) % 16 == 0 for v in (s1, d, s0 if b > 1 else 0))
+        aligned = xp % 16 == 0 and all((v * size) % 16 == 0 for v in (s1, d, s0 if b > 1 else 0))
         # 16 bytes of features per thread, whose results are stored as whole vectors when
         # they fill some: the result rows must then be 16-byte aligned too.
         width = vec(problem) if aligned else 1
         out_size = itemsize(problem.out_dtype)
-        if width > 1 and (width * out_size) % 16 == 0 and (launch.ptr(out) % 16 or (d * out_size) % 16):
+        if width > 1 and (width * out_size) % 16 == 0 and (op % 16 or (d * out_size) % 16):
             width = 1
-        kernel = self._kernels.get(width)
-        if kernel is None:
-            wrapper = features_wrapper(problem, index_ctype(problem), self._tuning, width)
-            (kernel,) = get_kernels(launch.device, wrapper, ("linred_features",))
-            self._kernels[width] = kernel
-            total = b * problem.num_segments * (d // width)
-            # Grid-stride: enough blocks to fill the device many times over, no more.
-            blocks = max(1, min(-(-total // self._tuning.threads), 64 * launch.sms))
-            self._configs[width] = (LaunchConfig(grid=blocks, block=self._tuning.threads), total)
-        config, total = self._configs[width]
+        compiled = self._kernels.get(width)
+        if compiled is None:
+            compiled = self._kernels[width] = self._compile(width)
+        kernel, config, total, extra = compiled
         offsets = launch.ptr(segments.offsets) if isinstance(segments, VariableSegments) else 0
-        cuda_launch(launch.stream(stream), config, kernel, launch.ptr(x), launch.ptr(out), offsets,
-                       problem.segment_length or 0, n, problem.num_segments, s0, s1, d, d // width, total)  # fmt: skip
+        cuda_launch(launch.stream(stream), config, kernel, xp, op, offsets, problem.segment_length or 0, n,
+                    problem.num_segments, s0, s1, d, d // width, total, *extra)  # fmt: skip
+
+    def _compile(self, width: int) -> tuple[Any, Any, int, tuple]:
+        """The kernel for ``width`` features per thread, its launch shape, its thread (or pair)
+        count and its extra arguments."""
+        problem, launch, tuning = self._problem, self._launch, self._tuning
+        b, _, d = problem.in_shape
+        groups = d // width
+        lanes = features_lanes(problem, groups, tuning.threads, launch.sms)
+        if lanes == 1:
+            wrapper = features_wrapper(problem, index_ctype(problem), tuning, width)
+            (kernel,) = get_kernels(launch.device, wrapper, ("linred_features",))
+            total = b * problem.num_segments * groups
+            # Grid-stride: enough blocks to fill the device many times over, no more.
+            blocks = max(1, min(-(-total // tuning.threads), 64 * launch.sms))
+            return kernel, LaunchConfig(grid=blocks, block=tuning.threads), total, ()
+        wrapper = features_split_wrapper(problem, index_ctype(problem), tuning, width)
+        (kernel,) = get_kernels(launch.device, wrapper, ("linred_features_split",))
+        per_block = tuning.threads // (lanes * groups)  # (row of the batch, segment) pairs per block
+        threads = per_block * lanes * groups
+        shared = features_shared_bytes(problem, width, threads)
+        launch.allow_shared_memory(kernel, shared)
+        total = b * problem.num_segments
+        blocks = max(1, min(-(-total // per_block), 64 * launch.sms))
+        return kernel, LaunchConfig(grid=blocks, block=threads, shmem_size=shared), total, (lanes,)
 
     def free(self) -> None:
         self._kernels.clear()

@@ -208,6 +208,50 @@ def warp_wrapper(problem: Problem, index_ctype: str, tuning: NvrtcOptions, k: in
     )
 
 
+def features_split_wrapper(problem: Problem, index_ctype: str, tuning: NvrtcOptions, width: int) -> str:
+    """``linred_features_split``: ``features_split`` over groups of ``width`` features (features.cuh)."""
+    t, o, a, op, mean = kernel_types(problem)
+    offsets = _offsets(problem, index_ctype)
+    return (
+        '#include "features.cuh"\n'
+        f"LINRED_FEATURES_SPLIT({t}, {a}, {o}, {op}, {mean}, {tuning.threads}, {width}, {tuning.unroll}, "
+        f"{index_ctype}, {offsets})\n"
+    )
+
+
+def features_shared_bytes(problem: Problem, width: int, threads: int) -> int:
+    """The shared memory of ``features_split``: ``width`` accumulators per thread (float32 sums
+    in double, as ``SumWide`` makes them)."""
+    acc = acc_dtype(problem)
+    size = 8 if problem.reduction in ("sum", "mean") and acc == "float32" else itemsize(acc)
+    return threads * width * size
+
+
+def features_lanes(problem: Problem, groups: int, threads: int, sms: int) -> int:
+    """How many lanes ``features_split`` deals each segment's rows to (1: ``features_reduce``).
+
+    Doubled while the threads of one per (row of the batch, segment, feature group) fall short of
+    filling the device four times over (2048 threads per SM), every lane keeps at least
+    :data:`FEATURE_ROWS_PER_LANE` rows of an average segment, and a block holds all the lanes
+    of a group.
+    """
+    pairs = problem.batch * problem.num_segments
+    if not pairs:
+        return 1
+    rows = problem.n / problem.num_segments
+    target = 4 * 2048 * sms
+    lanes = 1
+    while (
+        2 * lanes * groups <= threads and rows >= 2 * lanes * FEATURE_ROWS_PER_LANE and pairs * groups * lanes < target
+    ):
+        lanes *= 2
+    return lanes
+
+
+#: the fewest rows of an average segment each lane of ``features_split`` adds
+FEATURE_ROWS_PER_LANE = 8
+
+
 def features_wrapper(problem: Problem, index_ctype: str, tuning: NvrtcOptions, width: int) -> str:
     """``linred_features``: ``features_reduce`` over groups of ``width`` features (features.cuh)."""
     t, o, a, op, mean = kernel_types(problem)
