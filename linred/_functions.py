@@ -56,8 +56,8 @@ stream : optional
     ``__cuda_stream__``, or a raw ``cudaStream_t`` int.  Default: the array
     library's current stream.  Must be None for host data.
 check : bool, default True
-    Validate ``offsets`` or ``lengths`` (on a GPU this costs one reduction and
-    one device-to-host synchronization).  ``check=False`` skips it: the caller
+    Validate ``offsets`` or ``lengths`` (on a GPU this costs one kernel over
+    the offsets and one synchronization of the call's stream).  ``check=False`` skips it: the caller
     promises valid segments, and invalid ones give undefined results.
 
 Returns

@@ -135,7 +135,8 @@ class NumpyAdapter(ArrayAdapter):
         return (x.shape, x.strides, x.dtype, x.flags.aligned)
 
     def key_out(self, x: np.ndarray) -> tuple:
-        return (x.shape, x.strides, x.dtype, x.flags.aligned, x.flags.writeable)
+        flags = x.flags  # (a new flags object per access)
+        return (x.shape, x.strides, x.dtype, flags.aligned, flags.writeable)
 
     def out_key(self, shape: tuple[int, ...], dtype: str, device: int | None) -> tuple:
         return self.key_out(np.empty(shape, dtype=numpy_dtype(dtype)))
