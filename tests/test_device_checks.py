@@ -127,6 +127,7 @@ def test_check_runs_on_the_calls_stream():
 
     n = 1 << 20
     x = cupy.ones(n, cupy.float32)
+    cupy.cuda.get_current_stream().synchronize()  # (x is used on a stream that does not wait for this one)
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         for i in range(20):

@@ -272,6 +272,10 @@ def test_no_hidden_synchronization(backend, reduction, how):
     stream = cupy.cuda.Stream(non_blocking=True)
     x = cupy.ones(256 * 1024, dtype=cupy.float32)
     offsets = cupy.asarray([0, 0, 256 * 100, 256 * 1024])
+    # Made on the current (legacy default) stream, which a non-blocking stream does not wait
+    # for: without this the call could read them before they are written (with unchecked
+    # offsets, out of bounds).
+    cupy.cuda.get_current_stream().synchronize()
     kwargs = {"segment_length": 256} if how == "fixed" else {"offsets": offsets, "check": False}
     fn = FUNCTIONS[reduction]
     run_or_refused(fn, x, backend=backend, stream=stream, **kwargs)  # plan (and compile) outside the timing
