@@ -277,6 +277,28 @@ def test_best_peer_and_ratio():
     assert r.auto_vs_best_peer() == pytest.approx(2.0)
 
 
+def test_auto_verdict_compares_intervals_not_medians():
+    """Faster or slower only when the [min, max] intervals of the samples do not overlap."""
+    r = CaseResult(cases.Case("x", "fixed", "float32", 8, length=2))
+    auto = MethodResult("linred auto", "linred", seconds=1.0, samples=[0.9, 1.0, 1.1])
+    peer = MethodResult("peer", "peer", seconds=1.05, samples=[1.0, 1.05, 1.2])
+    r.methods = [auto, peer]
+    assert r.auto_vs_best_peer() == pytest.approx(1.05)
+    assert r.auto_verdict() == "tie"  # a better median, but the intervals overlap
+    peer.samples, peer.seconds = [1.2, 1.3, 1.4], 1.3
+    assert r.auto_verdict() == "faster"
+    peer.samples, peer.seconds = [0.5, 0.6, 0.7], 0.6
+    assert r.auto_verdict() == "slower"
+    assert auto.spread == pytest.approx(0.2)
+    text = report.format_table([r])
+    assert "(slower)" in text
+    peer.samples, peer.seconds = [0.95, 1.0, 1.5], 1.0
+    text = report.format_table([r])
+    assert "(tie: their [min, max] intervals overlap)" in text
+    assert "spread 55% of the median" in text  # the peer's (1.5 - 0.95) / 1.0
+    assert "tie in 1" in report.format_summary([r])
+
+
 def test_plan_samples():
     # fast calls are batched up to 1 ms per sample
     assert plan_samples(1e-4, repeats=10, budget_s=2.0) == (10, 10)

@@ -158,6 +158,8 @@ def _status_lines(row: str, status: str, more: int = 1) -> list[str]:
 
 
 _ROW = "{mark:<3}{name:<31} {time:>9} {gbps:>8} {pct:>7} {err:>9}  {status}"
+#: a method whose samples spread over more than this fraction of their median is flagged
+SPREAD_WARNING = 0.25
 
 
 def format_table(results: list[CaseResult]) -> str:
@@ -183,6 +185,8 @@ def format_table(results: list[CaseResult]) -> str:
                 status += " (best peer)"
             if m.note:
                 status += f": {m.note}" if m.status != "ok" else f", {m.note}"
+            if m.ok and m.spread is not None and m.spread > SPREAD_WARNING:
+                status += f"; spread {m.spread:.0%} of the median (noisy: compare intervals, not medians)"
             row = _ROW.format(
                 mark=mark,
                 name=_clip(m.name, 31),
@@ -193,20 +197,20 @@ def format_table(results: list[CaseResult]) -> str:
                 status="",
             )
             lines.extend(_status_lines(row, status))
-        ratio = r.auto_vs_best_peer()
+        ratio, verdict = r.auto_vs_best_peer(), r.auto_verdict()
         if ratio is not None:
-            verdict = "as fast or faster" if ratio >= 1 else "slower"
-            lines.append(f"   linred auto vs best peer ({best.name}): {ratio:.2f}x ({verdict})")
+            why = ": their [min, max] intervals overlap" if verdict == "tie" else ""
+            lines.append(f"   linred auto vs best peer ({best.name}): {ratio:.2f}x ({verdict}{why})")
     return "\n".join(lines)
 
 
-_SUMMARY = "{case:<16} {m:>9} {copy:>8} {auto:>8} {pct:>7}  {peer:<31} {peer_gbps:>8} {ratio:>9}"
+_SUMMARY = "{case:<16} {m:>9} {copy:>8} {auto:>8} {pct:>7}  {peer:<31} {peer_gbps:>8} {ratio:>9} {verdict}"
 
 
 def format_summary(results: list[CaseResult]) -> str:
     """One line per case: linred auto beside the best correct peer (the ratio is best peer time / auto time)."""
     lines = [
-        "Summary: linred auto vs the fastest correct peer (auto/best >= 1.00x: auto is at least as fast)",
+        "Summary: linred auto vs the fastest correct peer (auto/best: medians; verdict: [min, max] intervals)",
         _SUMMARY.format(
             case="case",
             m="m",
@@ -216,8 +220,11 @@ def format_summary(results: list[CaseResult]) -> str:
             peer="best peer",
             peer_gbps="peer",
             ratio="auto/best",
+            verdict="verdict",
         ),
-        _SUMMARY.format(case="", m="", copy="GB/s", auto="GB/s", pct="", peer="", peer_gbps="GB/s", ratio=""),
+        _SUMMARY.format(
+            case="", m="", copy="GB/s", auto="GB/s", pct="", peer="", peer_gbps="GB/s", ratio="", verdict=""
+        ),
     ]
     for r in results:
         if r.status != "ok":
@@ -235,16 +242,19 @@ def format_summary(results: list[CaseResult]) -> str:
                 peer=_clip(best.name, 31) if best else "-",
                 peer_gbps=_rate(best.gbps) if best else "-",
                 ratio=f"{ratio:.2f}x" if ratio is not None else "-",
+                verdict=r.auto_verdict() or "-",
             )
         )
     ran = [r for r in results if r.status == "ok"]
-    ratios = [r.auto_vs_best_peer() for r in ran]
+    verdicts = [r.auto_verdict() for r in ran]
     autos = [r.method(AUTO) for r in ran]
     at_copy = [a for a in autos if a is not None and a.pct_copy is not None and a.pct_copy >= 90]
     lines.append(
-        f"linred auto at least as fast as the best peer in {sum(1 for x in ratios if x is not None and x >= 1)} "
-        f"of {len(ran)} cases; at >= 90% of copy bandwidth in {len(at_copy)} of {len(ran)}"
+        f"linred auto against the best peer ([min, max] intervals of the samples): faster in "
+        f"{verdicts.count('faster')}, tie in {verdicts.count('tie')}, slower in {verdicts.count('slower')} "
+        f"of {len(ran)} cases"
     )
+    lines.append(f"linred auto at >= 90% of copy bandwidth in {len(at_copy)} of {len(ran)} cases")
     return "\n".join(lines)
 
 
@@ -276,7 +286,8 @@ def to_json(meta: dict[str, Any], results: list[CaseResult]) -> dict[str, Any]:
                 "wall_seconds": r.wall_s,
                 "best_peer": best.name if best else None,
                 "auto_vs_best_peer": r.auto_vs_best_peer(),
-                "methods": [asdict(m) for m in r.methods],
+                "auto_verdict": r.auto_verdict(),
+                "methods": [asdict(m) for m in r.methods],  # (with every sample)
             }
         )
     return {"meta": meta, "copy_gbps_median": median_copy_gbps(results), "cases": cases}

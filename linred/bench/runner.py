@@ -85,6 +85,18 @@ class MethodResult:
     def ok(self) -> bool:
         return self.status == "ok" and self.seconds is not None
 
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """``(min, max)`` of the samples (seconds), or None without samples."""
+        return (min(self.samples), max(self.samples)) if self.samples else None
+
+    @property
+    def spread(self) -> float | None:
+        """``(max - min) / median`` of the samples, or None with fewer than two."""
+        if len(self.samples) < 2 or not self.seconds:
+            return None
+        return (max(self.samples) - min(self.samples)) / self.seconds
+
 
 @dataclass
 class CaseResult:
@@ -110,11 +122,27 @@ class CaseResult:
         return next((r for r in self.methods if r.name == name), None)
 
     def auto_vs_best_peer(self) -> float | None:
-        """Time of the best peer / time of ``linred auto``: >= 1 when auto is at least as fast."""
+        """Time of the best peer / time of ``linred auto`` (medians): > 1 when auto's median is lower."""
         auto, best = self.method(AUTO), self.best_peer()
         if auto is None or best is None or not auto.ok:
             return None
         return best.seconds / auto.seconds
+
+    def auto_verdict(self) -> str | None:
+        """``"faster"`` or ``"slower"`` than the best peer when the ``[min, max]`` intervals of their
+        samples do not overlap, else ``"tie"``; None when there is nothing to compare."""
+        auto, best = self.method(AUTO), self.best_peer()
+        if auto is None or best is None or not auto.ok:
+            return None
+        a, b = auto.interval, best.interval
+        if a is None or b is None:
+            ratio = best.seconds / auto.seconds
+            return "faster" if ratio > 1 else "slower" if ratio < 1 else "tie"
+        if a[1] < b[0]:
+            return "faster"
+        if b[1] < a[0]:
+            return "slower"
+        return "tie"
 
 
 def _short(e: BaseException, limit: int = 300) -> str:
