@@ -180,7 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=64,
         help="mean of the random variable segment lengths (default 64; 0 skips them)",
     )
-    demo.add_argument("--repeat", type=_positive_int, default=5, help="timed runs per case, after a warm-up")
+    demo.add_argument(
+        "--repeat", type=_positive_int, default=7, help="timed samples per case (default 7), after a warm-up"
+    )
 
     for name, (_, help_text) in PLUGINS.items():
         # No options of its own: they come from the plugin module, parsed in _plugin, so

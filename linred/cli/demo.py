@@ -64,13 +64,17 @@ def _seed_example() -> None:
     print("  (an empty segment sums to 0, its mean is NaN, its max is -inf)\n")
 
 
-def _time_host(f: Callable[[], Any], repeat: int) -> float:
-    return time_host(f, warmup=0, repeats=repeat, budget_s=_BUDGET_S).seconds
+def _time_host(f: Callable[[], Any], repeat: int) -> Any:
+    return time_host(f, warmup=0, repeats=repeat, budget_s=_BUDGET_S)
 
 
-def _time_cupy(f: Callable[[], Any], repeat: int) -> float:
+def _time_cupy(f: Callable[[], Any], repeat: int) -> Any:
     # CUDA events; calls run back to back, so launch latency overlaps as in real use
-    return time_device(f, lib="cupy", warmup=0, repeats=repeat, budget_s=_BUDGET_S).seconds
+    return time_device(f, lib="cupy", warmup=0, repeats=repeat, budget_s=_BUDGET_S)
+
+
+#: a row whose samples spread over more than this fraction of their median is flagged
+SPREAD_WARNING = 0.25
 
 
 def _host_peers(x: np.ndarray, case: _Case) -> list[tuple[str, Callable[[Any], Any]]]:
@@ -190,12 +194,15 @@ def _measure(target: _Target, case: _Case, f: Callable[[Any], Any], repeat: int,
     f(out)  # warm-up; also builds and caches the plan
     err = error()
     if err <= tolerance:  # only time what is right
-        seconds = target.time(lambda: f(out), repeat)
+        timing = target.time(lambda: f(out), repeat)
         err = max(err, error())  # the timed runs' result must be right too
     if not err <= tolerance:
-        return f"{'WRONG':>10} {'':>9} {err:>11.1e}  (tolerance {tolerance:.1e})", False
+        return f"{'WRONG':>10} {'':>21} {'':>9} {err:>11.1e}  (tolerance {tolerance:.1e})", False
     nbytes = target.x.nbytes + out.nbytes + case.extra_bytes
-    return f"{_format_time(seconds):>10} {nbytes / seconds / 1e9:>9.1f} {err:>11.1e}", True
+    seconds, low, high = timing.seconds, min(timing.samples), max(timing.samples)
+    spread = f"  spread {(high - low) / seconds:.0%}" if (high - low) > SPREAD_WARNING * seconds else ""
+    interval = f"[{_format_time(low)}, {_format_time(high)}]"
+    return f"{_format_time(seconds):>10} {interval:>21} {nbytes / seconds / 1e9:>9.1f} {err:>11.1e}{spread}", True
 
 
 def _format_time(seconds: float) -> str:
@@ -210,7 +217,7 @@ def run(
     n: int = 1 << 24,
     segment_lengths: Sequence[int] | None = None,
     mean_length: int = 64,
-    repeat: int = 5,
+    repeat: int = 7,
     seed: int = 0,
 ) -> int:
     """Print the demo; return 0 when every result matched the reference, else 1."""
@@ -229,10 +236,11 @@ def run(
     x += 1  # values in [1, 2): every segment sum is far from 0, so relative errors mean something
     print(
         f"\nA large array: n = {n:,} float32 values ({x.nbytes / 2**20:.0f} MiB); "
-        f"median of up to {repeat} samples after a warm-up.\n"
+        f"median and [min, max] of up to {repeat} samples after a warm-up; a spread over\n"
+        f"{SPREAD_WARNING:.0%} of the median is flagged (a busy machine: compare the intervals, not the medians).\n"
         "GB/s = (bytes read + bytes written) / time; error = max relative error against a float64 reference.\n"
         "Offsets calls are timed with check=False after one checked plan (check=True validates the\n"
-        "offsets on every call, which on a GPU reads them back to the host)."
+        "offsets on every call: on a GPU, one more kernel and a synchronization)."
     )
     cases = _cases(x, segment_lengths or DEFAULT_SEGMENT_LENGTHS, mean_length, rng)
     targets = [t for t in (_host_target(x), _cupy_target(x)) if t is not None]
@@ -242,7 +250,7 @@ def run(
     all_right = True
     for target in targets:
         print(f"\n{target.label}")
-        print(f"  {'segments':<34} {'method':<32} {'time':>10} {'GB/s':>9} {'max rel err':>11}")
+        print(f"  {'segments':<34} {'method':<32} {'time':>10} {'[min, max]':>21} {'GB/s':>9} {'max rel err':>11}")
         for case in cases:
             # 2 L eps is 4x the worst-case bound of recursive float32 summation, and below
             # the 1/L-sized error of a missing or repeated element for L < 2000.
