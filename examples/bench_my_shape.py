@@ -43,7 +43,7 @@ parser.add_argument("--features", type=int, default=1, help="values per element:
 parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
 parser.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"])
 parser.add_argument("--methods", help="comma-separated substrings of method names, e.g. 'linred,torch'")
-parser.add_argument("--repeats", type=int, default=5, help="timed samples per method")
+parser.add_argument("--repeats", type=int, default=7, help="timed samples per method (default 7)")
 args = parser.parse_args()
 
 on_gpu, why = gpu_available()
@@ -74,7 +74,11 @@ for m in broken:
 auto = result.method("linred auto")
 best = result.best_peer()
 if auto is not None and auto.ok and best is not None:
-    print(f"linred auto: {auto.gbps:.1f} GB/s; best peer {best.name}: {best.gbps:.1f} GB/s")
+    # faster or slower only when the [min, max] intervals of the samples do not overlap
+    print(
+        f"linred auto: {auto.gbps:.1f} GB/s; best peer {best.name}: {best.gbps:.1f} GB/s "
+        f"(medians; by their [min, max] intervals linred auto is {result.auto_verdict()})"
+    )
 
 # --- 2. one call of your own, timed with the same clocks
 if device == "gpu":
@@ -102,6 +106,7 @@ if args.dtype in ("float32", "float64"):
     nbytes = host.nbytes + got.size * host.itemsize + (0 if args.mean is None else case.offsets().nbytes)
     print(
         f"your call, linred.segmented_sum(x, {', '.join(segments)}=...): {timing.seconds * 1e3:.3f} ms "
+        f"[{min(timing.samples) * 1e3:.3f}, {max(timing.samples) * 1e3:.3f}] over {len(timing.samples)} samples "
         f"({timing.calls} calls per sample), {gbps(nbytes, timing.seconds):.1f} GB/s, "
         f"relative error against float64 {error:.1e}"
     )
