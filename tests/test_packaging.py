@@ -20,7 +20,7 @@ import pytest
 import linred
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRAS = {"cpu", "cu12", "cu13", "test", "bench", "docs"}
+EXTRAS = {"cpu", "mkl", "cu12", "cu13", "test", "bench", "docs"}
 
 try:
     import tomllib
@@ -42,8 +42,9 @@ def test_pyproject_metadata(pyproject):
     assert set(project["optional-dependencies"]) >= EXTRAS
     assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "linred._version.__version__"}
     deps = " ".join(project["dependencies"])
-    assert "numpy" in deps and "nvmath-python" in deps
-    assert any(d.startswith("nvmath-python[cpu]") for d in project["optional-dependencies"]["cpu"])
+    assert "numpy" in deps and "nvmath" not in deps  # a light install: NumPy alone serves the host
+    assert not any("nvmath" in d for d in project["optional-dependencies"]["cpu"])
+    assert any(d.startswith("nvmath-python[cpu]") for d in project["optional-dependencies"]["mkl"])
     for cuda in ("cu12", "cu13"):
         extra = " ".join(project["optional-dependencies"][cuda])
         assert f"cupy-cuda{cuda[2:]}x" in extra and f"nvmath-python[{cuda}]" in extra and f"cuda-cccl[{cuda}]" in extra

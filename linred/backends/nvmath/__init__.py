@@ -97,7 +97,10 @@ def _import_error() -> str | None:
         import nvmath  # noqa: F401
         from nvmath.linalg import Matmul  # noqa: F401
     except Exception as e:
-        return f"nvmath-python cannot be imported ({type(e).__name__}: {e}); pip install 'nvmath-python[cpu]'"
+        return (
+            f"nvmath-python cannot be imported ({type(e).__name__}: {e}); "
+            "pip install 'nvmath-python[cpu]' (linred's extra: '.[mkl]')"
+        )
     return None
 
 
@@ -130,7 +133,10 @@ def _host_error() -> str | None:
     reason = _host_product(batched=False)
     if reason is None:
         return None
-    return f"nvmath cannot execute on the CPU ({reason}); it needs MKL: pip install 'nvmath-python[cpu]'"
+    return (
+        f"nvmath cannot execute on the CPU ({reason}); it needs MKL: "
+        "pip install 'nvmath-python[cpu]' (linred's extra: '.[mkl]')"
+    )
 
 
 @functools.cache
