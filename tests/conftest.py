@@ -23,7 +23,9 @@ On a GPU machine the same files run the GPU contract: ``python -m pytest -q -m g
 from __future__ import annotations
 
 import collections
+import os
 import sys
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,10 @@ from hypothesis import settings
 from support.arrays import GPU_COUNT, HAS_GPU, HAS_TORCH_CUDA, KINDS
 from support.backends import HOST_BACKEND_PARAMS, HOST_BACKENDS, KIND_BACKEND_PARAMS, KIND_PARAMS
 from support.differential import DIFFERENTIAL
+
+# The dispatch tables ``linred tune`` caches for this machine (GPU and host) would change what
+# backend="auto" picks: the tests see the shipped table alone unless told otherwise.
+os.environ.setdefault("LINRED_TUNE_CACHE", os.path.join(tempfile.mkdtemp(prefix="linred-tests-"), "dispatch.json"))
 
 import linred
 

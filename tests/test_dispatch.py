@@ -316,3 +316,71 @@ def test_tune_leaves_out_fixed_lengths_longer_than_its_buffer():
     assert (21, "pow2") not in fixed
     assert [j for j in todo if j[0] == "variable"] == [("variable", "sum", "float32", s, "any") for s in (2, 5, 8, 11)]
     assert len(tune.jobs(tune.QUICK_GRID, 1 << 24)) == 12 + 12 + 4  # every size fits 2^24
+
+
+# --- the host table of ``linred tune --device cpu`` ---
+
+
+def _host_table(monkeypatch, tmp_path, rules: list) -> None:
+    gpu = tmp_path / "dispatch.json"
+    monkeypatch.setattr(linred.backends.select, "tune_cache_path", lambda: gpu)
+    (tmp_path / "dispatch_cpu.json").write_text(json.dumps({"version": dispatch.TABLE_VERSION, "rules": rules}))
+    dispatch.reload()
+
+
+def test_host_order_is_numpy_first_without_a_host_table(monkeypatch, tmp_path):
+    monkeypatch.setattr(linred.backends.select, "tune_cache_path", lambda: tmp_path / "dispatch.json")
+    dispatch.reload()
+    try:
+        assert dispatch.host_cache_path() == tmp_path / "dispatch_cpu.json"
+        plan = linred.SegmentedReduction(np.ones(64, np.float32), 8)
+        assert dispatch.preference(plan._request.problem) == dispatch.HOST_ORDER
+    finally:
+        dispatch.reload()
+
+
+def test_a_host_table_orders_the_host_backends(monkeypatch, tmp_path):
+    rule = {"layout": "fixed", "op": "sum", "dtypes": ["float32"], "lengths": "pow2", "upto_log2": 4}
+    _host_table(monkeypatch, tmp_path, [{**rule, "order": ["nvmath", "numpy"]}])
+    try:
+        short = linred.SegmentedReduction(np.ones(64, np.float32), 8)._request.problem
+        long = linred.SegmentedReduction(np.ones(64, np.float32), 32)._request.problem
+        other = linred.SegmentedReduction(np.ones(60, np.float32), 6)._request.problem
+        assert dispatch.preference(short) == ("nvmath", "numpy")
+        assert dispatch.preference(long) == dispatch.HOST_ORDER  # past the rule's 2^4
+        assert dispatch.preference(other) == dispatch.HOST_ORDER  # not a power of two
+        if registry.unavailable("nvmath") is None:
+            assert linred.SegmentedReduction(np.ones(64, np.float32), 8).backend == "nvmath"
+    finally:
+        dispatch.reload()
+
+
+def test_tune_cpu_puts_nvmath_first_only_when_its_interval_is_below_numpys(monkeypatch):
+    from linred.bench.timing import Timing
+    from linred.cli import tune
+
+    samples = {}
+
+    def fake_time_host(fn, **kwargs):
+        backend = fn.__defaults__[0]
+        return Timing(seconds=sorted(samples[backend])[1], samples=samples[backend], calls=1, last=None)
+
+    monkeypatch.setattr("linred.bench.timing.time_host", fake_time_host)
+    if registry.unavailable("nvmath") is not None:
+        pytest.skip("needs nvmath on the host")
+    rng = np.random.default_rng(0)
+    samples.update(numpy=[1.0, 1.1, 1.2], nvmath=[0.5, 0.9, 1.05])  # overlapping: numpy stays first
+    assert tune.measure_host("float32", 3, 4096, 3, rng, "pow2") == ["numpy", "nvmath"]
+    samples.update(numpy=[1.0, 1.1, 1.2], nvmath=[0.5, 0.6, 0.9])  # wholly below
+    assert tune.measure_host("float32", 3, 4096, 3, rng, "pow2") == ["nvmath", "numpy"]
+
+
+def test_tune_cpu_writes_a_host_table(tmp_path, capsys):
+    from linred.cli import tune
+
+    out = tmp_path / "host.json"
+    assert tune.main(["--device", "cpu", "--quick", "--n", "4096", "--repeats", "3", "--out", str(out)]) == 0
+    table = json.loads(out.read_text())
+    assert table["version"] == dispatch.TABLE_VERSION and table["device"].startswith("cpu")
+    assert table["rules"] and all(set(r["order"]) <= {"numpy", "nvmath"} for r in table["rules"])
+    assert "host rules" in capsys.readouterr().out

@@ -1,7 +1,9 @@
 """``backend="auto"``: choose, per problem, the first backend that can serve it.
 
-On the host the order is fixed (NumPy's BLAS, then nvmath-python on MKL).  On a
-GPU it comes from a dispatch table: rules keyed by the segment layout, the kind
+On the host the order is NumPy's BLAS, then nvmath-python on MKL, unless ``linred
+tune --device cpu`` measured this machine and cached a host table whose rules say
+otherwise (there is no shipped host table: host speeds vary too much between
+machines).  On a GPU it comes from a dispatch table: rules keyed by the segment layout, the kind
 of reduction and the dtype, each giving an order of backends up to a segment
 length (for offsets, up to the mean segment length).  linred ships a table
 measured on an H100 (``linred/dispatch_default.json``); ``linred tune``
@@ -45,11 +47,18 @@ _lock = threading.Lock()
 
 
 def tune_cache_path() -> Path:
-    """Where ``linred tune`` writes its table: ``$LINRED_TUNE_CACHE``, else the user's cache dir."""
+    """Where ``linred tune`` writes its GPU table: ``$LINRED_TUNE_CACHE``, else the user's cache dir."""
     path = os.environ.get("LINRED_TUNE_CACHE")
     if path:
         return Path(path)
     return user_cache_dir() / "dispatch.json"
+
+
+def host_cache_path() -> Path:
+    """Where ``linred tune --device cpu`` writes its host table: beside the GPU table, its name
+    ending in ``_cpu`` (``dispatch_cpu.json``)."""
+    gpu = tune_cache_path()
+    return gpu.with_name(f"{gpu.stem}_cpu{gpu.suffix or '.json'}")
 
 
 def rule_key(problem: Problem) -> tuple[str, str, str, int]:
@@ -83,14 +92,28 @@ def _load(path: Path | Any) -> list[dict[str, Any]]:
 
 
 def table(device: str = "gpu") -> list[dict[str, Any]]:
-    """The GPU dispatch rules in force: the tuned table if there is one, else the shipped one."""
+    """The dispatch rules in force: on the GPU the tuned table if there is one, then the shipped
+    one; on the host (``device="cpu"``) the tuned host table, or none."""
     rules = _tables.get(device)
     if rules is None:
         with _lock:
             rules = _tables.get(device)
             if rules is None:
-                rules = _read_tables()
+                rules = _read_tables() if device == "gpu" else _read_host_table()
                 _tables[device] = rules
+    return rules
+
+
+def _read_host_table() -> list[dict[str, Any]]:
+    tuned = host_cache_path()
+    if not tuned.exists():
+        return []
+    try:
+        rules = _load(tuned)
+    except (OSError, ValueError, KeyError) as e:  # a broken cache must not break calls
+        logger.warning("ignoring the host dispatch table %s: %s", tuned, e)
+        return []
+    logger.debug("host dispatch table from %s", tuned)
     return rules
 
 
@@ -116,20 +139,21 @@ def reload() -> None:
 
 def preference(problem: Problem) -> tuple[str, ...]:
     """Backends to try for ``problem``, best first."""
-    if not problem.on_gpu:
-        return HOST_ORDER
+    default, rules = (GPU_ORDER, table()) if problem.on_gpu else (HOST_ORDER, table("cpu"))
+    if not rules:
+        return default
     layout, op, dtype, size = rule_key(problem)
     L = problem.segment_length
     lengths = ("pow2" if L & (L - 1) == 0 else "other") if problem.fixed and L else ""
-    for rule in table():
+    for rule in rules:
         if rule["layout"] != layout or rule["op"] != op or dtype not in rule["dtypes"]:
             continue
         if rule.get("lengths", "any") not in ("any", lengths):
             continue
         if size <= rule.get("upto_log2", 64):
             order = tuple(rule["order"])
-            return order + tuple(b for b in GPU_ORDER if b not in order)
-    return GPU_ORDER
+            return order + tuple(b for b in default if b not in order)
+    return default
 
 
 def _serve(name: str, problem: Problem) -> tuple[Backend | None, str | None]:

@@ -27,7 +27,7 @@ __all__ = ["main"]
 #: The module defines ``add_arguments(parser)`` and ``run(args) -> int``.
 PLUGINS: dict[str, tuple[str, str]] = {
     "bench": ("linred.bench", "measure linred's backends beside the peers (NumPy, CuPy, torch, CUB)"),
-    "tune": ("linred.cli.tune", "measure this GPU and cache the per-shape dispatch table"),
+    "tune": ("linred.cli.tune", "measure this GPU (or, with --device cpu, this CPU) and cache the dispatch table"),
 }
 
 #: optional packages reported by ``linred info``: shown name -> distribution names to try

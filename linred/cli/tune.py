@@ -1,4 +1,4 @@
-"""``linred tune``: measure the GPU backends on this GPU and cache the dispatch table.
+"""``linred tune``: measure the backends on this GPU (or this CPU) and cache the dispatch table.
 
 For each layout, reduction and dtype it times every GPU backend over a range of
 segment lengths (CUDA events, median after warm-up, on buffers far larger than
@@ -8,6 +8,13 @@ a power of two ``2^s`` and at ``3 * 2^(s-1)`` (the same ``floor(log2)``), since
 linred's own kernels treat powers of two apart; their rules say which lengths
 they cover.  Runs of lengths with the same order become one rule.  The table goes to ``$LINRED_TUNE_CACHE`` (default
 ``~/.cache/linred/dispatch.json``) and takes precedence over the shipped one.
+
+``--device cpu`` measures the host backends instead (``numpy`` against ``nvmath`` on
+MKL, NumPy arrays, :func:`time.perf_counter`), for the fixed-length sums both serve.
+Host timings move between runs (thread wake-ups, other load), so a host rule puts
+``nvmath`` first only where the ``[min, max]`` interval of its samples lies wholly
+below NumPy's; elsewhere NumPy stays first.  That table goes beside the GPU one
+(``dispatch_cpu.json``); there is no shipped host table.
 """
 
 from __future__ import annotations
@@ -15,7 +22,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,11 +44,29 @@ QUICK_GRID = (
     ("fixed", "sum", "float32", range(1, 25, 2)),
     ("variable", "sum", "float32", range(2, 14, 3)),
 )
+#: the host: fixed-length floating sums, which both host backends serve
+HOST_CANDIDATES = ("numpy", "nvmath")
+HOST_GRID = (
+    ("fixed", "sum", "float32", range(1, 21)),
+    ("fixed", "sum", "float64", range(1, 21)),
+)
+HOST_QUICK_GRID = (("fixed", "sum", "float32", range(1, 21, 3)),)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--device",
+        choices=("gpu", "cpu"),
+        default="gpu",
+        help="the GPU's backends (CuPy arrays; default) or the host's (numpy against nvmath on MKL)",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer shapes and a smaller buffer")
-    parser.add_argument("--n", type=int, default=None, help="elements per buffer (default 2^26, 2^24 with --quick)")
+    parser.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help="elements per buffer (GPU: default 2^26, 2^24 with --quick; CPU: 2^22, 2^20 with --quick)",
+    )
     parser.add_argument("--out", default=None, help="where to write the table (default: the tune cache)")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (median)")
 
@@ -145,7 +172,74 @@ def build_rules(results: dict[tuple[str, ...], list[tuple[int, list[str]]]]) -> 
     return rules
 
 
+def measure_host(dtype: str, size: int, n: int, repeats: int, rng: np.random.Generator, lengths: str) -> list[str]:
+    """Host backends that serve a fixed-length sum correctly: ``nvmath`` first only where its
+    samples' ``[min, max]`` lies wholly below ``numpy``'s, else ``numpy`` first."""
+    import linred
+    from linred.bench.timing import time_host
+
+    L = fixed_length(size, lengths)
+    n = n // L * L
+    x = rng.standard_normal(n).astype(dtype)
+    out = np.empty(n // L, dtype=dtype)
+    ref = x.reshape(-1, L).astype(np.float64).sum(1)
+    tol = {"float32": 1e-4, "float64": 1e-10}[dtype]
+    timed: dict[str, tuple[float, float]] = {}
+    for backend in HOST_CANDIDATES:
+        try:
+            got = linred.segmented_sum(x, L, backend=backend, out=out).astype(np.float64)
+        except linred.BackendError:
+            continue
+        err = float(np.linalg.norm(got - ref) / max(float(np.linalg.norm(ref)), 1e-30))
+        if not err <= tol:
+            print(f"  {backend}: wrong result (relative error {err:.1e}); excluded", file=sys.stderr)
+            continue
+        timing = time_host(
+            lambda b=backend: linred.segmented_sum(x, L, backend=b, out=out), warmup=2, repeats=repeats, budget_s=2.0
+        )
+        timed[backend] = (min(timing.samples), max(timing.samples))
+    order = [b for b in HOST_CANDIDATES if b in timed]
+    if "numpy" in timed and "nvmath" in timed and timed["nvmath"][1] < timed["numpy"][0]:
+        order = ["nvmath", "numpy"]
+    return order
+
+
+def run_host(args: argparse.Namespace) -> int:
+    """``linred tune --device cpu``: the host table."""
+    import linred
+    from linred.backends import select as dispatch
+
+    n = args.n or (1 << 20 if args.quick else 1 << 22)
+    grid = HOST_QUICK_GRID if args.quick else HOST_GRID
+    rng = np.random.default_rng(0)
+    results: dict[tuple[str, ...], list[tuple[int, list[str]]]] = {}
+    todo = jobs(grid, n)
+    for done, (layout, op, dtype, size, lengths) in enumerate(todo, 1):
+        order = measure_host(dtype, size, n, args.repeats, rng, lengths)
+        print(f"[{done}/{len(todo)}] {layout} {op} {dtype} L={fixed_length(size, lengths)}: {' > '.join(order)}")
+        if order:
+            results.setdefault((layout, op, dtype, lengths), []).append((size, order))
+        linred.clear_plan_cache()
+    import platform
+
+    table = {
+        "version": dispatch.TABLE_VERSION,
+        "device": f"cpu: {platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores",
+        "date": datetime.date.today().isoformat(),
+        "n": n,
+        "rules": build_rules(results),
+    }
+    path = dispatch.host_cache_path() if args.out is None else Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=1))
+    dispatch.reload()
+    print(f"wrote {len(table['rules'])} host rules to {path}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "device", "gpu") == "cpu":
+        return run_host(args)
     try:
         import cupy
 
@@ -179,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
         "n": n,
         "rules": build_rules(results),
     }
-    path = dispatch.tune_cache_path() if args.out is None else __import__("pathlib").Path(args.out)
+    path = dispatch.tune_cache_path() if args.out is None else Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(table, indent=1))
     dispatch.reload()
