@@ -1085,3 +1085,71 @@ def test_nvrtc_programs_check_their_shared_memory():
     wrong = kernels.warp_wrapper(p, "long long", DEFAULT_OPTIONS, 2).replace(f", {smem})", f", {smem - 16})")
     with pytest.raises(Exception, match="WarpShared"):
         Program(source(wrong), "c++", options).compile("cubin")
+
+
+# --- the device context of driver calls, and the offsets check's fallback (no GPU needed) ---
+
+
+class _FakeDriver:
+    """The few driver calls of linred.arrays._context, recording what they are asked."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+        CUDA_ERROR_INVALID_CONTEXT = 201
+
+    def __init__(self, current: int | None) -> None:
+        self.current, self.calls = current, []
+
+    def cuCtxGetDevice(self):
+        if self.current is None:
+            return self.CUresult.CUDA_ERROR_INVALID_CONTEXT, 0
+        return self.CUresult.CUDA_SUCCESS, self.current
+
+    def cuDevicePrimaryCtxRetain(self, device):
+        self.calls.append(("retain", device))
+        return self.CUresult.CUDA_SUCCESS, f"ctx{device}"
+
+    def cuCtxPushCurrent(self, ctx):
+        self.calls.append(("push", ctx))
+        return (self.CUresult.CUDA_SUCCESS,)
+
+    def cuCtxPopCurrent(self):
+        self.calls.append(("pop",))
+        return self.CUresult.CUDA_SUCCESS, None
+
+
+@pytest.mark.parametrize("current", [0, 1, None], ids=["current", "another", "none"])
+def test_on_device_pushes_the_primary_context_only_when_needed(monkeypatch, current):
+    """Handle 0 means the current context's null stream: the data's device must be current."""
+    import sys
+    import types
+
+    from linred.arrays import _context
+
+    fake = _FakeDriver(current)
+    bindings = types.ModuleType("cuda.bindings")
+    bindings.driver = fake
+    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", fake)
+    monkeypatch.setattr(_context, "_contexts", {})
+    with _context.on_device(0):
+        pass
+    if current == 0:
+        assert fake.calls == []
+    else:
+        assert fake.calls == [("retain", 0), ("push", "ctx0"), ("pop",)]
+
+
+def test_offsets_check_falls_back_where_its_kernel_cannot_run(monkeypatch, caplog):
+    """No NVRTC, driver or cuda.core: the adapters' array-library summary checks instead."""
+    from linred.arrays import _device_checks
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no NVRTC here")
+
+    monkeypatch.setattr(_device_checks, "get_kernels", broken)
+    monkeypatch.setattr(_device_checks, "_functions", {})
+    with caplog.at_level("WARNING", logger="linred"):
+        assert _device_checks.offsets_ok(0, True, 3, 12, 7, 0, lambda: (None, 0)) is None
+        assert _device_checks.offsets_ok(0, True, 3, 12, 7, 0, lambda: (None, 0)) is None  # remembered
+    assert sum("cannot run there" in r.getMessage() for r in caplog.records) == 1

@@ -139,7 +139,8 @@ class ArrayAdapter:
         """Whether offsets on a device start at 0, never decrease and end at ``n``, found by one
         kernel over them on the current stream and one word read back (see
         :mod:`linred.arrays._device_checks`); None on the host, where :meth:`offsets_summary`
-        costs no synchronization.  When False, :meth:`offsets_summary` says what broke."""
+        costs no synchronization, and where that kernel cannot run (then :meth:`offsets_summary`
+        checks them).  When False, :meth:`offsets_summary` says what broke."""
         return None
 
     def offsets_summary(self, offsets: Any) -> tuple[int, int, int, int, int]:

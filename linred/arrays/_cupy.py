@@ -138,7 +138,7 @@ class CupyAdapter(ArrayAdapter):
                 return int(cupy.cuda.get_current_stream().ptr)
         return stream_handle(stream, device)
 
-    def offsets_ok(self, offsets: cupy.ndarray, n: int) -> bool:
+    def offsets_ok(self, offsets: cupy.ndarray, n: int) -> bool | None:
         from linred.arrays._device_checks import offsets_ok
 
         device = offsets.device.id

@@ -18,13 +18,17 @@ the path of every checked call, where cuda.core's launch costs microseconds more
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from linred.arrays._context import on_device
 from linred.kernels.compiler import get_kernels
 
 __all__ = ["offsets_ok"]
+
+logger = logging.getLogger("linred")
 
 _PROGRAM = '#include "checks.cuh"\n'
 _NAMES = ("linred_check_offsets32", "linred_check_offsets64")
@@ -46,30 +50,43 @@ class _State(threading.local):
 
 
 _state = _State()
-#: per device: the two kernels as driver functions
-_functions: dict[int, tuple[Any, Any]] = {}
+#: per device: the two kernels as driver functions (in the device's primary context), or the
+#: reason the check cannot run there (then the callers check with array-library reductions)
+_functions: dict[int, tuple[Any, Any] | str] = {}
 _driver: Any = None
 
 
-def _setup(device: int, pinned_int32: Callable[[], tuple[Any, int]]) -> tuple[Any, Any]:
+def _load(device: int) -> tuple[Any, Any] | str:
+    """The kernels on ``device`` as driver functions, or why they cannot be had (no cuda.core or
+    cuda.bindings, no NVRTC, a module that does not load): remembered per device."""
     global _driver
-    from cuda.bindings import driver
+    try:
+        from cuda.bindings import driver
 
-    _driver = driver
-    functions = _functions.get(device)
-    if functions is None:
+        _driver = driver
         kernels = get_kernels(device, _PROGRAM, _NAMES)
-        functions = _functions[device] = tuple(_check(driver.cuKernelGetFunction(k.handle)) for k in kernels)
-    if _state.word is None:
-        owner, address = pinned_int32()
-        _state.owner, _state.word = owner, ctypes.c_int32.from_address(address)
-        # Four 8-byte arguments (offsets, m, n, the word) and the array of their addresses.
-        _state.args = args = (ctypes.c_int64 * 4)()
-        base = ctypes.addressof(args)
-        _state.pointers = pointers = (ctypes.c_void_p * 4)(*(base + 8 * i for i in range(4)))
-        _state.params = ctypes.addressof(pointers)
-        args[3] = address
-    return functions
+        with on_device(device):
+            return tuple(_check(driver.cuKernelGetFunction(k.handle)) for k in kernels)
+    except Exception as e:  # (cuda.core's errors are not all RuntimeErrors)
+        reason = f"{type(e).__name__}: {e}"
+        logger.warning(
+            "offsets on CUDA device %d are checked with array-library reductions (a few more kernels): "
+            "the one-kernel check cannot run there (%s)",
+            device,
+            reason,
+        )
+        return reason
+
+
+def _thread_state(pinned_int32: Callable[[], tuple[Any, int]]) -> None:
+    owner, address = pinned_int32()
+    _state.owner, _state.word = owner, ctypes.c_int32.from_address(address)
+    # Four 8-byte arguments (offsets, m, n, the word) and the array of their addresses.
+    _state.args = args = (ctypes.c_int64 * 4)()
+    base = ctypes.addressof(args)
+    _state.pointers = pointers = (ctypes.c_void_p * 4)(*(base + 8 * i for i in range(4)))
+    _state.params = ctypes.addressof(pointers)
+    args[3] = address
 
 
 def _check(result: tuple) -> Any:
@@ -81,25 +98,32 @@ def _check(result: tuple) -> Any:
 
 def offsets_ok(
     pointer: int, wide: bool, m: int, n: int, device: int, stream: int, pinned_int32: Callable[[], tuple[Any, int]]
-) -> bool:
+) -> bool | None:
     """Whether the ``m + 1`` contiguous offsets at device address ``pointer`` (int64 if ``wide``,
     else int32) start at 0, never decrease and end at ``n``; checked on ``device`` in stream order
-    on ``stream`` (a raw handle), whose work is waited for.
+    on ``stream`` (a raw handle), whose work is waited for.  None when the check cannot run on
+    that device (see :func:`_load`): the caller then checks another way.
 
     ``pinned_int32`` allocates 4 bytes of pinned host memory (the first call in a thread) and
     returns the object that owns them and their address.
     """
     functions = _functions.get(device)
-    if functions is None or _state.word is None:
-        functions = _setup(device, pinned_int32)
-    driver, state = _driver, _state
+    if functions is None:
+        functions = _functions[device] = _load(device)
+    if isinstance(functions, str):
+        return None
+    state = _state
+    if state.word is None:
+        _thread_state(pinned_int32)
+    driver = _driver
     args = state.args
     args[0], args[1], args[2] = pointer, m, n
     state.word.value = 0
     blocks = min(m // _THREADS + 1, _MAX_BLOCKS)
-    (err,) = driver.cuLaunchKernel(functions[wide], blocks, 1, 1, _THREADS, 1, 1, 0, stream, state.params, 0)
-    if err == driver.CUresult.CUDA_SUCCESS:
-        (err,) = driver.cuStreamSynchronize(stream)
+    with on_device(device):
+        (err,) = driver.cuLaunchKernel(functions[wide], blocks, 1, 1, _THREADS, 1, 1, 0, stream, state.params, 0)
+        if err == driver.CUresult.CUDA_SUCCESS:
+            (err,) = driver.cuStreamSynchronize(stream)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"checking the offsets on CUDA device {device} failed: {err}")
     return state.word.value == 0

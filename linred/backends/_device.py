@@ -34,6 +34,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from linred.arrays._context import on_device
+
 try:
     import cupy
 except Exception:  # not installed, or a broken CUDA install (it raises more than ImportError)
@@ -156,9 +158,9 @@ class CupyOps:
     def synchronize(self, stream: int) -> None:
         cupy_stream(stream, self.device).synchronize()
 
-    @staticmethod
-    def capturing(stream: int) -> bool:
-        return capturing(stream)
+    def capturing(self, stream: int) -> bool:
+        with on_device(self.device):  # (handle 0 is the current context's null stream)
+            return capturing(stream)
 
     def event(self) -> Any:
         return DriverEvent(self.device)
@@ -248,9 +250,9 @@ class TorchOps:
     def synchronize(self, stream: int) -> None:
         self.stream(stream).synchronize()
 
-    @staticmethod
-    def capturing(stream: int) -> bool:
-        return capturing(stream)
+    def capturing(self, stream: int) -> bool:
+        with on_device(self.device):  # (handle 0 is the current context's null stream)
+            return capturing(stream)
 
     def event(self) -> Any:
         return DriverEvent(self.device)
@@ -375,26 +377,25 @@ class DriverEvent:
     """A CUDA event without timing on ``device``, recorded and waited on through the driver
     (one call each, where the array libraries' event and stream objects cost microseconds)."""
 
-    __slots__ = ("_driver", "handle")
+    __slots__ = ("_device", "_driver", "handle")
 
     def __init__(self, device: int) -> None:
+        self._device = device
         from cuda.bindings import driver
 
-        try:
-            from cuda.core import Device
-        except ImportError:  # the array library has made the device's primary context current
-            pass
-        else:
-            Device(device).set_current()  # (the primary context, which CuPy and PyTorch use too)
         self._driver = driver
-        self.handle = _checked(driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING), "create an event")
+        with on_device(device):  # (an event belongs to the context current when it is made)
+            flags = driver.CUevent_flags.CU_EVENT_DISABLE_TIMING
+            self.handle = _checked(driver.cuEventCreate(flags), "create an event")
 
     def record(self, stream: int) -> None:
-        _checked(self._driver.cuEventRecord(self.handle, stream), "record an event")
+        with on_device(self._device):  # (handle 0 is the current context's null stream)
+            _checked(self._driver.cuEventRecord(self.handle, stream), "record an event")
 
     def wait_on(self, stream: int) -> None:
         """Make ``stream`` wait for the work before the last record (no host synchronization)."""
-        _checked(self._driver.cuStreamWaitEvent(stream, self.handle, 0), "wait on an event")
+        with on_device(self._device):
+            _checked(self._driver.cuStreamWaitEvent(stream, self.handle, 0), "wait on an event")
 
     def synchronize(self) -> None:
         _checked(self._driver.cuEventSynchronize(self.handle), "wait for an event")

@@ -204,6 +204,13 @@ def measure_host(dtype: str, size: int, n: int, repeats: int, rng: np.random.Gen
     return order
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def run_host(args: argparse.Namespace) -> int:
     """``linred tune --device cpu``: the host table."""
     import linred
@@ -224,7 +231,7 @@ def run_host(args: argparse.Namespace) -> int:
 
     table = {
         "version": dispatch.TABLE_VERSION,
-        "device": f"cpu: {platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores",
+        "device": f"cpu: {platform.processor() or platform.machine()}, {_cores()} cores",
         "date": datetime.date.today().isoformat(),
         "n": n,
         "rules": build_rules(results),

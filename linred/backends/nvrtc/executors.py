@@ -425,6 +425,9 @@ class _FeaturesExecutor:
         b, _, d = problem.in_shape
         groups = d // width
         lanes = features_lanes(problem, groups, tuning.threads, launch.sms)
+        per_block = tuning.threads // (lanes * groups)
+        if lanes > 1 and features_shared_bytes(problem, width, per_block * lanes * groups) > SPLIT_SHARED_LIMIT:
+            lanes = 1  # (a larger threads option with wide accumulators: more than every GPU grants)
         if lanes == 1:
             wrapper = features_wrapper(problem, index_ctype(problem), tuning, width)
             (kernel,) = get_kernels(launch.device, wrapper, ("linred_features",))
@@ -444,6 +447,11 @@ class _FeaturesExecutor:
 
     def free(self) -> None:
         self._kernels.clear()
+
+
+#: the most shared memory features_split asks for: the 48 KiB every GPU grants a block without
+#: opting in (the default 256 threads need at most 32 KiB)
+SPLIT_SHARED_LIMIT = 48 * 1024
 
 
 #: the executor of each route of :func:`linred.backends.nvrtc.route`
