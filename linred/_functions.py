@@ -59,6 +59,13 @@ check : bool, default True
     Validate ``offsets`` or ``lengths`` (on a GPU this costs one kernel over
     the offsets and one synchronization of the call's stream).  ``check=False`` skips it: the caller
     promises valid segments, and invalid ones give undefined results.
+remainder : {{"error", "drop", "keep"}}, default "error"
+    What to do when ``segment_length`` does not divide ``n`` (time series cut
+    into windows): ``"error"`` refuses the call; ``"drop"`` leaves out the last
+    ``n % L`` elements (``m = n // L``; ``x`` is sliced, not copied);
+    ``"keep"`` makes them a last, shorter segment (``m = ceil(n / L)``; the call
+    then runs with ``lengths``, built on the host: device data gets them copied
+    to the device on every call).  Only with ``segment_length``.
 
 Returns
 -------
@@ -74,6 +81,42 @@ TypeError, ValueError
 linred.BackendError
     If the requested backend cannot serve the call.
 """
+
+
+_REMAINDERS = ("error", "drop", "keep")
+
+
+def _remainder(x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: Any, remainder: Any) -> tuple:
+    """``(x, segment_length, lengths)`` of a call with ``remainder="drop"`` or ``"keep"``: ``x``
+    without its last ``n % L`` elements along ``axis`` (a view), or lengths ``[L, ..., L, n % L]``.
+    Anything it cannot read is left for the call's own checks to refuse."""
+    if remainder not in _REMAINDERS:
+        raise ValueError(f"remainder must be 'error', 'drop' or 'keep'; got {remainder!r}")
+    if segment_length is None or offsets is not None or lengths is not None:
+        raise TypeError("remainder= applies to segment_length only (offsets and lengths name every element)")
+    if isinstance(segment_length, bool) or not hasattr(segment_length, "__index__"):
+        return x, segment_length, lengths  # (refused by the call, naming segment_length)
+    import operator
+
+    from linred._frontend import normalize_axis
+    from linred.arrays import as_array
+
+    x, _ = as_array(x)
+    L = operator.index(segment_length)
+    if not x.shape or L < 1:
+        return x, segment_length, lengths
+    ax = normalize_axis(axis, len(x.shape))
+    n = x.shape[ax]
+    rest = n % L
+    if rest == 0:
+        return x, segment_length, lengths
+    if remainder == "drop":
+        return x[(slice(None),) * ax + (slice(0, n - rest),)], segment_length, None
+    import numpy as np
+
+    kept = np.full(n // L + 1, L, dtype=np.int64)
+    kept[-1] = rest
+    return x, None, kept
 
 
 def _doc(summary: str, extended: str, see_also: str, example: str, mean_dtype: str = "", notes: str = "") -> str:
@@ -96,7 +139,10 @@ def segmented_sum(
     backend: BackendName = "auto",
     stream: Any = None,
     check: bool = True,
+    remainder: str = "error",
 ) -> Any:
+    if remainder != "error":
+        x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     return _dynamo.run("sum", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
@@ -112,7 +158,10 @@ def segmented_mean(
     backend: BackendName = "auto",
     stream: Any = None,
     check: bool = True,
+    remainder: str = "error",
 ) -> Any:
+    if remainder != "error":
+        x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     return _dynamo.run("mean", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
@@ -128,7 +177,10 @@ def segmented_max(
     backend: BackendName = "auto",
     stream: Any = None,
     check: bool = True,
+    remainder: str = "error",
 ) -> Any:
+    if remainder != "error":
+        x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     return _dynamo.run("max", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
@@ -144,7 +196,10 @@ def segmented_min(
     backend: BackendName = "auto",
     stream: Any = None,
     check: bool = True,
+    remainder: str = "error",
 ) -> Any:
+    if remainder != "error":
+        x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     return _dynamo.run("min", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
@@ -253,7 +308,10 @@ def segmented_argmax(
     backend: BackendName = "auto",
     stream: Any = None,
     check: bool = True,
+    remainder: str = "error",
 ) -> Any:
+    if remainder != "error":
+        x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     return argextreme("max", x, segment_length, offsets, lengths, axis, backend, stream, check)
 
 
@@ -267,7 +325,10 @@ def segmented_argmin(
     backend: BackendName = "auto",
     stream: Any = None,
     check: bool = True,
+    remainder: str = "error",
 ) -> Any:
+    if remainder != "error":
+        x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     return argextreme("min", x, segment_length, offsets, lengths, axis, backend, stream, check)
 
 
@@ -302,6 +363,10 @@ stream : optional
     CUDA stream for device data, as in :func:`segmented_{which}`.
 check : bool, default True
     Validate ``offsets`` or ``lengths`` (once: the second reduction reads the same).
+remainder : {{"error", "drop", "keep"}}, default "error"
+    As in :func:`segmented_{which}`: a ``segment_length`` that does not divide
+    ``n`` is refused, its remainder dropped, or kept as a last, shorter segment
+    (positions are then still positions in ``x``).
 
 Returns
 -------

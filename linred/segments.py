@@ -66,7 +66,11 @@ def _segment_length(value: Any, n: int, axis: int) -> FixedSegments:
     if length < 1:
         raise ValueError(f"segment_length must be >= 1; got {length}")
     if n % length:
-        raise ValueError(f"segment_length={length} does not divide the length of axis {axis} (n={n})")
+        raise ValueError(
+            f"segment_length={length} does not divide the length of axis {axis} (n={n}); "
+            "remainder='drop' leaves out the last n % segment_length elements, remainder='keep' makes them a "
+            "last, shorter segment"
+        )
     return FixedSegments(length, n // length)
 
 

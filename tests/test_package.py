@@ -83,9 +83,12 @@ def test_signature(name):
         "backend",
         "stream",
         "check",
+        "remainder",
     ]
     kw_only = [p for p in params.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    assert [p.name for p in kw_only] == ["offsets", "lengths", "axis", "dtype", "out", "backend", "stream", "check"]
+    assert [p.name for p in kw_only] == [
+        "offsets", "lengths", "axis", "dtype", "out", "backend", "stream", "check", "remainder",
+    ]  # fmt: skip
     defaults = {p.name: p.default for p in params.values() if p.default is not inspect.Parameter.empty}
     assert defaults == {
         "segment_length": None,
@@ -97,6 +100,7 @@ def test_signature(name):
         "backend": "auto",
         "stream": None,
         "check": True,
+        "remainder": "error",
     }
     doc = getattr(linred, name).__doc__
     assert "Examples" in doc and "Parameters" in doc and ">>>" in doc
