@@ -53,11 +53,12 @@ def _cpu_rows() -> list[tuple[str, str, Callable[[], Any]]]:
     out = np.empty(32, np.float32)
     offs = np.arange(0, 1025, 32)
     plan = linred.SegmentedReduction(x, 32)
+    L64 = np.int64(32)  # made once: the row times linred's handling of it, not NumPy's scalar constructor
     base = "numpy reshape(32, 32).sum(1, out=)"
     return [
         ("cpu 1024 float32", base, lambda: x.reshape(32, 32).sum(1, out=out)),
         ("cpu 1024 float32", "segmented_sum(x, 32, out=)", lambda: linred.segmented_sum(x, 32, out=out)),
-        ("cpu 1024 float32", "segmented_sum(x, np.int64(32), out=)", lambda: linred.segmented_sum(x, np.int64(32), out=out)),
+        ("cpu 1024 float32", "segmented_sum(x, np.int64(32), out=)", lambda: linred.segmented_sum(x, L64, out=out)),
         ("cpu 1024 float32", "segmented_sum(x, 32, dtype='float32', out=)", lambda: linred.segmented_sum(x, 32, dtype="float32", out=out)),
         ("cpu 1024 float32", "segmented_sum(x, offsets=, check=False, out=)", lambda: linred.segmented_sum(x, offsets=offs, check=False, out=out)),
         ("cpu 1024 float32", "segmented_sum(x, offsets=, out=)", lambda: linred.segmented_sum(x, offsets=offs, out=out)),
