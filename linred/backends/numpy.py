@@ -285,11 +285,14 @@ def _fixed_direct(problem: Problem):
         and acc.kind in "fiub"
     ):
         return None
+    # A 1-D result (the common call) is used as it is: a reshape to its own shape costs a view
+    # (0.1-0.3 us of a 1.6 us call on 1,024 values).
+    flat = (rows[0],)
     if problem.reduction in ("max", "min"):
         reduce = (np.maximum if problem.reduction == "max" else np.minimum).reduce
 
         def run(x: Any, out: Any, segments: Segments, stream: Any) -> None:
-            reduce(x.reshape(rows), axis=1, out=out.reshape(rows[0]))
+            reduce(x.reshape(rows), axis=1, out=out if out.shape == flat else out.reshape(flat))
 
         return run
     if acc.kind != "f" or _blas_block(1) < L:
@@ -299,14 +302,14 @@ def _fixed_direct(problem: Problem):
     if problem.reduction == "sum":
 
         def run(x: Any, out: Any, segments: Segments, stream: Any) -> None:
-            matmul(x.reshape(rows), ones, out=out.reshape(rows[0]))
+            matmul(x.reshape(rows), ones, out=out if out.shape == flat else out.reshape(flat))
 
         return run
 
     def run(x: Any, out: Any, segments: Segments, stream: Any) -> None:
-        flat = out.reshape(rows[0])
-        matmul(x.reshape(rows), ones, out=flat)
-        divide(flat, L, out=flat)
+        result = out if out.shape == flat else out.reshape(flat)
+        matmul(x.reshape(rows), ones, out=result)
+        divide(result, L, out=result)
 
     return run
 
@@ -359,12 +362,14 @@ def _variable_direct(problem: Problem):
     else:
         return None
     reduceat, fill, intp = ufunc.reduceat, identity(problem.reduction, problem.out_dtype), np.dtype(np.intp)
+    shape_x, shape_out = (n,), (m,)
 
     def run(x: Any, out: Any, segments: VariableSegments, stream: Any) -> None:
         off = segments.offsets
         if off.dtype != intp:
             off = off.astype(intp)
-        x1, out1 = x.reshape(n), out.reshape(m)
+        x1 = x if x.shape == shape_x else x.reshape(shape_x)  # (1-D arrays as they are: a view costs)
+        out1 = out if out.shape == shape_out else out.reshape(shape_out)
         starts = off[:-1]
         if not segments.min_length:  # unchecked, or checked with empty segments: find them
             empty = off[1:] == starts
