@@ -7,6 +7,7 @@ from typing import Any
 
 from linred import _dynamo
 from linred._arg import argextreme
+from linred._time import is_time, reduce_time
 from linred.backends import BackendName
 
 __all__ = [
@@ -83,6 +84,16 @@ linred.BackendError
 """
 
 
+def _time_call(reduction: str, x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: Any, dtype: Any,
+               out: Any, backend: Any, stream: Any, check: Any) -> Any:  # fmt: skip
+    """A reduction of NumPy datetime64/timedelta64 data (which the backends refuse): see :mod:`linred._time`."""
+    given = [name for name, v in (("dtype", dtype), ("out", out), ("stream", stream)) if v is not None]
+    if given:
+        raise TypeError(f"{' and '.join(given)} cannot be given for {x.dtype} data (a reduction in its own unit)")
+    segments = {"segment_length": segment_length, "offsets": offsets, "lengths": lengths}
+    return reduce_time(reduction, x, segments, axis, backend, check)
+
+
 _REMAINDERS = ("error", "drop", "keep")
 
 
@@ -143,7 +154,12 @@ def segmented_sum(
 ) -> Any:
     if remainder != "error":
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
-    return _dynamo.run("sum", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    try:
+        return _dynamo.run("sum", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    except TypeError:
+        if not is_time(x):
+            raise
+    return _time_call("sum", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
 def segmented_mean(
@@ -162,7 +178,12 @@ def segmented_mean(
 ) -> Any:
     if remainder != "error":
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
-    return _dynamo.run("mean", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    try:
+        return _dynamo.run("mean", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    except TypeError:
+        if not is_time(x):
+            raise
+    return _time_call("mean", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
 def segmented_max(
@@ -181,7 +202,12 @@ def segmented_max(
 ) -> Any:
     if remainder != "error":
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
-    return _dynamo.run("max", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    try:
+        return _dynamo.run("max", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    except TypeError:
+        if not is_time(x):
+            raise
+    return _time_call("max", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
 def segmented_min(
@@ -200,7 +226,12 @@ def segmented_min(
 ) -> Any:
     if remainder != "error":
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
-    return _dynamo.run("min", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    try:
+        return _dynamo.run("min", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    except TypeError:
+        if not is_time(x):
+            raise
+    return _time_call("min", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
 _PRECISION = """\
