@@ -7,6 +7,7 @@ from typing import Any
 
 from linred import _dynamo
 from linred._arg import argextreme
+from linred._jax import call_jax, is_jax
 from linred._time import is_time, reduce_time
 from linred.backends import BackendName
 
@@ -105,8 +106,8 @@ def _remainder(x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: An
         raise ValueError(f"remainder must be 'error', 'drop' or 'keep'; got {remainder!r}")
     if segment_length is None or offsets is not None or lengths is not None:
         raise TypeError("remainder= applies to segment_length only (offsets and lengths name every element)")
-    if isinstance(segment_length, bool) or not hasattr(segment_length, "__index__"):
-        return x, segment_length, lengths  # (refused by the call, naming segment_length)
+    if isinstance(segment_length, bool) or not hasattr(segment_length, "__index__") or is_jax(x):
+        return x, segment_length, lengths  # (refused by the call, naming segment_length; JAX: applied locally)
     import operator
 
     from linred._frontend import normalize_axis
@@ -156,9 +157,12 @@ def segmented_sum(
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     try:
         return _dynamo.run("sum", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
-    except TypeError:
-        if not is_time(x):
+    except TypeError:  # (refused types: NumPy time data and JAX arrays are served below)
+        if not (is_time(x) or is_jax(x)):
             raise
+    if is_jax(x):
+        return call_jax(segmented_sum, x, segment_length, offsets=offsets, lengths=lengths, out=out, stream=stream,
+                        axis=axis, dtype=dtype, backend=backend, check=check, remainder=remainder)  # fmt: skip
     return _time_call("sum", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
@@ -180,9 +184,12 @@ def segmented_mean(
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     try:
         return _dynamo.run("mean", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
-    except TypeError:
-        if not is_time(x):
+    except TypeError:  # (refused types: NumPy time data and JAX arrays are served below)
+        if not (is_time(x) or is_jax(x)):
             raise
+    if is_jax(x):
+        return call_jax(segmented_mean, x, segment_length, offsets=offsets, lengths=lengths, out=out, stream=stream,
+                        axis=axis, dtype=dtype, backend=backend, check=check, remainder=remainder)  # fmt: skip
     return _time_call("mean", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
@@ -204,9 +211,12 @@ def segmented_max(
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     try:
         return _dynamo.run("max", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
-    except TypeError:
-        if not is_time(x):
+    except TypeError:  # (refused types: NumPy time data and JAX arrays are served below)
+        if not (is_time(x) or is_jax(x)):
             raise
+    if is_jax(x):
+        return call_jax(segmented_max, x, segment_length, offsets=offsets, lengths=lengths, out=out, stream=stream,
+                        axis=axis, dtype=dtype, backend=backend, check=check, remainder=remainder)  # fmt: skip
     return _time_call("max", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
@@ -228,9 +238,12 @@ def segmented_min(
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     try:
         return _dynamo.run("min", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
-    except TypeError:
-        if not is_time(x):
+    except TypeError:  # (refused types: NumPy time data and JAX arrays are served below)
+        if not (is_time(x) or is_jax(x)):
             raise
+    if is_jax(x):
+        return call_jax(segmented_min, x, segment_length, offsets=offsets, lengths=lengths, out=out, stream=stream,
+                        axis=axis, dtype=dtype, backend=backend, check=check, remainder=remainder)  # fmt: skip
     return _time_call("min", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
@@ -343,7 +356,13 @@ def segmented_argmax(
 ) -> Any:
     if remainder != "error":
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
-    return argextreme("max", x, segment_length, offsets, lengths, axis, backend, stream, check)
+    try:
+        return argextreme("max", x, segment_length, offsets, lengths, axis, backend, stream, check)
+    except TypeError:
+        if not is_jax(x):
+            raise
+    return call_jax(segmented_argmax, x, segment_length, offsets=offsets, lengths=lengths, out=None, stream=stream,
+                    axis=axis, backend=backend, check=check, remainder=remainder)  # fmt: skip
 
 
 def segmented_argmin(
@@ -360,7 +379,13 @@ def segmented_argmin(
 ) -> Any:
     if remainder != "error":
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
-    return argextreme("min", x, segment_length, offsets, lengths, axis, backend, stream, check)
+    try:
+        return argextreme("min", x, segment_length, offsets, lengths, axis, backend, stream, check)
+    except TypeError:
+        if not is_jax(x):
+            raise
+    return call_jax(segmented_argmin, x, segment_length, offsets=offsets, lengths=lengths, out=None, stream=stream,
+                    axis=axis, backend=backend, check=check, remainder=remainder)  # fmt: skip
 
 
 _ARG = """{summary}

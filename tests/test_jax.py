@@ -1,0 +1,44 @@
+"""JAX arrays in, JAX arrays out (DLPack, no copy of the input), against float64 NumPy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import linred
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max", "min", "argmax", "argmin"])
+@pytest.mark.parametrize("spec", ["fixed", "offsets", "lengths", "jax offsets"])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_jax_in_jax_out(reduction, spec, axis):
+    rng = np.random.default_rng(1)
+    host = rng.standard_normal((12, 5) if axis == 0 else (5, 12)).astype(np.float32)
+    x = jnp.asarray(host)
+    kwargs = {
+        "fixed": {"segment_length": 4},
+        "offsets": {"offsets": [0, 3, 3, 12]},
+        "lengths": {"lengths": [3, 0, 9]},
+        "jax offsets": {"offsets": jnp.asarray([0, 3, 3, 12])},
+    }[spec]
+    if spec != "fixed" and reduction in ("mean", "max", "min", "argmax", "argmin"):
+        kwargs = {"offsets": [0, 3, 12]} if spec != "jax offsets" else {"offsets": jnp.asarray([0, 3, 12])}
+    got = getattr(linred, f"segmented_{reduction}")(x, axis=axis, **kwargs)
+    assert isinstance(got, jax.Array)
+    assert got.devices() == x.devices()
+    expected = getattr(linred, f"segmented_{reduction}")(host.astype(np.float64), axis=axis, **{
+        k: np.asarray(v) for k, v in kwargs.items()
+    })  # fmt: skip
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_jax_remainder_and_refusals():
+    x = jnp.arange(10.0)
+    np.testing.assert_array_equal(np.asarray(linred.segmented_sum(x, 4, remainder="keep")), [6.0, 22.0, 17.0])
+    with pytest.raises(TypeError, match=r"out cannot be given for JAX arrays"):
+        linred.segmented_sum(x, 5, out=np.empty(2))
+    with pytest.raises(TypeError, match=r"x is a JAX tracer"):
+        jax.jit(lambda a: linred.segmented_sum(a, 5))(x)
