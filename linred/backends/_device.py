@@ -144,19 +144,11 @@ _torch_streams: dict[tuple[int, int], Any] = {}
 _torch_streams_lock = threading.Lock()
 
 
-class CupyOps:
-    """The operations the executors run on CuPy arrays, on device ``device``."""
+class _DriverOrdering:
+    """What both array libraries' operations share for :class:`StreamOrder`: capture queries and
+    events through the driver, on the operations' ``device``."""
 
-    def __init__(self, device: int) -> None:
-        self.device = device
-
-    @contextlib.contextmanager
-    def on(self, stream: int) -> Iterator[None]:
-        with cupy.cuda.Device(self.device), cupy_stream(stream, self.device):
-            yield
-
-    def synchronize(self, stream: int) -> None:
-        cupy_stream(stream, self.device).synchronize()
+    device: int
 
     def capturing(self, stream: int) -> bool:
         with on_device(self.device):  # (handle 0 is the current context's null stream)
@@ -172,6 +164,21 @@ class CupyOps:
     @staticmethod
     def wait(stream: int, event: Any) -> None:
         event.wait_on(stream)
+
+
+class CupyOps(_DriverOrdering):
+    """The operations the executors run on CuPy arrays, on device ``device``."""
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+
+    @contextlib.contextmanager
+    def on(self, stream: int) -> Iterator[None]:
+        with cupy.cuda.Device(self.device), cupy_stream(stream, self.device):
+            yield
+
+    def synchronize(self, stream: int) -> None:
+        cupy_stream(stream, self.device).synchronize()
 
     @staticmethod
     def view(base: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
@@ -218,7 +225,7 @@ class CupyOps:
         divide_by_lengths(sums, offsets, out, stream)
 
 
-class TorchOps:
+class TorchOps(_DriverOrdering):
     """The operations the executors run on CUDA PyTorch tensors, on device ``device``."""
 
     def __init__(self, device: int) -> None:
@@ -249,21 +256,6 @@ class TorchOps:
 
     def synchronize(self, stream: int) -> None:
         self.stream(stream).synchronize()
-
-    def capturing(self, stream: int) -> bool:
-        with on_device(self.device):  # (handle 0 is the current context's null stream)
-            return capturing(stream)
-
-    def event(self) -> Any:
-        return DriverEvent(self.device)
-
-    @staticmethod
-    def record(event: Any, stream: int) -> None:
-        event.record(stream)
-
-    @staticmethod
-    def wait(stream: int, event: Any) -> None:
-        event.wait_on(stream)
 
     @staticmethod
     def view(base: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
