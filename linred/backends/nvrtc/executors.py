@@ -29,7 +29,6 @@ from linred.backends.nvrtc.kernels import (
     acc_dtype,
     features_lanes,
     features_shared_bytes,
-    features_split_wrapper,
     features_wrapper,
     fixed_layout,
     fixed_wrapper,
@@ -435,7 +434,7 @@ class _FeaturesExecutor:
             # Grid-stride: enough blocks to fill the device many times over, no more.
             blocks = max(1, min(-(-total // tuning.threads), 64 * launch.sms))
             return kernel, LaunchConfig(grid=blocks, block=tuning.threads), total, ()
-        wrapper = features_split_wrapper(problem, index_ctype(problem), tuning, width)
+        wrapper = features_wrapper(problem, index_ctype(problem), tuning, width, split=True)
         (kernel,) = get_kernels(launch.device, wrapper, ("linred_features_split",))
         per_block = tuning.threads // (lanes * groups)  # (row of the batch, segment) pairs per block
         threads = per_block * lanes * groups

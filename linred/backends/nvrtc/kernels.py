@@ -208,17 +208,6 @@ def warp_wrapper(problem: Problem, index_ctype: str, tuning: NvrtcOptions, k: in
     )
 
 
-def features_split_wrapper(problem: Problem, index_ctype: str, tuning: NvrtcOptions, width: int) -> str:
-    """``linred_features_split``: ``features_split`` over groups of ``width`` features (features.cuh)."""
-    t, o, a, op, mean = kernel_types(problem)
-    offsets = _offsets(problem, index_ctype)
-    return (
-        '#include "features.cuh"\n'
-        f"LINRED_FEATURES_SPLIT({t}, {a}, {o}, {op}, {mean}, {tuning.threads}, {width}, {tuning.unroll}, "
-        f"{index_ctype}, {offsets})\n"
-    )
-
-
 def features_shared_bytes(problem: Problem, width: int, threads: int) -> int:
     """The shared memory of ``features_split``: ``width`` accumulators per thread (float32 sums
     in double, as ``SumWide`` makes them)."""
@@ -256,12 +245,14 @@ def features_lanes(problem: Problem, groups: int, threads: int, sms: int) -> int
 FEATURE_ROWS_PER_LANE = 8
 
 
-def features_wrapper(problem: Problem, index_ctype: str, tuning: NvrtcOptions, width: int) -> str:
-    """``linred_features``: ``features_reduce`` over groups of ``width`` features (features.cuh)."""
+def features_wrapper(problem: Problem, index_ctype: str, tuning: NvrtcOptions, width: int, split: bool = False) -> str:
+    """``linred_features`` (``features_reduce``), or with ``split`` ``linred_features_split``
+    (``features_split``), over groups of ``width`` features (features.cuh)."""
     t, o, a, op, mean = kernel_types(problem)
     offsets = _offsets(problem, index_ctype)
+    macro = "LINRED_FEATURES_SPLIT" if split else "LINRED_FEATURES"
     return (
         '#include "features.cuh"\n'
-        f"LINRED_FEATURES({t}, {a}, {o}, {op}, {mean}, {tuning.threads}, {width}, {tuning.unroll}, {index_ctype}, "
+        f"{macro}({t}, {a}, {o}, {op}, {mean}, {tuning.threads}, {width}, {tuning.unroll}, {index_ctype}, "
         f"{offsets})\n"
     )
