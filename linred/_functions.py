@@ -85,9 +85,18 @@ linred.BackendError
 """
 
 
-def _time_call(reduction: str, x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: Any, dtype: Any,
-               out: Any, backend: Any, stream: Any, check: Any) -> Any:  # fmt: skip
-    """A reduction of NumPy datetime64/timedelta64 data (which the backends refuse): see :mod:`linred._time`."""
+def _served_otherwise(x: Any) -> bool:
+    """Whether ``x`` is of a type the pipeline refuses but linred serves another way (see :func:`_other`)."""
+    return is_jax(x) or is_time(x)
+
+
+def _other(function: Any, reduction: str, x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: Any,
+           dtype: Any, out: Any, backend: Any, stream: Any, check: Any, remainder: Any) -> Any:  # fmt: skip
+    """``function`` (``segmented_<reduction>``) of a JAX array (reduced where it lies, through
+    DLPack: :mod:`linred._jax`) or of NumPy datetime64/timedelta64 data (:mod:`linred._time`)."""
+    if is_jax(x):
+        return call_jax(function, x, segment_length, offsets=offsets, lengths=lengths, out=out, stream=stream,
+                        axis=axis, dtype=dtype, backend=backend, check=check, remainder=remainder)  # fmt: skip
     given = [name for name, v in (("dtype", dtype), ("out", out), ("stream", stream)) if v is not None]
     if given:
         raise TypeError(f"{' and '.join(given)} cannot be given for {x.dtype} data (a reduction in its own unit)")
@@ -157,13 +166,11 @@ def segmented_sum(
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     try:
         return _dynamo.run("sum", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
-    except TypeError:  # (refused types: NumPy time data and JAX arrays are served below)
-        if not (is_time(x) or is_jax(x)):
+    except TypeError:
+        if not _served_otherwise(x):
             raise
-    if is_jax(x):
-        return call_jax(segmented_sum, x, segment_length, offsets=offsets, lengths=lengths, out=out, stream=stream,
-                        axis=axis, dtype=dtype, backend=backend, check=check, remainder=remainder)  # fmt: skip
-    return _time_call("sum", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    return _other(segmented_sum, "sum", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream,
+                  check, remainder)  # fmt: skip
 
 
 def segmented_mean(
@@ -184,13 +191,11 @@ def segmented_mean(
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     try:
         return _dynamo.run("mean", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
-    except TypeError:  # (refused types: NumPy time data and JAX arrays are served below)
-        if not (is_time(x) or is_jax(x)):
+    except TypeError:
+        if not _served_otherwise(x):
             raise
-    if is_jax(x):
-        return call_jax(segmented_mean, x, segment_length, offsets=offsets, lengths=lengths, out=out, stream=stream,
-                        axis=axis, dtype=dtype, backend=backend, check=check, remainder=remainder)  # fmt: skip
-    return _time_call("mean", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    return _other(segmented_mean, "mean", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream,
+                  check, remainder)  # fmt: skip
 
 
 def segmented_max(
@@ -211,13 +216,11 @@ def segmented_max(
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     try:
         return _dynamo.run("max", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
-    except TypeError:  # (refused types: NumPy time data and JAX arrays are served below)
-        if not (is_time(x) or is_jax(x)):
+    except TypeError:
+        if not _served_otherwise(x):
             raise
-    if is_jax(x):
-        return call_jax(segmented_max, x, segment_length, offsets=offsets, lengths=lengths, out=out, stream=stream,
-                        axis=axis, dtype=dtype, backend=backend, check=check, remainder=remainder)  # fmt: skip
-    return _time_call("max", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    return _other(segmented_max, "max", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream,
+                  check, remainder)  # fmt: skip
 
 
 def segmented_min(
@@ -238,13 +241,11 @@ def segmented_min(
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     try:
         return _dynamo.run("min", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
-    except TypeError:  # (refused types: NumPy time data and JAX arrays are served below)
-        if not (is_time(x) or is_jax(x)):
+    except TypeError:
+        if not _served_otherwise(x):
             raise
-    if is_jax(x):
-        return call_jax(segmented_min, x, segment_length, offsets=offsets, lengths=lengths, out=out, stream=stream,
-                        axis=axis, dtype=dtype, backend=backend, check=check, remainder=remainder)  # fmt: skip
-    return _time_call("min", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    return _other(segmented_min, "min", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream,
+                  check, remainder)  # fmt: skip
 
 
 _PRECISION = """\
@@ -359,7 +360,7 @@ def segmented_argmax(
     try:
         return argextreme("max", x, segment_length, offsets, lengths, axis, backend, stream, check)
     except TypeError:
-        if not is_jax(x):
+        if not is_jax(x):  # (positions of time data are not served)
             raise
     return call_jax(segmented_argmax, x, segment_length, offsets=offsets, lengths=lengths, out=None, stream=stream,
                     axis=axis, backend=backend, check=check, remainder=remainder)  # fmt: skip
@@ -382,7 +383,7 @@ def segmented_argmin(
     try:
         return argextreme("min", x, segment_length, offsets, lengths, axis, backend, stream, check)
     except TypeError:
-        if not is_jax(x):
+        if not is_jax(x):  # (positions of time data are not served)
             raise
     return call_jax(segmented_argmin, x, segment_length, offsets=offsets, lengths=lengths, out=None, stream=stream,
                     axis=axis, backend=backend, check=check, remainder=remainder)  # fmt: skip
