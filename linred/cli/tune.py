@@ -204,6 +204,24 @@ def measure_host(dtype: str, size: int, n: int, repeats: int, rng: np.random.Gen
     return order
 
 
+def write_table(path: Path, device: str, n: int, results: dict[tuple[str, ...], list[tuple[int, list[str]]]]) -> int:
+    """Write the dispatch table of ``results`` (measured on ``device`` with ``n``-element buffers)
+    to ``path``, make the next plan read it, and return how many rules it has."""
+    from linred.backends import select as dispatch
+
+    table = {
+        "version": dispatch.TABLE_VERSION,
+        "device": device,
+        "date": datetime.date.today().isoformat(),
+        "n": n,
+        "rules": build_rules(results),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=1))
+    dispatch.reload()
+    return len(table["rules"])
+
+
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -229,18 +247,10 @@ def run_host(args: argparse.Namespace) -> int:
         linred.clear_plan_cache()
     import platform
 
-    table = {
-        "version": dispatch.TABLE_VERSION,
-        "device": f"cpu: {platform.processor() or platform.machine()}, {_cores()} cores",
-        "date": datetime.date.today().isoformat(),
-        "n": n,
-        "rules": build_rules(results),
-    }
+    device = f"cpu: {platform.processor() or platform.machine()}, {_cores()} cores"
     path = dispatch.host_cache_path() if args.out is None else Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table, indent=1))
-    dispatch.reload()
-    print(f"wrote {len(table['rules'])} host rules to {path}")
+    rules = write_table(path, device, n, results)
+    print(f"wrote {rules} host rules to {path}")
     return 0
 
 
@@ -273,18 +283,9 @@ def run(args: argparse.Namespace) -> int:
             results.setdefault((layout, op, dtype, lengths), []).append((size, order))
         linred.clear_plan_cache()
         cupy.get_default_memory_pool().free_all_blocks()
-    table = {
-        "version": dispatch.TABLE_VERSION,
-        "device": name,
-        "date": datetime.date.today().isoformat(),
-        "n": n,
-        "rules": build_rules(results),
-    }
     path = dispatch.tune_cache_path() if args.out is None else Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table, indent=1))
-    dispatch.reload()
-    print(f"wrote {len(table['rules'])} rules for {name} to {path}")
+    rules = write_table(path, name, n, results)
+    print(f"wrote {rules} rules for {name} to {path}")
     return 0
 
 
