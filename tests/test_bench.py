@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import itertools
 import json
@@ -11,6 +10,8 @@ import sys
 
 import numpy as np
 import pytest
+from support.bench import STATUSES, parse
+from support.bench import run_json as bench_json
 
 import linred
 from linred import bench
@@ -20,19 +21,10 @@ from linred.bench.runner import CaseResult, MethodResult, Settings, run_cases
 from linred.bench.timing import HostClock, gbps, lead_calls, plan_samples, take_sample, time_host
 
 TINY = ["--device", "cpu", "--n", "2^12", "--repeats", "3", "--warmup", "1", "--budget", "0.05", "--no-progress"]
-STATUSES = {"ok", "WRONG", "refused", "skipped", "error"}
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="linred bench")
-    bench.add_arguments(parser)
-    return parser.parse_args(argv)
 
 
 def run_json(tmp_path, argv: list[str]) -> tuple[int, dict]:
-    path = tmp_path / "bench.json"
-    rc = bench.run(parse([*TINY, "--json", str(path), *argv]))
-    return rc, json.loads(path.read_text())
+    return bench_json(tmp_path / "bench.json", [*TINY, *argv])
 
 
 def test_plot_without_matplotlib_is_an_error_before_the_run(tmp_path, capsys):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import math
@@ -10,6 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from support.bench import STATUSES, parse
+from support.bench import run_json as bench_json
 
 torch = pytest.importorskip("torch")
 
@@ -17,19 +18,10 @@ from linred import bench  # noqa: E402
 from linred.bench import workloads  # noqa: E402
 
 QUICK = ["--suite", "workloads", "--device", "cpu", "--quick", "--warmup", "1", "--no-progress"]
-STATUSES = {"ok", "WRONG", "refused", "skipped", "error"}
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="linred bench")
-    bench.add_arguments(parser)
-    return parser.parse_args(argv)
 
 
 def run_json(tmp_path, argv: list[str]) -> tuple[int, dict]:
-    path = tmp_path / "workloads.json"
-    rc = bench.run(parse([*QUICK, "--json", str(path), *argv]))
-    return rc, json.loads(path.read_text())
+    return bench_json(tmp_path / "workloads.json", [*QUICK, *argv])
 
 
 def by_name(case: dict) -> dict[str, dict]:
