@@ -145,7 +145,8 @@ class CaseResult:
         return "tie"
 
 
-def _short(e: BaseException, limit: int = 300) -> str:
+def short_error(e: BaseException, limit: int = 300) -> str:
+    """``e`` as one line: its type and the first line of its message, cut to ``limit`` characters."""
     lines = str(e).strip().splitlines()
     text = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -162,7 +163,7 @@ def missing_module(names: tuple[str, ...]) -> str | None:
                 importlib.import_module(name)
                 _import_errors[name] = None
             except Exception as e:  # cuda.compute raises non-ImportErrors without a GPU driver
-                _import_errors[name] = f"needs {name} ({_short(e, 120)})"
+                _import_errors[name] = f"needs {name} ({short_error(e, 120)})"
         if _import_errors[name]:
             return _import_errors[name]
     return None
@@ -252,14 +253,14 @@ class _Runner:
                 if isinstance(e, BackendError):
                     res.status, res.note = "refused", e.reason
                 elif is_out_of_memory(e):
-                    res.status, res.note = "skipped", f"out of memory ({_short(e, 120)})"
+                    res.status, res.note = "skipped", f"out of memory ({short_error(e, 120)})"
                 else:
-                    res.status, res.note = "error", _short(e)
+                    res.status, res.note = "error", short_error(e)
                 return res, None
             res.rel_err, wrong = self.check(out, ref, inp.case.dtype)
             out = None
             if wrong:  # never timed, never ranked
-                res.status, res.note = "WRONG", _join(wrong, res.note)
+                res.status, res.note = "WRONG", join_notes(wrong, res.note)
                 return res, None
             return res, self._warm(res, fn, lib)
         except Exception as e:
@@ -281,7 +282,7 @@ class _Runner:
     @staticmethod
     def _fail(res: MethodResult, e: BaseException) -> None:
         res.status = "skipped" if is_out_of_memory(e) else "error"
-        res.note = _join(_short(e), res.note)
+        res.note = join_notes(short_error(e), res.note)
         res.seconds = res.gbps = res.pct_copy = None
 
     def sample(self, timed: list[_Timed]) -> None:
@@ -335,15 +336,15 @@ class _Runner:
                 _, wrong = self.check(out, ref, inp.case.dtype)
                 out = None
                 if wrong:
-                    res.status, res.note = "WRONG", _join(f"after repeated calls: {wrong}", res.note)
+                    res.status, res.note = "WRONG", join_notes(f"after repeated calls: {wrong}", res.note)
                     res.samples = []
                     return
             res.seconds = statistics.median(res.samples)
             res.host_seconds = statistics.median(t.host) if t.host else None
             if self.settings.device == "gpu" and res.host_seconds and res.host_seconds >= 0.8 * res.seconds:
-                res.note = _join(res.note, f"host-bound: issuing a call took {res.host_seconds * 1e3:.3f} ms")
+                res.note = join_notes(res.note, f"host-bound: issuing a call took {res.host_seconds * 1e3:.3f} ms")
             if res.replans:
-                res.note = _join(res.note, f"planned {res.replans} time(s) while timed")
+                res.note = join_notes(res.note, f"planned {res.replans} time(s) while timed")
             res.calls = t.calls
             res.gbps = gbps(inp.nbytes, res.seconds)
         except Exception as e:
@@ -382,7 +383,7 @@ class _Runner:
                 ref = self.data.reference(inp)
             except Exception as e:
                 result.status = "skipped"
-                result.note = ("out of memory: " if is_out_of_memory(e) else "could not set up: ") + _short(e)
+                result.note = ("out of memory: " if is_out_of_memory(e) else "could not set up: ") + short_error(e)
                 return result
             interleave = self.settings.interleave
             progress("copy")
@@ -437,7 +438,8 @@ def _plan_misses() -> int:
     return linred.plan_cache_info()["misses"]
 
 
-def _join(first: str, second: str) -> str:
+def join_notes(first: str, second: str) -> str:
+    """Two notes joined by ``"; "`` (either may be empty)."""
     return f"{first}; {second}" if first and second else first or second
 
 

@@ -67,8 +67,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from linred.bench.data import is_out_of_memory
 from linred.bench.report import dump_json
-from linred.bench.runner import wanted
+from linred.bench.runner import join_notes, short_error, wanted
 from linred.bench.timing import HostClock, device_clock, lead_calls, take_sample, warm_up
 
 __all__ = ["METHODS", "Method", "Row", "WCase", "WorkloadResult", "build_cases", "run", "run_cases"]
@@ -608,20 +609,6 @@ class Settings:
         return self.deadline is not None and time.monotonic() > self.deadline
 
 
-def _short(e: BaseException, limit: int = 240) -> str:
-    lines = str(e).strip().splitlines()
-    text = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _out_of_memory(e: BaseException) -> bool:
-    return isinstance(e, MemoryError) or "OutOfMemory" in type(e).__name__ or "out of memory" in str(e).lower()
-
-
-def _join(a: str, b: str) -> str:
-    return f"{a}; {b}" if a and b else a or b
-
-
 def _missing(names: tuple[str, ...]) -> str | None:
     for name in names:
         if importlib.util.find_spec(name) is None:
@@ -629,7 +616,7 @@ def _missing(names: tuple[str, ...]) -> str | None:
         try:
             importlib.import_module(name)
         except Exception as e:
-            return f"needs {name} ({_short(e, 120)})"
+            return f"needs {name} ({short_error(e, 120)})"
     return None
 
 
@@ -761,12 +748,12 @@ class _Runner:
                 if wrong is None:
                     raise
                 row.rel_err = err
-                row.status, row.note = "WRONG", _join(f"{wrong} (backward: {_short(e, 80)})", row.note)
+                row.status, row.note = "WRONG", join_notes(f"{wrong} (backward: {short_error(e, 80)})", row.note)
                 return row, None
             row.rel_err, wrong = _check(self.torch, out, ref)
             out = None
             if wrong:
-                row.status, row.note = "WRONG", _join(wrong, row.note)
+                row.status, row.note = "WRONG", join_notes(wrong, row.note)
                 return row, None
             clock = device_clock("torch") if self.gpu else HostClock()
             single, _ = warm_up(fn, clock, max(1, self.settings.warmup - 1))
@@ -797,10 +784,10 @@ class _Runner:
         from linred.errors import BackendError
 
         if isinstance(e, BackendError):
-            row.status, row.note = "refused", _join(e.reason, row.note)
+            row.status, row.note = "refused", join_notes(e.reason, row.note)
         else:
-            row.status = "skipped" if _out_of_memory(e) else "error"
-            row.note = _join(_short(e), row.note)
+            row.status = "skipped" if is_out_of_memory(e) else "error"
+            row.note = join_notes(short_error(e, 240), row.note)
         row.device = Stats()
         row.host = None
 
@@ -843,7 +830,7 @@ class _Runner:
             _, wrong = _check(self.torch, out, ref)
             out = None
             if wrong:
-                row.status, row.note = "WRONG", _join(f"after repeated calls: {wrong}", row.note)
+                row.status, row.note = "WRONG", join_notes(f"after repeated calls: {wrong}", row.note)
                 row.device, row.host = Stats(), None
                 return
             row.device.calls = t.calls
@@ -874,7 +861,7 @@ class _Runner:
                 result.note = data.extra_note()
             except Exception as e:
                 result.status = "skipped"
-                result.note = ("out of memory: " if _out_of_memory(e) else "could not set up: ") + _short(e)
+                result.note = ("out of memory: " if is_out_of_memory(e) else "could not set up: ") + short_error(e, 240)
                 return result
             for method in self.methods_for(case):
                 progress(method.name)
@@ -931,9 +918,10 @@ def run_cases(
                 raise TimeoutError("time limit (--max-time) reached")
             data = Data(group[0], settings.device)
         except Exception as e:
-            why = (
-                str(e) if isinstance(e, TimeoutError) else ("out of memory: " if _out_of_memory(e) else "") + _short(e)
-            )
+            if isinstance(e, TimeoutError):
+                why = str(e)
+            else:
+                why = ("out of memory: " if is_out_of_memory(e) else "") + short_error(e, 240)
             for c in group:
                 done(WorkloadResult(c, status="skipped", note=why))
             continue
