@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from linred._dtypes import identity, numpy_dtype
+from linred._fpwarnings import at_caller
 from linred.arrays.views import host_view
 from linred.backends.base import Backend, FunctionExecutor
 from linred.problem import Problem
@@ -517,10 +518,21 @@ class NumpyBackend(Backend):
         thread_cap()  # a bad LINRED_NUM_THREADS is reported when planning, not by the first large call
         direct = _fixed_direct(problem) if problem.fixed else _variable_direct(problem)
         if direct is not None:  # reads the caller's arrays as they come: no views needed
-            return FunctionExecutor(direct, views=False)
+            return FunctionExecutor(_at_caller(problem, direct), views=False)
         if problem.fixed:
-            return FunctionExecutor(_fixed(problem))
-        return FunctionExecutor(_variable_rows(problem) or _variable(problem))
+            return FunctionExecutor(_at_caller(problem, _fixed(problem)))
+        return FunctionExecutor(_at_caller(problem, _variable_rows(problem) or _variable(problem)))
+
+
+def _at_caller(problem: Problem, run: Any) -> Any:
+    """``run``, with NumPy's overflow and invalid-value warnings reported at the caller's line.
+
+    Integer data raises none (NumPy's integer sums wrap silently; linred's accumulators
+    are wide enough), so its calls skip the switch of error modes.
+    """
+    if numpy_dtype(problem.acc_dtype).kind in "fc" or problem.dtype in ("float16", "bfloat16"):
+        return at_caller(run)
+    return run
 
 
 BACKEND = NumpyBackend()

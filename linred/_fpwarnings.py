@@ -1,0 +1,87 @@
+"""NumPy's floating-point warnings, reported at the caller's line instead of linred's.
+
+NumPy raises its ``RuntimeWarning`` ("overflow encountered in matmul") from C with
+``stacklevel=1``, so it names the linred line that called the ufunc, which tells a user
+nothing.  :func:`at_caller` runs a host computation under NumPy error modes in which every
+mode the caller left at ``"warn"`` becomes ``"call"``, and the call re-issues the warning at
+the first frame outside the ``linred`` package.  Modes the caller set to anything else
+(``"ignore"``, ``"raise"``, ``"log"``, ``"print"``, their own ``"call"``) are kept as they are.
+
+Switching modes per call through :class:`numpy.errstate` costs about 3 µs (it reads the
+current modes first), more than a whole small reduction.  NumPy 2 keeps its modes in one
+context variable, so the switch here is a ``set``/``reset`` of that variable with an error
+object built once per distinct caller state; on NumPy releases without it the warnings keep
+NumPy's own location.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+try:  # NumPy >= 2.0
+    from numpy._core import umath as _umath
+
+    _VAR = _umath._extobj_contextvar
+    _make_extobj = _umath._make_extobj
+except (ImportError, AttributeError):  # pragma: no cover - NumPy 1.26
+    _VAR = None
+
+#: caller's error object -> the one linred runs under (the caller's object is kept as the key
+#: so its identity is not reused); a handful of distinct states at most in any program
+_redirected: dict[Any, Any] = {}
+
+
+def _warn(kind: str, flag: int) -> None:
+    """NumPy's error callback: one ``RuntimeWarning`` at the first frame outside linred."""
+    frame = sys._getframe(1)
+    level = 2
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(f"{kind} encountered in a segmented reduction", RuntimeWarning, stacklevel=level)
+
+
+def _build(caller: Any) -> Any:
+    """The error object for ``caller``'s modes with every ``"warn"`` made ``"call"``."""
+
+    def modes() -> dict[str, Any]:
+        _VAR.set(caller)
+        return np.geterr(), np.geterrcall()
+
+    current, callback = contextvars.copy_context().run(modes)
+    if callback is not None or "warn" not in current.values():
+        return caller  # the caller's own callback, or nothing that warns: leave it alone
+    return _make_extobj(call=_warn, **{k: "call" if v == "warn" else v for k, v in current.items()})
+
+
+def at_caller(run: Callable[..., None]) -> Callable[..., None]:
+    """``run(x, out, segments, stream)`` with NumPy's floating-point warnings at the caller's line.
+
+    Costs about 0.3 µs per call (a 1,024-value sum takes about 3 µs).
+    """
+    if _VAR is None:  # pragma: no cover - NumPy 1.26
+        return run
+
+    get, set_, reset, cache = _VAR.get, _VAR.set, _VAR.reset, _redirected
+
+    def redirected(x: Any, out: Any, segments: Any, stream: Any) -> None:
+        caller = get()
+        extobj = cache.get(caller)
+        if extobj is None:
+            extobj = cache[caller] = _build(caller)
+        token = set_(extobj)
+        try:
+            run(x, out, segments, stream)
+        finally:
+            reset(token)
+
+    return redirected

@@ -1,0 +1,67 @@
+"""NumPy's floating-point warnings from a host reduction name the caller's line and keep its modes."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import linred
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(np, "_core") or not hasattr(np._core.umath, "_extobj_contextvar"),
+    reason="NumPy < 2 keeps its error modes per thread; the warnings keep NumPy's own location",
+)
+
+HUGE = np.full(8, 1e308)
+CALLS = {
+    "sum fixed": lambda: linred.segmented_sum(HUGE, 4),
+    "mean fixed": lambda: linred.segmented_mean(HUGE, 4),
+    "sum offsets": lambda: linred.segmented_sum(HUGE, offsets=[0, 3, 8]),
+    "mean lengths": lambda: linred.segmented_mean(HUGE, lengths=[5, 0, 3]),
+    "sum rows": lambda: linred.segmented_sum(np.full((8, 3), 1e308), 4, axis=0),
+    "sum plan": lambda: linred.SegmentedReduction(HUGE, 4)(HUGE),
+    "mean strided": lambda: linred.segmented_mean(np.full(16, 1e308)[::2], 4),
+}
+
+
+@pytest.mark.parametrize("name", CALLS)
+def test_overflow_warning_names_the_callers_line(name):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = CALLS[name]()
+    assert np.isinf(np.asarray(result)).any()
+    assert [w.category for w in caught] == [RuntimeWarning]
+    assert caught[0].filename == __file__, caught[0].filename
+    assert "overflow" in str(caught[0].message)
+
+
+def test_invalid_value_warning_names_the_callers_line():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = linred.segmented_mean(np.array([np.inf, -np.inf, 1.0, 2.0]), 2)
+    np.testing.assert_array_equal(np.isnan(result), [True, False])
+    assert [(w.category, w.filename) for w in caught] == [(RuntimeWarning, __file__)]
+    assert "invalid value" in str(caught[0].message)
+
+
+def test_callers_modes_are_kept():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with np.errstate(all="ignore"):
+            linred.segmented_sum(HUGE, 4)
+    assert caught == []
+    with np.errstate(over="raise"), pytest.raises(FloatingPointError, match="overflow"):
+        linred.segmented_sum(HUGE, 4)
+    seen = []
+    with np.errstate(all="call", call=lambda kind, flag: seen.append(kind)):
+        linred.segmented_sum(HUGE, 4)
+    assert seen == ["overflow"]
+    # and the caller's modes are back once the call returns
+    assert np.geterr()["over"] == "warn" and np.geterrcall() is None
+
+
+def test_finite_results_warn_nothing_and_integers_are_not_switched():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(linred.segmented_sum(np.arange(8.0), 4), [6.0, 22.0])
+        np.testing.assert_array_equal(linred.segmented_sum(np.arange(8), 4), [6, 22])
