@@ -8,6 +8,7 @@ from typing import Any
 from linred import _dynamo
 from linred._arg import argextreme
 from linred._jax import call_jax, is_jax
+from linred._segment_ids import reduce_by_ids
 from linred._time import is_time, reduce_time
 from linred.backends import BackendName
 
@@ -38,6 +39,23 @@ offsets : array_like of int, optional
     transfer); device offsets for host data are refused.
 lengths : array_like of int, optional
     Segment lengths: ``m`` non-negative integers summing to ``n``.
+segment_ids : array_like of int, optional
+    One segment id per element along ``axis`` (PyG's ``batch`` vector,
+    ``jax.ops.segment_sum``'s ``segment_ids``): segment ``i`` gathers the
+    elements with id ``i``, in their order.  Sorted ids are served as offsets
+    (no data moves); unsorted ids by a stable sort of the ids and a gather of
+    ``x`` (one copy), deterministically.  Ids outside ``[0, num_segments)``
+    raise ``ValueError`` (``check=True``) or are dropped (``check=False``, as
+    JAX does).  See :doc:`api`.
+num_segments : int, optional
+    The number of segments ``m`` named by ``segment_ids`` (ids need not use
+    all of them: a missing id is an empty segment).  Default:
+    ``max(segment_ids) + 1``, found by reading the ids (on a GPU, one
+    synchronization).
+ids_sorted : bool, optional
+    Whether ``segment_ids`` never decrease.  Default: found when the ids are
+    read (``check=True``, or host ids); with ``check=False`` on a GPU, ids not
+    promised sorted are sorted (right for any ids, at the cost of a sort).
 axis : int, default 0
     The axis along which segments run; negative values count from the end.  The
     other axes are carried: ``x`` of shape ``(n, d)`` gives ``(m, d)``.
@@ -107,6 +125,13 @@ def _other(function: Any, reduction: str, x: Any, segment_length: Any, offsets: 
 _REMAINDERS = ("error", "drop", "keep")
 
 
+def _given(segment_length: Any, offsets: Any, lengths: Any, remainder: Any) -> list[str]:
+    """The segment arguments given besides ``segment_ids`` (which cannot go with it)."""
+    given = [name for name, v in (("segment_length", segment_length), ("offsets", offsets), ("lengths", lengths))
+             if v is not None]  # fmt: skip
+    return given + (["remainder"] if remainder != "error" else [])
+
+
 def _remainder(x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: Any, remainder: Any) -> tuple:
     """``(x, segment_length, lengths)`` of a call with ``remainder="drop"`` or ``"keep"``: ``x``
     without its last ``n % L`` elements along ``axis`` (a view), or lengths ``[L, ..., L, n % L]``.
@@ -154,6 +179,9 @@ def segmented_sum(
     *,
     offsets: Any = None,
     lengths: Any = None,
+    segment_ids: Any = None,
+    num_segments: int | None = None,
+    ids_sorted: bool | None = None,
     axis: int = 0,
     dtype: Any = None,
     out: Any = None,
@@ -162,6 +190,10 @@ def segmented_sum(
     check: bool = True,
     remainder: str = "error",
 ) -> Any:
+    if segment_ids is not None or num_segments is not None:
+        return reduce_by_ids(segmented_sum, x, segment_ids, num_segments, ids_sorted,
+                             _given(segment_length, offsets, lengths, remainder), axis, out, check,
+                             dtype=dtype, backend=backend, stream=stream)  # fmt: skip
     if remainder != "error":
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     try:
@@ -179,6 +211,9 @@ def segmented_mean(
     *,
     offsets: Any = None,
     lengths: Any = None,
+    segment_ids: Any = None,
+    num_segments: int | None = None,
+    ids_sorted: bool | None = None,
     axis: int = 0,
     dtype: Any = None,
     out: Any = None,
@@ -187,6 +222,10 @@ def segmented_mean(
     check: bool = True,
     remainder: str = "error",
 ) -> Any:
+    if segment_ids is not None or num_segments is not None:
+        return reduce_by_ids(segmented_mean, x, segment_ids, num_segments, ids_sorted,
+                             _given(segment_length, offsets, lengths, remainder), axis, out, check,
+                             dtype=dtype, backend=backend, stream=stream)  # fmt: skip
     if remainder != "error":
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     try:
@@ -204,6 +243,9 @@ def segmented_max(
     *,
     offsets: Any = None,
     lengths: Any = None,
+    segment_ids: Any = None,
+    num_segments: int | None = None,
+    ids_sorted: bool | None = None,
     axis: int = 0,
     dtype: Any = None,
     out: Any = None,
@@ -212,6 +254,10 @@ def segmented_max(
     check: bool = True,
     remainder: str = "error",
 ) -> Any:
+    if segment_ids is not None or num_segments is not None:
+        return reduce_by_ids(segmented_max, x, segment_ids, num_segments, ids_sorted,
+                             _given(segment_length, offsets, lengths, remainder), axis, out, check,
+                             dtype=dtype, backend=backend, stream=stream)  # fmt: skip
     if remainder != "error":
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     try:
@@ -229,6 +275,9 @@ def segmented_min(
     *,
     offsets: Any = None,
     lengths: Any = None,
+    segment_ids: Any = None,
+    num_segments: int | None = None,
+    ids_sorted: bool | None = None,
     axis: int = 0,
     dtype: Any = None,
     out: Any = None,
@@ -237,6 +286,10 @@ def segmented_min(
     check: bool = True,
     remainder: str = "error",
 ) -> Any:
+    if segment_ids is not None or num_segments is not None:
+        return reduce_by_ids(segmented_min, x, segment_ids, num_segments, ids_sorted,
+                             _given(segment_length, offsets, lengths, remainder), axis, out, check,
+                             dtype=dtype, backend=backend, stream=stream)  # fmt: skip
     if remainder != "error":
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     try:
@@ -349,12 +402,19 @@ def segmented_argmax(
     *,
     offsets: Any = None,
     lengths: Any = None,
+    segment_ids: Any = None,
+    num_segments: int | None = None,
+    ids_sorted: bool | None = None,
     axis: int = 0,
     backend: BackendName = "auto",
     stream: Any = None,
     check: bool = True,
     remainder: str = "error",
 ) -> Any:
+    if segment_ids is not None or num_segments is not None:
+        return reduce_by_ids(segmented_argmax, x, segment_ids, num_segments, ids_sorted,
+                             _given(segment_length, offsets, lengths, remainder), axis, None, check,
+                             positions=True, backend=backend, stream=stream)  # fmt: skip
     if remainder != "error":
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     try:
@@ -372,12 +432,19 @@ def segmented_argmin(
     *,
     offsets: Any = None,
     lengths: Any = None,
+    segment_ids: Any = None,
+    num_segments: int | None = None,
+    ids_sorted: bool | None = None,
     axis: int = 0,
     backend: BackendName = "auto",
     stream: Any = None,
     check: bool = True,
     remainder: str = "error",
 ) -> Any:
+    if segment_ids is not None or num_segments is not None:
+        return reduce_by_ids(segmented_argmin, x, segment_ids, num_segments, ids_sorted,
+                             _given(segment_length, offsets, lengths, remainder), axis, None, check,
+                             positions=True, backend=backend, stream=stream)  # fmt: skip
     if remainder != "error":
         x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
     try:
@@ -412,6 +479,10 @@ offsets : array_like of int, optional
     Segment offsets, as in :func:`segmented_{which}`.
 lengths : array_like of int, optional
     Segment lengths, as in :func:`segmented_{which}`.
+segment_ids, num_segments, ids_sorted : optional
+    Segments named by ids, as in :func:`segmented_{which}`; positions are still
+    positions in ``x`` (unsorted ids: the position of the first of the
+    segment's elements, in ``x``'s order, that attains the {extreme}).
 axis : int, default 0
     The axis along which segments run.
 backend : str, default "auto"

@@ -68,6 +68,6 @@ def call_jax(function: Any, x: Any, segment_length: Any, *, offsets: Any, length
         segment_length,
         offsets=_as_local(offsets, platform, "offsets"),
         lengths=_as_local(lengths, platform, "lengths"),
-        **kwargs,
+        **{k: _as_local(v, platform, k) if k == "segment_ids" else v for k, v in kwargs.items()},
     )
     return jax.dlpack.from_dlpack(result)

@@ -1,0 +1,228 @@
+"""Segments named by ids: one integer per element along the axis, as PyG's ``batch`` vector and
+``jax.ops.segment_sum``'s ``segment_ids`` name them.
+
+Element ``j`` belongs to segment ``segment_ids[j]``; segment ``i`` gathers every element
+with id ``i``, in the order they come.  A call with ids becomes a call with offsets:
+
+- **sorted ids** (the common ``batch`` vector): the elements of each segment are already
+  contiguous, and ``offsets = searchsorted(ids, arange(num_segments + 1))`` names them.  No
+  data moves: one binary search per segment over the ids.
+- **unsorted ids**: a stable sort of the ids, and the data gathered in that order (one
+  copy of ``x``, made by the array library), then the same offsets.  Elements of a segment
+  keep their relative order, so the result is deterministic (no atomics): the sum of a
+  segment is the sum of its elements in the order they appear in ``x``.
+
+Cost model: sorted ids cost a pass over the ids (the check) and ``num_segments`` binary
+searches; unsorted ids cost a sort of ``n`` ids and a gather of ``x`` (read and written
+once more than the reduction itself).
+
+``check=True`` reads the ids once (their minimum, maximum and whether they are sorted: one
+synchronization on a GPU) and refuses ids outside ``[0, num_segments)``.  ``check=False``
+reads nothing: sorted ids must then be promised with ``ids_sorted=True`` (otherwise the ids
+are sorted, which is right for any ids), and ids outside ``[0, num_segments)`` are dropped,
+as ``jax.ops.segment_sum`` drops them (two sentinel segments before and after the real
+ones collect them; their results are left out).  Without ``num_segments`` it is found as
+``max(segment_ids) + 1``, which on a GPU is one synchronization even with ``check=False``.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from typing import Any
+
+import numpy as np
+
+from linred._frontend import normalize_axis
+
+__all__ = ["reduce_by_ids"]
+
+
+def _kind(x: Any) -> str:
+    module = type(x).__module__.split(".")[0]
+    return module if module in ("cupy", "torch") else "numpy"
+
+
+class _Ops:
+    """The few array operations ids need, in the data's library (NumPy, CuPy or PyTorch)."""
+
+    def __init__(self, kind: str, x: Any) -> None:
+        self.kind = kind
+        self.xp = np if kind == "numpy" else sys.modules[kind]
+        self.device = x.device if kind == "torch" else None
+
+    def ids(self, ids: Any, x: Any) -> Any:
+        """``ids`` as int64 in ``x``'s library and on its device (host ids for device data are copied,
+        as offsets are; device ids for host data are refused)."""
+        xp, kind = self.xp, self.kind
+        if kind == "numpy":
+            if (
+                hasattr(ids, "__cuda_array_interface__")
+                or getattr(getattr(ids, "device", None), "type", "cpu") != "cpu"
+            ):
+                raise TypeError("segment_ids is a device array but x is a host (NumPy) array; pass it as a host array")
+            if type(ids).__module__.split(".")[0] == "torch":
+                ids = ids.numpy()
+            a = np.asarray(ids)
+        elif kind == "cupy":
+            with x.device:
+                a = xp.asarray(ids)
+        else:
+            a = ids if isinstance(ids, xp.Tensor) else xp.as_tensor(np.asarray(ids))
+            a = a.to(self.device)
+        dtype = str(a.dtype).removeprefix("torch.")
+        if a.ndim != 1:
+            raise ValueError(f"segment_ids must be 1-D (one id per element along axis); got shape {tuple(a.shape)}")
+        if dtype == "bool" or not (dtype.startswith(("int", "uint"))):
+            raise TypeError(f"segment_ids must be integers; got {dtype}")
+        if dtype == "uint64" and a.shape[0] and int(a.max()) > np.iinfo(np.int64).max:
+            raise ValueError("segment_ids must lie in [0, num_segments); got a uint64 id past int64's range")
+        return a.long() if kind == "torch" else a.astype(xp.int64, copy=False)
+
+    def arange(self, n: int) -> Any:
+        return self.xp.arange(n, device=self.device) if self.kind == "torch" else self.xp.arange(n, dtype=self.xp.int64)
+
+    def searchsorted(self, sorted_ids: Any, values: Any) -> Any:
+        return self.xp.searchsorted(sorted_ids, values)  # the first position of each value (left)
+
+    def argsort(self, ids: Any) -> Any:
+        if self.kind == "torch":
+            return self.xp.argsort(ids, stable=True)
+        if self.kind == "numpy":
+            return np.argsort(ids, kind="stable")
+        return self.xp.argsort(ids)  # CuPy's argsort is a stable radix sort (CUB)
+
+    def take(self, a: Any, index: Any, axis: int) -> Any:
+        if self.kind == "torch":
+            return self.xp.index_select(a, axis, index)
+        return self.xp.take(a, index, axis=axis)
+
+    def pad(self, offsets: Any, n: int) -> Any:
+        """``[0, offsets..., n]``: sentinel segments before and after the named ones."""
+        xp = self.xp
+        if self.kind == "torch":
+            zero, end = xp.zeros(1, dtype=xp.int64, device=self.device), xp.full((1,), n, device=self.device)
+            return xp.cat([zero, offsets, end])
+        return xp.concatenate([xp.zeros(1, dtype=xp.int64), offsets, xp.full(1, n, dtype=xp.int64)])
+
+    def summary(self, ids: Any) -> tuple[int, int, bool]:
+        """``(min, max, sorted)`` of non-empty ``ids``, one read back on a device."""
+        xp = self.xp
+        down = (ids[1:] < ids[:-1]).any()
+        if self.kind == "numpy":
+            return int(ids.min()), int(ids.max()), not bool(down)
+        lo, hi, d = xp.stack(
+            [ids.min(), ids.max(), down.to(xp.int64) if self.kind == "torch" else down.astype(xp.int64)]
+        ).tolist()
+        return lo, hi, not d
+
+    def first_outside(self, ids: Any, num_segments: int) -> tuple[int, int]:
+        bad = (ids < 0) | (ids >= num_segments)
+        i = int(bad.int().argmax()) if self.kind == "torch" else int(bad.argmax())
+        return i, int(ids[i])
+
+
+def _num_segments(num_segments: Any) -> int:
+    if isinstance(num_segments, bool) or not hasattr(num_segments, "__index__"):
+        raise TypeError(f"num_segments must be an integer; got {type(num_segments).__name__}")
+    ns = operator.index(num_segments)
+    if ns < 0:
+        raise ValueError(f"num_segments must be >= 0; got {ns}")
+    return ns
+
+
+def reduce_by_ids(
+    function: Any,
+    x: Any,
+    segment_ids: Any,
+    num_segments: Any,
+    ids_sorted: Any,
+    segments_given: list[str],
+    axis: Any,
+    out: Any,
+    check: Any,
+    positions: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """``function(x, ...)`` over the segments that ``segment_ids`` names (see the module's notes).
+
+    ``segments_given`` names the other segment arguments the caller passed (refused with ids);
+    ``positions`` says that the results are positions along the axis (argmax, argmin), which
+    are mapped back through the sort of unsorted ids.  ``kwargs`` go to ``function``.
+    """
+    if segment_ids is None:
+        raise TypeError("num_segments applies to segment_ids only; give segment_ids as well")
+    if segments_given:
+        raise TypeError(f"give one of segment_length, offsets, lengths or segment_ids; got segment_ids and "
+                        f"{' and '.join(segments_given)}")  # fmt: skip
+    if ids_sorted not in (None, True, False):
+        raise TypeError(f"ids_sorted must be None, True or False; got {ids_sorted!r}")
+    if not isinstance(check, bool):
+        raise TypeError(f"check must be a bool; got {type(check).__name__}")
+    ns = None if num_segments is None else _num_segments(num_segments)
+    kind = _kind(x)
+    if kind == "numpy" and not isinstance(x, np.ndarray):
+        from linred._jax import call_jax, is_jax
+
+        if is_jax(x):  # reduced where it lies, ids and all (linred._jax)
+            ids_kwargs = {"segment_ids": segment_ids, "num_segments": num_segments, "ids_sorted": ids_sorted}
+            return call_jax(function, x, None, offsets=None, lengths=None, out=out, axis=axis, check=check,
+                            **ids_kwargs, **kwargs)  # fmt: skip
+        if type(x).__module__.split(".")[0] == "dask":
+            raise TypeError("segment_ids is not served for dask arrays yet; give offsets (searchsorted of the "
+                            "sorted ids) instead")  # fmt: skip
+        x = np.asarray(x)
+    ops = _Ops(kind, x)
+    if not x.shape:
+        raise ValueError("x must have at least one dimension; got a 0-d array")
+    ax = normalize_axis(axis, len(x.shape))
+    n = x.shape[ax]
+    ids = ops.ids(segment_ids, x)
+    if ids.shape[0] != n:
+        raise ValueError(f"segment_ids must have one id per element along axis {ax} ({n}); got {ids.shape[0]}")
+
+    # What is known of the ids: read them (check=True, or host ids, where reading is cheap
+    # next to a sort), or take the caller's word for it.
+    known = n > 0 and (check or kind == "numpy")
+    lo, hi, is_sorted = ops.summary(ids) if known else (0, -1, n == 0 or ids_sorted is True)
+    if ns is None:
+        ns = hi + 1 if known else (int(ids.max()) + 1 if n else 0)  # (a read back on a device)
+        ns = max(ns, 0)
+    inside = known and lo >= 0 and hi < ns
+    if check and known and not inside:
+        i, v = ops.first_outside(ids, ns)
+        raise ValueError(f"segment_ids must lie in [0, num_segments) = [0, {ns}); segment_ids[{i}] = {v}")
+
+    order = None
+    if not is_sorted:
+        order = ops.argsort(ids)
+        ids = ops.take(ids, order, 0)
+        x = ops.take(x, order, ax)
+    offsets = ops.searchsorted(ids, ops.arange(ns + 1))
+    trim = not inside and n > 0
+    if trim:  # ids outside [0, ns) may be there: sentinel segments take them, then go
+        offsets = ops.pad(offsets, n)
+    if not positions:  # (argmax and argmin take no out=)
+        kwargs["out"] = None if trim else out
+    result = function(x, offsets=offsets, axis=ax, check=False, **kwargs)
+    if trim:
+        result = result[(slice(None),) * ax + (slice(1, ns + 1),)]
+    if positions and order is not None:
+        result = _unsort_positions(ops, result, order, n)
+    if out is not None and result is not out:
+        if kind == "torch":
+            out.copy_(result)
+        else:
+            ops.xp.copyto(out, result)
+        return out
+    return result
+
+
+def _unsort_positions(ops: _Ops, result: Any, order: Any, n: int) -> Any:
+    """Positions into the sorted data made positions into the caller's (``n``, none, stays ``n``)."""
+    xp = ops.xp
+    if n == 0:
+        return result
+    safe = xp.clamp(result, max=n - 1) if ops.kind == "torch" else xp.minimum(result, n - 1)
+    mapped = order[safe]
+    return xp.where(result < n, mapped, result)

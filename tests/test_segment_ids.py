@@ -1,0 +1,224 @@
+"""``segment_ids=``: segments named by one id per element, sorted (a ``batch`` vector) or not.
+
+Every result is compared with a float64 NumPy reference that gathers each segment's elements
+by a boolean mask, on every array kind (the GPU kinds where there is a GPU), along either
+axis with feature dims, for every reduction and the arg-reductions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support import to_kind, to_numpy
+
+import linred
+
+REDUCE = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}
+IDENTITY = {"sum": 0.0, "mean": np.nan, "max": -np.inf, "min": np.inf}
+
+
+def _reference(reduction: str, x: np.ndarray, ids: np.ndarray, m: int, axis: int) -> np.ndarray:
+    """Segment ``i`` = the elements with id ``i`` (ids outside [0, m) belong to none)."""
+    parts = []
+    for i in range(m):
+        part = np.compress(ids == i, x, axis=axis)
+        if part.shape[axis]:
+            parts.append(REDUCE[reduction](part, axis=axis))
+        else:
+            shape = list(x.shape)
+            del shape[axis]
+            parts.append(np.full(shape, IDENTITY[reduction]))
+    return np.stack(parts, axis=axis)
+
+
+def _arg_reference(which: str, x: np.ndarray, ids: np.ndarray, m: int) -> np.ndarray:
+    """First position in ``x`` attaining the segment's extreme; ``n`` for an empty segment (1-D)."""
+    out = np.full(m, x.shape[0], dtype=np.int64)
+    for i in range(m):
+        where = np.flatnonzero(ids == i)
+        if where.size:
+            values = x[where]
+            out[i] = where[np.argmax(values) if which == "max" else np.argmin(values)]
+    return out
+
+
+def _ids(rng: np.random.Generator, n: int, m: int, order: str) -> np.ndarray:
+    ids = rng.integers(0, max(m, 1), size=n) if m else np.zeros(n, dtype=np.int64)
+    return np.sort(ids) if order == "sorted" else ids
+
+
+@pytest.mark.parametrize("reduction", list(REDUCE))
+@pytest.mark.parametrize("order", ["sorted", "unsorted"])
+@pytest.mark.parametrize("axis", [0, -1])
+@pytest.mark.parametrize("n, m", [(1, 1), (12, 4), (37, 5), (300, 40), (64, 200)])
+def test_ids_against_numpy(array_kind, reduction, order, axis, n, m):
+    rng = np.random.default_rng(n * 1000 + m)
+    x = rng.standard_normal((n, 3) if axis == 0 else (2, n))
+    ids = _ids(rng, n, m, order)
+    fn = getattr(linred, f"segmented_{reduction}")
+    expected = _reference(reduction, x, ids, m, axis)
+    got = fn(to_kind(x, array_kind), segment_ids=to_kind(ids, array_kind), num_segments=m, axis=axis)
+    assert type(got) is type(to_kind(x, array_kind))
+    np.testing.assert_allclose(to_numpy(got), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("order", ["sorted", "unsorted"])
+def test_num_segments_defaults_to_the_largest_id_plus_one(array_kind, order):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(50)
+    ids = _ids(rng, 50, 6, order)
+    ids[ids == 5] = 4  # the largest id is 4: five segments
+    got = to_numpy(linred.segmented_sum(to_kind(x, array_kind), segment_ids=to_kind(ids, array_kind)))
+    np.testing.assert_allclose(got, _reference("sum", x, ids, 5, 0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("order", ["sorted", "unsorted"])
+def test_arg_reductions_give_positions_in_x(array_kind, order):
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 4, size=40).astype(np.float64)  # many ties: the first occurrence wins
+    ids = _ids(rng, 40, 7, order)
+    ids[ids == 2] = 3  # segment 2 is empty: its position is n
+    for which in ("max", "min"):
+        fn = getattr(linred, f"segmented_arg{which}")
+        got = fn(to_kind(x, array_kind), segment_ids=to_kind(ids, array_kind), num_segments=7)
+        np.testing.assert_array_equal(to_numpy(got), _arg_reference(which, x, ids, 7))
+
+
+@pytest.mark.parametrize("order", ["sorted", "unsorted"])
+@pytest.mark.parametrize("sorted_promise", [None, True])
+def test_check_false_drops_ids_outside_the_range(array_kind, order, sorted_promise):
+    """As ``jax.ops.segment_sum`` does: ids < 0 or >= num_segments belong to no segment."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(60)
+    ids = rng.integers(-3, 9, size=60)
+    if order == "sorted" or sorted_promise:
+        ids = np.sort(ids)
+    got = linred.segmented_sum(to_kind(x, array_kind), segment_ids=to_kind(ids, array_kind), num_segments=6,
+                               check=False, ids_sorted=sorted_promise)  # fmt: skip
+    np.testing.assert_allclose(to_numpy(got), _reference("sum", x, ids, 6, 0), rtol=1e-12)
+    got = linred.segmented_mean(to_kind(x, array_kind), segment_ids=to_kind(ids, array_kind), num_segments=6,
+                                check=False)  # fmt: skip
+    np.testing.assert_allclose(to_numpy(got), _reference("mean", x, ids, 6, 0), rtol=1e-12)
+
+
+def test_check_true_refuses_ids_outside_the_range(array_kind):
+    x = to_kind(np.arange(6.0), array_kind)
+    with pytest.raises(ValueError, match=r"\[0, 3\); segment_ids\[4\] = 3"):
+        linred.segmented_sum(x, segment_ids=to_kind(np.array([0, 0, 1, 2, 3, 2]), array_kind), num_segments=3)
+    with pytest.raises(ValueError, match=r"\[0, 4\); segment_ids\[1\] = -1"):
+        linred.segmented_max(x, segment_ids=to_kind(np.array([0, -1, 1, 2, 3, 2]), array_kind), num_segments=4)
+
+
+def test_out_dtype_and_feature_dims(array_kind):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 30, 4)).astype(np.float32)
+    ids = rng.integers(0, 5, size=30)
+    expected = _reference("sum", x.astype(np.float64), ids, 5, 1)
+    out = to_kind(np.empty((2, 5, 4), dtype=np.float64), array_kind)
+    got = linred.segmented_sum(to_kind(x, array_kind), segment_ids=to_kind(ids, array_kind), num_segments=5,
+                               axis=1, dtype="float64", out=out)  # fmt: skip
+    assert got is out
+    np.testing.assert_allclose(to_numpy(got), expected, rtol=1e-12)
+    # and with check=False (sentinel segments: the result is copied into out)
+    out2 = to_kind(np.empty((2, 5, 4), dtype=np.float32), array_kind)
+    got = linred.segmented_sum(to_kind(x, array_kind), segment_ids=to_kind(ids, array_kind), num_segments=5,
+                               axis=1, out=out2, check=False)  # fmt: skip
+    assert got is out2
+    np.testing.assert_allclose(to_numpy(got), expected, rtol=1e-5)
+
+
+def test_integer_data_and_empty_input():
+    x = np.array([5, 1, 7, 3], dtype=np.int32)
+    np.testing.assert_array_equal(linred.segmented_sum(x, segment_ids=[1, 0, 1, 1]), [1, 15])
+    np.testing.assert_array_equal(linred.segmented_min(x, segment_ids=[1, 0, 1, 1]), [1, 3])
+    empty = linred.segmented_sum(np.zeros(0), segment_ids=np.zeros(0, dtype=np.int64))
+    assert empty.shape == (0,)
+    np.testing.assert_array_equal(
+        linred.segmented_sum(np.zeros(0), segment_ids=np.zeros(0, dtype=np.int64), num_segments=3), [0, 0, 0]
+    )
+
+
+def test_sum_keeps_the_order_of_each_segments_elements():
+    """Deterministic: an unsorted segment is summed in x's order, not in an order atomics choose."""
+    x = np.array([1e16, 3.0, 1.0, -1e16, 5.0], dtype=np.float64)
+    ids = np.array([0, 1, 0, 0, 1])
+    got = linred.segmented_sum(x, segment_ids=ids)
+    expected = [((1e16 + 1.0) + -1e16), 8.0]  # left to right in x's order
+    np.testing.assert_array_equal(got, expected)
+    assert [linred.segmented_sum(x, segment_ids=ids)[0] for _ in range(5)] == [got[0]] * 5
+
+
+def test_errors():
+    x = np.arange(6.0)
+    ids = np.array([0, 0, 1, 1, 2, 2])
+    with pytest.raises(TypeError, match="give one of segment_length, offsets, lengths or segment_ids"):
+        linred.segmented_sum(x, 2, segment_ids=ids)
+    with pytest.raises(TypeError, match="segment_ids and offsets"):
+        linred.segmented_sum(x, offsets=[0, 6], segment_ids=ids)
+    with pytest.raises(TypeError, match="segment_ids and remainder"):
+        linred.segmented_sum(x, segment_ids=ids, remainder="drop")
+    with pytest.raises(TypeError, match="num_segments applies to segment_ids only"):
+        linred.segmented_sum(x, 2, num_segments=3)
+    with pytest.raises(ValueError, match=r"one id per element along axis 0 \(6\); got 5"):
+        linred.segmented_sum(x, segment_ids=ids[:5])
+    with pytest.raises(ValueError, match="must be 1-D"):
+        linred.segmented_sum(x, segment_ids=ids.reshape(2, 3))
+    with pytest.raises(TypeError, match="segment_ids must be integers; got float64"):
+        linred.segmented_sum(x, segment_ids=ids.astype(float))
+    with pytest.raises(TypeError, match="segment_ids must be integers; got bool"):
+        linred.segmented_sum(x, segment_ids=ids > 0)
+    with pytest.raises(ValueError, match="num_segments must be >= 0; got -1"):
+        linred.segmented_sum(x, segment_ids=ids, num_segments=-1)
+    with pytest.raises(TypeError, match="num_segments must be an integer; got float"):
+        linred.segmented_sum(x, segment_ids=ids, num_segments=3.0)
+    with pytest.raises(TypeError, match="ids_sorted must be None, True or False"):
+        linred.segmented_sum(x, segment_ids=ids, ids_sorted="yes")
+
+
+def test_torch_gradients_flow_through_unsorted_ids():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(2)
+    ids = torch.as_tensor(rng.integers(0, 4, size=15))
+    x = torch.as_tensor(rng.standard_normal((15, 2)), dtype=torch.float64).requires_grad_()
+    for name in ("sum", "mean", "max"):
+        fn = getattr(linred, f"segmented_{name}")
+        assert torch.autograd.gradcheck(lambda t, fn=fn: fn(t, segment_ids=ids, num_segments=4), (x,))
+
+
+def test_jax_arrays_stay_jax():
+    jnp = pytest.importorskip("jax.numpy")
+    x = np.arange(8.0)
+    ids = np.array([1, 0, 1, 2, 0, 2, 2, 1])
+    got = linred.segmented_sum(jnp.asarray(x), segment_ids=jnp.asarray(ids), num_segments=4)
+    assert type(got).__module__.startswith("jax")
+    np.testing.assert_allclose(np.asarray(got), _reference("sum", x, ids, 4, 0))
+    got = linred.segmented_argmax(jnp.asarray(x), segment_ids=jnp.asarray(ids))
+    np.testing.assert_array_equal(np.asarray(got), _arg_reference("max", x, ids, 3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sorted_promise", [True, None])
+def test_device_ids_with_check_false_and_num_segments_do_not_synchronize(sorted_promise):
+    """check=False with num_segments: the call returns while earlier work on its stream still runs
+    (a sleep kernel of about 0.5 s queued before it), then gives the right result once that is done."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import time
+
+    rng = np.random.default_rng(4)
+    ids_host = rng.integers(0, 50, size=10_000)
+    if sorted_promise:
+        ids_host = np.sort(ids_host)
+    x = torch.as_tensor(rng.standard_normal((10_000, 8)), device="cuda")
+    ids = torch.as_tensor(ids_host, device="cuda")
+    kwargs = {"segment_ids": ids, "num_segments": 50, "check": False, "ids_sorted": sorted_promise}
+    linred.segmented_sum(x, **kwargs)  # warm: plans and kernels made
+    torch.cuda.synchronize()
+    torch.cuda._sleep(10**9)  # about 0.5 s at the H100's clocks
+    start = time.perf_counter()
+    got = linred.segmented_sum(x, **kwargs)
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    assert elapsed < 0.1, f"the call waited {elapsed:.3f} s for the stream"
+    expected = _reference("sum", x.cpu().numpy(), ids_host, 50, 0)
+    np.testing.assert_allclose(got.cpu().numpy(), expected, rtol=1e-12)
