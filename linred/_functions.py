@@ -479,10 +479,14 @@ offsets : array_like of int, optional
     Segment offsets, as in :func:`segmented_{which}`.
 lengths : array_like of int, optional
     Segment lengths, as in :func:`segmented_{which}`.
-segment_ids, num_segments, ids_sorted : optional
+segment_ids : array_like of int, optional
     Segments named by ids, as in :func:`segmented_{which}`; positions are still
     positions in ``x`` (unsorted ids: the position of the first of the
     segment's elements, in ``x``'s order, that attains the {extreme}).
+num_segments : int, optional
+    The number of segments ``segment_ids`` name, as in :func:`segmented_{which}`.
+ids_sorted : bool, optional
+    Whether ``segment_ids`` never decrease, as in :func:`segmented_{which}`.
 axis : int, default 0
     The axis along which segments run.
 backend : str, default "auto"
