@@ -25,7 +25,15 @@ from linred._functions import (
     segmented_max,
     segmented_mean,
     segmented_min,
+    segmented_prod,
     segmented_sum,
+)
+from linred._fused import (
+    segmented_log_softmax,
+    segmented_logsumexp,
+    segmented_softmax,
+    segmented_std,
+    segmented_var,
 )
 from linred._plan_cache import clear_plan_cache, plan_cache_info, set_plan_cache_size
 from linred._version import __version__
@@ -45,9 +53,15 @@ __all__ = [
     "plan_cache_info",
     "segmented_argmax",
     "segmented_argmin",
+    "segmented_log_softmax",
+    "segmented_logsumexp",
     "segmented_max",
     "segmented_mean",
     "segmented_min",
+    "segmented_prod",
+    "segmented_softmax",
+    "segmented_std",
     "segmented_sum",
+    "segmented_var",
     "set_plan_cache_size",
 ]

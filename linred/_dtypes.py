@@ -21,7 +21,7 @@ COMPLEX = ("complex64", "complex128")
 FLOATING = (*REAL, *COMPLEX)
 SUPPORTED = (*INTEGER, *FLOATING)
 
-REDUCTIONS = ("sum", "mean", "max", "min")
+REDUCTIONS = ("sum", "mean", "max", "min", "prod")
 
 #: the C type of every dtype that CUDA C spells one way; each kernel source adds its own
 #: spelling of float16, bfloat16 and complex
@@ -83,6 +83,7 @@ def resolve(reduction: str, in_name: str, requested: str | None) -> tuple[str, s
 
     - sum: bool and signed integers give int64, unsigned integers uint64, floating
       dtypes their own dtype; float16 and bfloat16 are accumulated in float32.
+    - prod: as sum (integers multiply in 64 bits and wrap around as NumPy's do).
     - mean: as sum for floating dtypes; integers are accumulated in float64 and give
       float64, as NumPy's mean does (an int64 sum of, say, epoch-nanosecond timestamps
       would overflow).
@@ -120,6 +121,8 @@ def identity(reduction: str, name: str) -> Any:
     """The value an empty segment reduces to, as a Python scalar of dtype ``name``."""
     if reduction == "sum":
         return 0
+    if reduction == "prod":
+        return 1
     if reduction == "mean":
         return float("nan")
     if name == "bool":

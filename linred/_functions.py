@@ -1,5 +1,5 @@
 """The public functions: ``segmented_sum``, ``segmented_mean``, ``segmented_max``, ``segmented_min``,
-``segmented_argmax`` and ``segmented_argmin``."""
+``segmented_prod``, ``segmented_argmax`` and ``segmented_argmin``."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ __all__ = [
     "segmented_max",
     "segmented_mean",
     "segmented_min",
+    "segmented_prod",
     "segmented_sum",
 ]
 
@@ -105,13 +106,21 @@ linred.BackendError
 
 def _served_otherwise(x: Any) -> bool:
     """Whether ``x`` is of a type the pipeline refuses but linred serves another way (see :func:`_other`)."""
-    return is_jax(x) or is_time(x)
+    from linred.dask import is_dask  # (no Dask import: the type's module is read)
+
+    return is_jax(x) or is_time(x) or is_dask(x)
 
 
 def _other(function: Any, reduction: str, x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: Any,
            dtype: Any, out: Any, backend: Any, stream: Any, check: Any, remainder: Any) -> Any:  # fmt: skip
     """``function`` (``segmented_<reduction>``) of a JAX array (reduced where it lies, through
-    DLPack: :mod:`linred._jax`) or of NumPy datetime64/timedelta64 data (:mod:`linred._time`)."""
+    DLPack: :mod:`linred._jax`), of a Dask array (a lazy Dask array, reduced chunk by chunk:
+    :mod:`linred.dask`) or of NumPy datetime64/timedelta64 data (:mod:`linred._time`)."""
+    from linred.dask import _from_function, is_dask
+
+    if is_dask(x):
+        return _from_function(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream,
+                              check, remainder)  # fmt: skip
     if is_jax(x):
         return call_jax(function, x, segment_length, offsets=offsets, lengths=lengths, out=out, stream=stream,
                         axis=axis, dtype=dtype, backend=backend, check=check, remainder=remainder)  # fmt: skip
@@ -140,8 +149,10 @@ def _remainder(x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: An
         raise ValueError(f"remainder must be 'error', 'drop' or 'keep'; got {remainder!r}")
     if segment_length is None or offsets is not None or lengths is not None:
         raise TypeError("remainder= applies to segment_length only (offsets and lengths name every element)")
-    if isinstance(segment_length, bool) or not hasattr(segment_length, "__index__") or is_jax(x):
-        return x, segment_length, lengths  # (refused by the call, naming segment_length; JAX: applied locally)
+    from linred.dask import is_dask
+
+    if isinstance(segment_length, bool) or not hasattr(segment_length, "__index__") or is_jax(x) or is_dask(x):
+        return x, segment_length, lengths  # (refused by the call, naming segment_length; JAX, Dask: applied there)
     import operator
 
     from linred._frontend import normalize_axis
@@ -301,6 +312,38 @@ def segmented_min(
                   check, remainder)  # fmt: skip
 
 
+def segmented_prod(
+    x: Any,
+    segment_length: int | None = None,
+    *,
+    offsets: Any = None,
+    lengths: Any = None,
+    segment_ids: Any = None,
+    num_segments: int | None = None,
+    ids_sorted: bool | None = None,
+    axis: int = 0,
+    dtype: Any = None,
+    out: Any = None,
+    backend: BackendName = "auto",
+    stream: Any = None,
+    check: bool = True,
+    remainder: str = "error",
+) -> Any:
+    if segment_ids is not None or num_segments is not None:
+        return reduce_by_ids(segmented_prod, x, segment_ids, num_segments, ids_sorted,
+                             _given(segment_length, offsets, lengths, remainder), axis, out, check,
+                             dtype=dtype, backend=backend, stream=stream)  # fmt: skip
+    if remainder != "error":
+        x, segment_length, lengths = _remainder(x, segment_length, offsets, lengths, axis, remainder)
+    try:
+        return _dynamo.run("prod", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    except TypeError:
+        if not _served_otherwise(x):
+            raise
+    return _other(segmented_prod, "prod", x, segment_length, offsets, lengths, axis, dtype, out, backend, stream,
+                  check, remainder)  # fmt: skip
+
+
 _PRECISION = """\
 Every addition is done in the accumulation dtype or wider: float32 in float32
 (never in TF32, whatever CuPy's or PyTorch's settings), float16 and bfloat16 in
@@ -357,6 +400,31 @@ array([ 2., nan,  4.])
 """,
     mean_dtype="; the mean of integers is float64",
     notes=_PRECISION,
+)
+segmented_prod.__doc__ = _doc(
+    "Product of each segment of ``x`` along ``axis``.",
+    "Not linear, so not a matrix product: NumPy's ``multiply.reduce`` and\n"
+    "``multiply.reduceat`` on the host, linred's own CUDA kernels on the GPU (the\n"
+    "``numpy`` and ``nvrtc`` backends; the others raise :class:`linred.BackendError`).\n"
+    "An empty segment's product is 1.  Integers multiply in 64 bits (or the\n"
+    "``dtype=`` asked for) and wrap around on overflow, as NumPy's products do.",
+    "segmented_sum : The sum of each segment.\nSegmentedReduction : A reduction planned once for many arrays.",
+    """\
+>>> import numpy as np
+>>> import linred
+>>> linred.segmented_prod(np.arange(1, 7, dtype=np.float64), 3)
+array([  6., 120.])
+>>> linred.segmented_prod([2, 3, 4, 5], lengths=[1, 0, 3])
+array([ 2,  1, 60])
+""",
+    notes="""\
+Floating-point products are accumulated in the accumulation dtype (float32 for
+float16, bfloat16 and float32), in a different order on each backend (NumPy: left
+to right; the GPU kernels: a fixed tree), so backends may differ in the last bits;
+the relative error grows at most linearly with the segment length.
+For PyTorch tensors that require grad, the gradient of an element is the product
+of the other elements of its segment (computed without dividing by zero).
+""",
 )
 segmented_max.__doc__ = _doc(
     "Maximum of each segment of ``x`` along ``axis``.",
@@ -421,6 +489,11 @@ def segmented_argmax(
         return argextreme("max", x, segment_length, offsets, lengths, axis, backend, stream, check)
     except TypeError:
         if not is_jax(x):  # (positions of time data are not served)
+            from linred.dask import _from_function, is_dask
+
+            if is_dask(x):
+                return _from_function("argmax", x, segment_length, offsets, lengths, axis, None, None, backend,
+                                      stream, check, remainder)  # fmt: skip
             raise
     return call_jax(segmented_argmax, x, segment_length, offsets=offsets, lengths=lengths, out=None, stream=stream,
                     axis=axis, backend=backend, check=check, remainder=remainder)  # fmt: skip
@@ -451,6 +524,11 @@ def segmented_argmin(
         return argextreme("min", x, segment_length, offsets, lengths, axis, backend, stream, check)
     except TypeError:
         if not is_jax(x):  # (positions of time data are not served)
+            from linred.dask import _from_function, is_dask
+
+            if is_dask(x):
+                return _from_function("argmin", x, segment_length, offsets, lengths, axis, None, None, backend,
+                                      stream, check, remainder)  # fmt: skip
             raise
     return call_jax(segmented_argmin, x, segment_length, offsets=offsets, lengths=lengths, out=None, stream=stream,
                     axis=axis, backend=backend, check=check, remainder=remainder)  # fmt: skip

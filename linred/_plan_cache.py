@@ -11,6 +11,7 @@ and only their array type, shape and dtype are part of the description.
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -140,6 +141,10 @@ def call(
             if segments.offsets.dtype == plan._offsets_dtype:
                 return plan._run(x, out, handle, segments)
             # (a list whose values convert to another dtype than the plan's: planned anew below)
+    elif _first_tensor(x):
+        from linred import _dynamo
+
+        return _dynamo.run(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
     check_reduction(reduction)
     req, x, handle = request(
         reduction,
@@ -161,6 +166,21 @@ def call(
     if key is not None and _cache.maxsize:
         _cache.put(key, plan)
     return plan._run(x, out, handle, req.segments)
+
+
+def _first_tensor(x: Any) -> bool:
+    """Whether ``x`` is the first PyTorch tensor linred meets, after linred was imported before
+    PyTorch: looking up its adapter registers PyTorch's operator (:mod:`linred._dynamo`), and this
+    call must take that path too, or a tensor that requires grad would lose its gradient."""
+    from linred import _dynamo
+
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.Tensor):
+        return False
+    from linred.arrays import adapter_for
+
+    adapter_for(x)  # (registers PyTorch's adapter and, with it, the operator)
+    return _dynamo.run is not call
 
 
 def _segments(plan: SegmentedReduction, offsets: Any, lengths: Any, check: bool, stream: Any, handle: Any) -> Any:

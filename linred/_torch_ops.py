@@ -71,7 +71,7 @@ def _setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
     ctx.n = x.shape[ctx.axis]
     ctx.x_dtype = x.dtype
     ctx.ndim = x.dim()
-    if reduction in ("max", "min"):
+    if reduction in ("max", "min", "prod"):
         ctx.save_for_backward(offsets, lengths, x, output)
     else:
         ctx.save_for_backward(offsets, lengths)
@@ -96,6 +96,8 @@ def _backward(ctx: Any, grad: Tensor) -> tuple:
         gx = torch.zeros(x.shape, dtype=grad.dtype, device=grad.device)
         gx = gx.scatter_add(ctx.axis, arg.clamp(max=ctx.n - 1), grad.masked_fill(~chosen, 0))
         return (gx.to(ctx.x_dtype), *nones)
+    if ctx.reduction == "prod":
+        return (_prod_backward(ctx, grad), *nones)
     offsets, lengths = ctx.saved_tensors
     if lengths is None and offsets is not None:
         lengths = offsets.diff()
@@ -107,6 +109,23 @@ def _backward(ctx: Any, grad: Tensor) -> tuple:
             shape[ctx.axis] = -1
             grad = grad / lengths.clamp(min=1).to(grad.dtype).reshape(shape)
     return (_expand(ctx, grad, lengths).to(ctx.x_dtype), *nones)
+
+
+def _prod_backward(ctx: Any, grad: Tensor) -> Tensor:
+    """d prod / d x_j = the product of the segment's other elements, without dividing by zero:
+    ``prod / x_j`` in a segment with no zero; in a segment with one zero, the product of its other
+    elements for that zero and 0 for the rest; 0 throughout a segment with two or more zeros."""
+    offsets, lengths, x, product = ctx.saved_tensors
+    if lengths is None and offsets is not None:
+        lengths = offsets.diff()
+    spec = (offsets, None if offsets is not None else lengths, ctx.segment_length, ctx.axis)
+    zero = x == 0
+    ones = torch.where(zero, torch.ones_like(x), x)
+    zeros = segmented_reduce(zero.to(torch.int64), *spec, "sum", None, "auto", False)
+    others = segmented_reduce(ones, *spec, "prod", None, "auto", False)  # the product of the non-zeros
+    zeros, others, product, g = (_expand(ctx, t, lengths) for t in (zeros, others, product, grad))
+    local = torch.where(zeros == 0, product / ones, torch.where((zeros == 1) & zero, others, torch.zeros_like(x)))
+    return (g * local).to(ctx.x_dtype)
 
 
 def _arg(ctx: Any, x: Tensor, extreme: Tensor, offsets: Optional[Tensor], lengths: Optional[Tensor]) -> Tensor:  # noqa: UP045
@@ -207,4 +226,4 @@ def run(
     return _plan_cache.call(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
 
 
-_DIFFERENTIABLE = frozenset(("sum", "mean", "max", "min"))
+_DIFFERENTIABLE = frozenset(("sum", "mean", "max", "min", "prod"))

@@ -63,7 +63,7 @@ class SegmentedReduction:
         kept by the plan as offsets.
     axis : int, default 0
         The axis along which segments run.
-    reduction : {"sum", "mean", "max", "min"}, default "sum"
+    reduction : {"sum", "mean", "max", "min", "prod"}, default "sum"
         The reduction to plan.
     dtype : dtype, optional
         Accumulation and result dtype, as in :func:`linred.segmented_sum`.

@@ -20,7 +20,7 @@ class Problem:
 
     Attributes
     ----------
-    reduction : {"sum", "mean", "max", "min"}
+    reduction : {"sum", "mean", "max", "min", "prod"}
     kind : {"numpy", "cupy", "torch"}
         The array library of the input and the result.
     device : int or None

@@ -233,6 +233,7 @@ def accuracy_cases(backends: list[str], kinds: list[str], longest: int) -> list[
             for L in sorted({2**20, min(longest, 2**24), longest}):
                 for reduction in ("sum", "mean"):
                     cases.append(Case("accuracy", backend, kind, "float32", reduction, "fixed", (L,), values="offset"))
+                cases.append(Case("accuracy", backend, kind, "float32", "prod", "fixed", (L,)))
                 cases.append(Case("accuracy", backend, kind, "float32", "sum", "offsets", (L,), values="offset"))
                 cases.append(Case("accuracy", backend, kind, "float32", "sum", "fixed", (L // 2, L // 2),
                                   layout="strided", values="offset"))  # fmt: skip

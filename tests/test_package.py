@@ -67,7 +67,9 @@ def test_version():
     assert re.fullmatch(r"\d+\.\d+(\.\d+)?((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[\w.]+)?", linred.__version__)
 
 
-@pytest.mark.parametrize("name", ["segmented_sum", "segmented_mean", "segmented_max", "segmented_min"])
+@pytest.mark.parametrize(
+    "name", ["segmented_sum", "segmented_mean", "segmented_max", "segmented_min", "segmented_prod"]
+)
 def test_signature(name):
     import inspect
 
@@ -77,6 +79,9 @@ def test_signature(name):
         "segment_length",
         "offsets",
         "lengths",
+        "segment_ids",
+        "num_segments",
+        "ids_sorted",
         "axis",
         "dtype",
         "out",
@@ -87,13 +92,17 @@ def test_signature(name):
     ]
     kw_only = [p for p in params.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
     assert [p.name for p in kw_only] == [
-        "offsets", "lengths", "axis", "dtype", "out", "backend", "stream", "check", "remainder",
+        "offsets", "lengths", "segment_ids", "num_segments", "ids_sorted", "axis", "dtype", "out", "backend",
+        "stream", "check", "remainder",
     ]  # fmt: skip
     defaults = {p.name: p.default for p in params.values() if p.default is not inspect.Parameter.empty}
     assert defaults == {
         "segment_length": None,
         "offsets": None,
         "lengths": None,
+        "segment_ids": None,
+        "num_segments": None,
+        "ids_sorted": None,
         "axis": 0,
         "dtype": None,
         "out": None,
@@ -109,6 +118,7 @@ def test_signature(name):
 DOCTEST_MODULES = [
     "linred",
     "linred._functions",
+    "linred._fused",
     "linred._plan_cache",
     "linred.plan",
     "linred.errors",

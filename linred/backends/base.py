@@ -77,6 +77,8 @@ class Backend:
     #: whether the backend reads the data through raw pointers and element strides (then
     #: it cannot serve data whose memory is not plain: see :attr:`Problem.plain`)
     reads_pointers: ClassVar[bool] = True
+    #: the reductions it computes (a product is not linear algebra: only some backends have it)
+    reductions: ClassVar[tuple[str, ...]] = ("sum", "mean", "max", "min")
 
     def unavailable(self) -> str | None:
         """Why this backend cannot run on this machine, or None if it can."""

@@ -267,6 +267,11 @@ def _contiguous(problem: Problem) -> bool:
     return all(s == e for s, e, d in zip(problem.strides, expected, problem.in_shape, strict=True) if d > 1)
 
 
+#: the reductions NumPy computes with one ufunc's reduce and reduceat (sums and means go through
+#: BLAS products where they can, for accuracy and speed)
+_UFUNCS = {"max": np.maximum, "min": np.minimum, "prod": np.multiply}
+
+
 def _fixed_direct(problem: Problem):
     """The common fixed-length call as one NumPy call on the caller's arrays, or None.
 
@@ -289,8 +294,8 @@ def _fixed_direct(problem: Problem):
     # A 1-D result (the common call) is used as it is: a reshape to its own shape costs a view
     # (0.1-0.3 us of a 1.6 us call on 1,024 values).
     flat = (rows[0],)
-    if problem.reduction in ("max", "min"):
-        reduce = (np.maximum if problem.reduction == "max" else np.minimum).reduce
+    if problem.reduction in _UFUNCS:
+        reduce = _UFUNCS[problem.reduction].reduce
 
         def run(x: Any, out: Any, segments: Segments, stream: Any) -> None:
             reduce(x.reshape(rows), axis=1, out=out if out.shape == flat else out.reshape(flat))
@@ -333,6 +338,11 @@ def _fixed(problem: Problem):
                 ufunc.reduce(x4, axis=2, out=out3)
             else:
                 np.copyto(out3, ufunc.reduce(x4, axis=2), casting="unsafe")
+        elif reduction == "prod":  # in the accumulation dtype, into out when it is of that dtype
+            if out3.dtype == acc:
+                np.multiply.reduce(x4, axis=2, dtype=acc, out=out3)
+            else:
+                np.copyto(out3, np.multiply.reduce(x4, axis=2, dtype=acc), casting="unsafe")
         elif reduction == "sum":
             _fixed_sum(x4, out3, acc, ones)
         else:  # mean
@@ -356,8 +366,8 @@ def _variable_direct(problem: Problem):
     m = problem.num_segments
     if not (problem.kind == "numpy" and B == 1 and D == 1 and n < 2 * THREAD_ELEMENTS):
         return None
-    if problem.reduction == "sum" and problem.out_dtype == problem.acc_dtype:
-        ufunc, dtype = np.add, numpy_dtype(problem.acc_dtype)
+    if problem.reduction in ("sum", "prod") and problem.out_dtype == problem.acc_dtype:
+        ufunc, dtype = (np.add if problem.reduction == "sum" else np.multiply), numpy_dtype(problem.acc_dtype)
     elif problem.reduction in ("max", "min") and problem.out_dtype == problem.dtype:
         ufunc, dtype = (np.maximum if problem.reduction == "max" else np.minimum), numpy_dtype(problem.dtype)
     else:
@@ -452,6 +462,7 @@ def _variable(problem: Problem):
     acc = numpy_dtype(problem.acc_dtype)
     reduction = problem.reduction
     fill = identity(reduction, problem.out_dtype)
+    combine = np.multiply if reduction == "prod" else np.add  # (sum and mean)
 
     def run(x: Any, out: Any, segments: VariableSegments, stream: Any) -> None:
         x3 = host_view(x)
@@ -481,11 +492,11 @@ def _variable(problem: Problem):
             result = np.empty((x3.shape[0], starts.shape[0], x3.shape[2]), dtype=x3.dtype)
             _reduceat(ufunc, x3, starts, result)
         elif direct and out3.dtype == acc:
-            _reduceat(np.add, x3, starts, out3, dtype=acc)
+            _reduceat(combine, x3, starts, out3, dtype=acc)
             return
         else:
             result = np.empty((x3.shape[0], starts.shape[0], x3.shape[2]), dtype=acc)
-            _reduceat(np.add, x3, starts, result, dtype=acc)
+            _reduceat(combine, x3, starts, result, dtype=acc)
             if reduction == "mean":
                 quotient = np.empty(result.shape, dtype=np.result_type(acc, np.float32))
                 counts = np.diff(off) if all_nonempty else np.diff(off)[nonempty]
@@ -503,6 +514,7 @@ class NumpyBackend(Backend):
     name = "numpy"
     summary = "host arrays: BLAS GEMV (data @ ones) for fixed lengths, ufunc.reduceat for offsets"
     reads_pointers = False  # NumPy's own operations read byte-swapped, unaligned or odd-strided arrays
+    reductions = ("sum", "mean", "max", "min", "prod")
 
     def unsupported(self, problem: Problem) -> str | None:
         if problem.device is not None:

@@ -71,7 +71,7 @@ def rule_key(problem: Problem) -> tuple[str, str, str, int]:
     two (``"lengths": "pow2"`` or ``"other"``).
     """
     layout = "features" if problem.features > 1 else "fixed" if problem.fixed else "variable"
-    op = "sum" if problem.reduction in ("sum", "mean") else "minmax"
+    op = "sum" if problem.reduction in ("sum", "mean") else "minmax"  # (prod orders as max/min: not linear)
     length = problem.segment_length if problem.fixed else problem.n / max(problem.num_segments, 1)
     size = math.floor(math.log2(length)) if length >= 1 else 0
     return layout, op, problem.dtype, size
@@ -162,6 +162,8 @@ def _serve(name: str, problem: Problem) -> tuple[Backend | None, str | None]:
     if reason is not None:
         return None, reason
     backend = get_backend(name)
+    if problem.reduction not in backend.reductions:
+        return None, f"it does not compute segmented_{problem.reduction} (it computes {', '.join(backend.reductions)})"
     if not problem.plain and backend.reads_pointers:
         return None, (
             "it reads the data through raw pointers, and this array is byte-swapped, unaligned or has strides "

@@ -6,7 +6,7 @@
 //  - conversions: h2f and b2f (16-bit floats to float, exactly), Promote, promote, to_acc
 //    (a value into its accumulator), Store (an accumulator into the result type, 16-bit
 //    floats rounded to nearest even by the hardware's cvt.rn);
-//  - Limits, and the operations OpSum, OpMax and OpMin (NaN-propagating), with the
+//  - Limits, and the operations OpSum, OpProd, OpMax and OpMin (NaN-propagating), with the
 //    identity of the result dtype;
 //  - finish: a segment's result (a mean divides by the length, NaN when empty);
 //  - shfl_xor, VecOf (16-byte vectors);
@@ -135,6 +135,19 @@ template <> struct Limits<u64> {
 struct OpSum {
     template <class T, class A> static __device__ __forceinline__ A identity() { return A(0); }
     template <class A> static __device__ __forceinline__ A combine(A a, A b) { return a + b; }
+};
+// Integers wrap around (two's complement, as NumPy's products do): signed ones multiply as
+// unsigned, where wrapping is defined (a signed overflow is undefined in C++); floats follow IEEE.
+template <class A> struct ProdOf { static __device__ __forceinline__ A mul(A a, A b) { return a * b; } };
+template <> struct ProdOf<int> {
+    static __device__ __forceinline__ int mul(int a, int b) { return (int)((unsigned)a * (unsigned)b); }
+};
+template <> struct ProdOf<i64> {
+    static __device__ __forceinline__ i64 mul(i64 a, i64 b) { return (i64)((u64)a * (u64)b); }
+};
+struct OpProd {
+    template <class T, class A> static __device__ __forceinline__ A identity() { return A(1); }
+    template <class A> static __device__ __forceinline__ A combine(A a, A b) { return ProdOf<A>::mul(a, b); }
 };
 // NaN-propagating: a NaN operand wins (x != x only for NaN).
 struct OpMax {

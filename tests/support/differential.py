@@ -17,7 +17,14 @@ reduction of the same values, written here without any of linred's code:
   data, float64 for float64 and complex128), ``tau(float32) = 1e-6``,
   ``tau(float64) = 1e-10``, ``eps`` and ``tiny`` those of the result dtype (one rounding of
   the result, twice for slack);
-- NaN exactly where the reference is NaN; infinities equal.
+- NaN exactly where the reference is NaN; infinities equal;
+- floating products, elementwise (``L`` the segment length, ``u`` the accumulation's unit
+  roundoff): ``|result - reference| <= 2 (L + 2) u |reference| + 2 eps(result) |reference| +
+  tiny(result)`` (any order of ``L - 1`` multiplications errs by at most ``gamma(L - 1)``
+  relatively), and an infinity of the right sign where the reference is within that bound of
+  the result dtype's largest value or beyond.  Their data is drawn near +-1 (``|x|`` in
+  ``exp(+-s)`` with ``s`` shrinking as ``1/sqrt(L)``) so that products neither vanish nor
+  overflow; integer products are exact modulo 2^64 (they wrap around in any order alike).
 
 ``tau`` does not grow with the segment length: a float32 segment of 2^26 values must come
 out within 1e-6 of its float64 sum relative to ``S``, which sequential float32 accumulation
@@ -51,7 +58,7 @@ DTYPES = (
     "float32", "float16", "bfloat16", "float64", "complex64", "complex128",
     "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool",
 )  # fmt: skip
-REDUCTIONS = ("sum", "mean", "max", "min")
+REDUCTIONS = ("sum", "mean", "max", "min", "prod")
 SPECS = ("fixed", "offsets", "lengths")
 #: layouts every kind can make; NumPy adds byte-swapped, unaligned and structured-field views
 LAYOUTS = ("contiguous", "strided", "reversed", "misaligned", "axis-1")
@@ -125,6 +132,25 @@ def values(dtype: str, shape: tuple[int, ...], rng: np.random.Generator, kind: s
     return (base + rng.uniform(-2, 2, shape)).astype(np_dtype(dtype))
 
 
+def prod_values(case: Case, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Values whose segment products stay within range: near +-1 for floats (log-magnitudes
+    uniform in +-s with s about 1/sqrt(L), so a product's log has a spread of about 1), small
+    integers (their products wrap around, exactly alike in any order)."""
+    dtype = case.dtype
+    if dtype == "bool":
+        return rng.random(shape) < 0.9
+    if dtype in INTEGER:
+        lo, hi = (0, 4) if dtype in UNSIGNED else (-3, 4)
+        return rng.integers(lo, hi, shape).astype(dtype)
+    s = min(0.7, 2.0 / np.sqrt(max(1, max(case.lengths, default=1))))
+    sign = np.where(rng.random(shape) < 0.5, -1.0, 1.0) if case.values == "centred" else 1.0
+    v = sign * np.exp(rng.uniform(-s, s, shape))
+    if dtype in COMPLEX:
+        v = v * np.exp(1j * rng.uniform(-np.pi, np.pi, shape))
+        return v.astype(dtype)
+    return v.astype(np_dtype(dtype))
+
+
 def _flip(a: Any) -> Any:
     if HAS_TORCH and isinstance(a, torch.Tensor):
         return a.flip(0)
@@ -137,7 +163,7 @@ def make_input(case: Case, rng: np.random.Generator) -> tuple[Any, np.ndarray, i
     shape = (n, d) if d else (n,)
     if case.layout == "axis-1":
         shape = (3, n) if not d else (3, n, d)
-    v = values(case.dtype, shape, rng, case.values)
+    v = values(case.dtype, shape, rng, case.values) if case.reduction != "prod" else prod_values(case, shape, rng)
     axis = 1 if case.layout == "axis-1" else 0
     layout = case.layout
     if layout in ("contiguous", "axis-1"):
@@ -240,6 +266,10 @@ def reference(case: Case, v: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndar
                     total = total / count
                     size = size / count
             ref = total
+        elif case.reduction == "prod":
+            ref = _segments_reduce(np.multiply, work, starts, ends, 1)
+            if out_name not in INTEGER:  # the segment lengths, for the error bound
+                size = np.broadcast_to(lengths.reshape((-1,) + (1,) * (work.ndim - 1)), ref.shape).astype(np.float64)
         else:
             ufunc = np.maximum if case.reduction == "max" else np.minimum
             ref = _segments_reduce(ufunc, work, starts, ends, identity(case.reduction, out_name))
@@ -270,14 +300,32 @@ def compare(case: Case, got: Any, ref: np.ndarray, size: np.ndarray | None) -> s
     acc = "float64" if out_name in ("float64", "complex128") else "float32"
     real = {"complex64": "float32", "complex128": "float64"}.get(out_name, out_name)
     fi = np.finfo(np_dtype(real)) if real != "bfloat16" else _bf16_finfo()
+    if case.reduction == "prod":
+        return _report(*_prod_bad(r, ref, size, float(np.finfo(acc).eps) / 2, fi), res, ref, None)
     with np.errstate(invalid="ignore"):
         bound = TAU[acc] * size + 2 * float(fi.eps) * np.abs(ref) + float(fi.smallest_normal)
         err = np.abs(r - ref)
         nan_ok = np.isnan(r) == np.isnan(ref)
         finite = np.isfinite(ref)
         inf_ok = np.where(np.isinf(ref), r == ref, True)
-        bad = ~nan_ok | ~inf_ok | (finite & ~(err <= bound))
+        # a sum past the result dtype's largest value (float16 sums of 32768 values of 8) is
+        # an infinity of its sign once rounded to that dtype
+        rounds_to_inf = (np.abs(ref) + bound >= float(fi.max)) & np.isinf(r) & (np.sign(r.real) == np.sign(ref.real))
+        bad = ~nan_ok | ~inf_ok | (finite & ~(err <= bound) & ~rounds_to_inf)
     return _report(bad, res, ref, bound)
+
+
+def _prod_bad(r: np.ndarray, ref: np.ndarray, lengths: np.ndarray, u: float, fi: Any) -> tuple[np.ndarray]:
+    """Where a floating product is off the error model (see the module's notes)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        rel = 2 * (lengths + 2) * u + 2 * float(fi.eps)
+        mag = np.abs(ref)
+        close = np.abs(r - ref) <= rel * mag + float(fi.smallest_normal)
+        big = mag >= float(fi.max) * (1 - rel)  # may round to infinity in the result dtype
+        overflow = big & np.isinf(r) & (np.sign(r.real) == np.sign(ref.real))
+        nan_ok = np.isnan(r) == np.isnan(ref)
+        bad = ~nan_ok | (~np.isnan(ref) & ~(close | overflow))
+    return (bad,)
 
 
 def _bf16_finfo() -> Any:
@@ -307,6 +355,7 @@ FUNCTIONS = {
     "mean": linred.segmented_mean,
     "max": linred.segmented_max,
     "min": linred.segmented_min,
+    "prod": linred.segmented_prod,
 }
 
 
@@ -425,6 +474,8 @@ def expand(
             if reduction in ("max", "min") and dtype in COMPLEX:
                 reduction = "sum"
             k, lay = kind(), layout()
+            if reduction == "prod" and dtype in COMPLEX and k in ("cupy", "torch-cuda"):
+                reduction = "sum"  # (complex products are served on the host only: tests/test_prod.py)
             if k == "cupy" and dtype == "bfloat16":
                 k = "torch-cuda" if "torch-cuda" in kinds else k
                 if k == "cupy":

@@ -34,6 +34,8 @@ _VENDOR_FLOAT32 = {
         r"sums float32 .* less accurately than linred's 1e-6"
     )
 }
+#: a product is not linear algebra: only numpy and nvrtc compute it
+_PROD = {"segmented_prod": r"it does not compute segmented_prod"}
 _HOST_DATA = r"it runs on CUDA devices and the data is a .*(array on the host|host .* array)"
 
 #: What each backend is documented to refuse (docs/backends.md: the table's "refuses" column,
@@ -60,6 +62,7 @@ DOCUMENTED_REFUSALS: dict[str, dict[str, str]] = {
         "matrix dimensions beyond 2^31 - 1": r"2\^31 - 1",
         **_RAW_POINTERS,
         **_VENDOR_FLOAT32,
+        **_PROD,
     },
     "cublas": {
         "host arrays": _HOST_DATA,
@@ -76,8 +79,9 @@ DOCUMENTED_REFUSALS: dict[str, dict[str, str]] = {
         ),
         **_RAW_POINTERS,
         **_VENDOR_FLOAT32,
+        **_PROD,
     },
-    "cub": {"host arrays": _HOST_DATA, **_RAW_POINTERS},
+    "cub": {"host arrays": _HOST_DATA, **_RAW_POINTERS, **_PROD},
     "nvrtc": {
         "host arrays": _HOST_DATA,
         "complex data": r"its kernels handle real and integer data",

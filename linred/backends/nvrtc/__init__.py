@@ -137,6 +137,7 @@ DEFAULT_OPTIONS = NvrtcOptions()
 class NvrtcBackend(Backend):
     options = DEFAULT_OPTIONS
     name = "nvrtc"
+    reductions = ("sum", "mean", "max", "min", "prod")
     summary = "CUDA devices: linred's own kernels (NVRTC) for short fixed segments and variable lengths"
 
     def unavailable(self) -> str | None:

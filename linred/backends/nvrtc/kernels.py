@@ -145,7 +145,7 @@ def tile_shared_bytes(problem: Problem, vecload: bool, tuning: NvrtcOptions) -> 
 
 # --- the programs: a kernel family's header and its entry points -------------------
 
-_OPS = {"sum": "OpSum", "mean": "OpSum", "max": "OpMax", "min": "OpMin"}
+_OPS = {"sum": "OpSum", "mean": "OpSum", "max": "OpMax", "min": "OpMin", "prod": "OpProd"}
 
 
 def kernel_types(problem: Problem) -> tuple[str, str, str, str, str]:

@@ -1,0 +1,867 @@
+"""Dask arrays in, lazy Dask arrays out: linred's reductions chunk by chunk.
+
+``linred.segmented_sum(x, ...)`` (and mean, max, min, prod, argmax, argmin) of a
+:class:`dask.array.Array` returns a new, lazy Dask array; nothing is computed at call
+time but the segment description, which is read on the host to build the graph.
+Each task reduces one chunk with linred's own function on that chunk, so NumPy
+chunks run on linred's host backends and CuPy chunks on its GPU backends, and the
+result's chunks are of the input's chunk type (NumPy or CuPy meta).
+
+Three ways to cut the work (``method=``; ``"auto"`` picks the first that applies of
+``"blockwise"`` and ``"carry"``):
+
+- ``"blockwise"``: every chunk boundary along the axis is a segment boundary, so each
+  chunk is reduced on its own (its slice of the offsets, shifted to start at 0, or
+  the fixed length): one task per chunk, no communication.
+- ``"carry"``: a chunk boundary cuts a segment.  Each chunk reduces the pieces of
+  the segments that lie in it (sums kept in float32 for float16/bfloat16 data);
+  the piece that continues a segment from earlier chunks is gathered, for every
+  chunk, in one small task per block of the other axes, combined per cut segment,
+  and added (max-ed, min-ed) to the segment's first piece in the task that writes
+  the segment's output chunk.  The graph has a fixed depth, whatever the number of
+  chunks a segment spans.
+- ``"rechunk"``: the chunk boundaries are moved to nearby segment boundaries (as
+  flox's ``rechunk_for_blockwise`` does), then ``"blockwise"``.
+
+Offsets and lengths are needed on the host to build the graph: NumPy arrays and
+lists are used as they are; a Dask array is computed (``.compute()``) and a CuPy
+array or PyTorch tensor copied to the host, once, when the call builds the graph.
+The segment description is always checked on the host (the graph's shape depends
+on it), with the same messages as the functions; the tasks then run with
+``check=False``.  See ``docs/scaling.md`` for the cost model and chunk sizes.
+
+This module imports Dask only when it builds a graph: ``linred`` detects Dask arrays
+by their type's module, without importing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import operator
+import sys
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+import linred
+from linred._dtypes import identity, numpy_dtype
+from linred._frontend import normalize_axis
+from linred._jax import is_jax
+from linred.plan import SegmentedReduction
+
+if TYPE_CHECKING:
+    import dask.array
+
+__all__ = [
+    "METHODS",
+    "is_dask",
+    "segmented_argmax",
+    "segmented_argmin",
+    "segmented_max",
+    "segmented_mean",
+    "segmented_min",
+    "segmented_reduce",
+    "segmented_sum",
+]
+
+#: the values of ``method=``
+METHODS = ("auto", "blockwise", "carry", "rechunk")
+
+#: the reduction each chunk computes of the pieces of a segment, and how the pieces' results combine
+_PARTIAL = {"sum": "sum", "mean": "sum", "prod": "prod", "max": "max", "min": "min"}
+_COMBINE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+_ARG = {"argmax": "max", "argmin": "min"}
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def is_dask(x: Any) -> bool:
+    """Whether ``x`` is a Dask array (classic or array-expression), without importing Dask."""
+    return any(c.__name__ == "Array" and c.__module__.startswith("dask.array") for c in type(x).__mro__)
+
+
+# --- the host's thread pool, capped to one thread inside tasks ---
+
+_task = threading.local()
+_cap_lock = threading.Lock()
+
+
+def _capped(original: Any) -> Any:
+    def num_threads() -> int:
+        """One thread inside a linred Dask task, else the numpy backend's own count."""
+        return 1 if getattr(_task, "inside", False) else original()
+
+    num_threads._linred_dask_original = original  # type: ignore[attr-defined]
+    return num_threads
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """Run a task's linred calls on the calling thread only.
+
+    The numpy backend cuts a long 1-D reduction with offsets across a pool of up to
+    ``num_threads()`` threads; inside a Dask task the scheduler already runs one task
+    per core (and Dask's distributed workers run one thread per task slot), so that
+    pool would oversubscribe the cores.  The count is made per thread: the backend's
+    ``num_threads`` is wrapped, once, by a function that returns 1 on a thread that is
+    running a linred task (a thread-local flag) and asks the original elsewhere.  The
+    result's bits do not depend on the thread count (the backend reduces every segment
+    on one thread either way).  BLAS's own threads (the fixed-length sums) are Dask's
+    usual concern: distributed workers start with ``OMP_NUM_THREADS=1`` and friends.
+    """
+    host = sys.modules.get("linred.backends.numpy")
+    if host is None:
+        from linred.backends import numpy as host
+    current = getattr(host, "num_threads", None)
+    if current is not None and not hasattr(current, "_linred_dask_original"):
+        with _cap_lock:
+            current = host.num_threads
+            if not hasattr(current, "_linred_dask_original"):
+                host.num_threads = _capped(current)
+    outer = getattr(_task, "inside", False)
+    _task.inside = True
+    try:
+        yield
+    finally:
+        _task.inside = outer
+
+
+# --- calls on one chunk ---
+
+
+def _xp(a: Any) -> Any:
+    """The array module of a chunk: NumPy, or CuPy (imported, since the chunk is one of its arrays)."""
+    if isinstance(a, np.ndarray):
+        return np
+    return sys.modules[type(a).__module__.partition(".")[0]]
+
+
+def _index(axis: int, index: Any) -> tuple:
+    """``index`` along ``axis`` (all of every axis before it)."""
+    return (slice(None),) * axis + (index,)
+
+
+def _call(reduction: str, block: Any, axis: int, backend: str, *, segment_length: int | None = None,
+          offsets: np.ndarray | None = None, dtype: Any = None, cached: bool = True) -> Any:  # fmt: skip
+    """linred's ``segmented_<reduction>`` of one chunk (its segments already checked on the host).
+
+    ``cached=False`` runs a plan made for this call alone and freed after it: for calls whose
+    description (the chunk's shape, the number of offsets, an odd piece length) rarely repeats,
+    which would otherwise fill linred's plan cache (64 plans, shared by the whole process) with
+    plans used once and push out the caller's own.  A plan costs what a cache miss costs (tens of
+    microseconds on the host), less than a task's own overhead.
+    """
+    if cached or reduction in _ARG or block.dtype.kind in "mM":  # (no plan object for these)
+        kwargs = {} if reduction in _ARG else {"dtype": dtype}
+        function = getattr(linred, f"segmented_{reduction}")
+        return function(block, segment_length, offsets=offsets, axis=axis, backend=backend, check=False, **kwargs)
+    with SegmentedReduction(block, segment_length, offsets=offsets, axis=axis, reduction=reduction, dtype=dtype,
+                            backend=backend, check=False) as plan:  # fmt: skip
+        return plan(block)
+
+
+def _blockwise_task(block: Any, params: np.ndarray, *, reduction: str, axis: int, as_dtype: Any, backend: str,
+                    segment_length: int | None, n: int) -> Any:  # fmt: skip
+    """A chunk whose edges are segment edges: ``params`` is ``[start, size, *local offsets]`` (no
+    offsets for a fixed length)."""
+    start, size = int(params[0]), int(params[1])
+    with _one_thread():
+        if segment_length is not None:
+            # Every chunk of a regular chunking has the same shape: the cached plan is reused.
+            result = _call(reduction, block, axis, backend, segment_length=segment_length, dtype=as_dtype)
+        else:
+            result = _call(reduction, block, axis, backend, offsets=params[2:], dtype=as_dtype, cached=False)
+    if reduction in _ARG:  # positions in the chunk (size for an empty segment) -> positions in x (n)
+        xp = _xp(result)
+        result = xp.where(result == size, n, result + start)
+    return result
+
+
+def _piece_offsets(params: np.ndarray, segment_length: int | None) -> np.ndarray:
+    """The chunk's pieces as local offsets.  ``params`` is ``[start, size, *local offsets]``, or
+    ``[start, size, head, whole, tail]`` for a fixed length: a head piece of ``head`` elements (the
+    end of a segment begun in an earlier chunk), ``whole`` segments, a tail piece of ``tail``
+    elements (the start of a segment that goes on)."""
+    if segment_length is None:
+        return params[2:]
+    head, whole, tail = (int(v) for v in params[2:5])
+    parts = [[0], [head] if head else [], head + segment_length * np.arange(1, whole + 1)]
+    if tail:
+        parts.append([head + whole * segment_length + tail])
+    return np.concatenate(parts).astype(np.int64)
+
+
+def _pieces_task(block: Any, params: np.ndarray, *, reduction: str, axis: int, as_dtype: Any, backend: str,
+                 segment_length: int | None) -> Any:  # fmt: skip
+    """The chunk's piece of every segment that lies in it, in ``as_dtype`` (the accumulation dtype of
+    sums: float32 for float16 data; None for max and min, which keep the data's dtype)."""
+    with _one_thread():
+        if segment_length is None:
+            return _call(reduction, block, axis, backend, offsets=params[2:], dtype=as_dtype, cached=False)
+        # A fixed length: the whole segments with the fixed length (one plan for every chunk of the
+        # same number of whole segments, reused from the cache; and BLAS products, not reduceat), the
+        # cut pieces at the ends each as one segment of its own length, with a plan used once (their
+        # lengths change from chunk to chunk).
+        head, whole, tail = (int(v) for v in params[2:5])
+        parts = []
+        if head:
+            parts.append(_call(reduction, block[_index(axis, slice(0, head))], axis, backend,
+                               segment_length=head, dtype=as_dtype, cached=False))  # fmt: skip
+        if whole or not (head or tail):
+            middle = block[_index(axis, slice(head, head + whole * segment_length))]
+            parts.append(_call(reduction, middle, axis, backend, segment_length=segment_length, dtype=as_dtype))
+        if tail:
+            end = block[_index(axis, slice(head + whole * segment_length, None))]
+            parts.append(_call(reduction, end, axis, backend, segment_length=tail, dtype=as_dtype, cached=False))
+    return parts[0] if len(parts) == 1 else _xp(block).concatenate(parts, axis=axis)
+
+
+def _arg_pieces_task(block: Any, params: np.ndarray, *, reduction: str, axis: int, backend: str,
+                     segment_length: int | None, n: int) -> Any:  # fmt: skip
+    """Where in ``x`` each piece's extreme is (``n`` for an empty piece)."""
+    start, size = int(params[0]), int(params[1])
+    with _one_thread():
+        local = _call(reduction, block, axis, backend, offsets=_piece_offsets(params, segment_length))
+    return _xp(local).where(local == size, n, local + start)
+
+
+def _arg_values_task(block: Any, where: Any, params: np.ndarray, *, reduction: str, axis: int, n: int) -> Any:
+    """The values at the positions ``where`` (in ``x``) of the pieces' extremes; an empty piece's
+    is the identity of its reduction, which no element beats."""
+    xp = _xp(block)
+    fill = identity(_ARG[reduction], block.dtype.name)
+    start, size = int(params[0]), int(params[1])
+    if size == 0:
+        return xp.full(where.shape, fill, dtype=block.dtype)
+    local = xp.clip(where - start, 0, size - 1)
+    return xp.where(where == n, fill, xp.take_along_axis(block, local, axis=axis)).astype(block.dtype, copy=False)
+
+
+def _head_task(partials: Any, params: np.ndarray, *, axis: int, fill: Any) -> Any:
+    """The chunk's piece that continues a segment begun earlier (``params[0]``, the head flag), or a
+    row of ``fill`` where there is none: one row per chunk."""
+    if params[0]:
+        return partials[_index(axis, slice(0, 1))]
+    shape = list(partials.shape)
+    shape[axis] = 1
+    return _xp(partials).full(tuple(shape), fill, dtype=partials.dtype)
+
+
+def _combine_task(heads: Any, *, reduction: str, axis: int, backend: str, groups: np.ndarray,
+                  select: np.ndarray) -> Any:  # fmt: skip
+    """Per chunk that owns a cut segment, the reduction of the continuing pieces (one row per chunk
+    of ``heads``, the rows of later chunks that the segment reaches).  ``groups`` are offsets over
+    the rows (the gaps between the groups are segments of their own, unused); ``select`` picks
+    each chunk's group (any, for a chunk that owns no cut segment)."""
+    dtype = None if reduction in ("max", "min") else heads.dtype
+    with _one_thread():
+        combined = _call(reduction, heads, axis, backend, offsets=groups, dtype=dtype)
+    return _xp(heads).take(combined, _xp(heads).asarray(select), axis=axis)
+
+
+def _arg_combine_task(values: Any, where: Any, *, reduction: str, axis: int, backend: str, groups: np.ndarray,
+                      select: np.ndarray, n: int) -> Any:  # fmt: skip
+    """As :func:`_combine_task` for positions: the smallest position in each group that attains the
+    group's extreme (NaN counts as the extreme, as in linred's arg-reductions)."""
+    xp = _xp(values)
+    which = _ARG[reduction]
+    sizes = np.diff(groups)
+    with _one_thread():
+        best = _call(which, values, axis, backend, offsets=groups)
+        spread = xp.take(best, xp.asarray(np.repeat(np.arange(sizes.shape[0]), sizes)), axis=axis)
+        hit = values == spread
+        if values.dtype.kind in "fc":
+            hit |= xp.isnan(values) & xp.isnan(spread)
+        first = _call("min", xp.where(hit, where, n), axis, backend, offsets=groups)
+    return xp.take(first, xp.asarray(select), axis=axis)
+
+
+def _finalize_task(partials: Any, params: np.ndarray, carried: Any = None, *, reduction: str, axis: int,
+                   out_dtype: np.dtype, segment_length: int | None) -> Any:  # fmt: skip
+    """The output chunk: the pieces of the segments that start in the chunk, the last one (when it
+    goes on into later chunks) combined with ``carried``; means divided by their lengths, empty
+    segments given their identity, the result in the output dtype.  ``params`` is ``[head, cut,
+    count]`` for a fixed length, else ``[head, cut, *lengths]``."""
+    xp = _xp(partials)
+    head, cut = int(params[0]), int(params[1])
+    own = partials[_index(axis, slice(head, None))]
+    if cut:
+        own = own.copy()  # (the partials are another task's result: never written in place)
+        last = _index(axis, slice(-1, None))
+        own[last] = _COMBINE[_PARTIAL[reduction]](own[last], carried)
+    count = own.shape[axis]
+    lengths = params[2:] if segment_length is None else np.full(count, segment_length, dtype=np.int64)
+    shape = [1] * own.ndim
+    shape[axis] = count
+    if reduction == "mean":
+        real = np.empty(0, dtype=own.dtype).real.dtype  # divide by a real, part by part (as linred does)
+        den = xp.asarray(lengths.astype(real).reshape(shape))
+        with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0: an empty segment's NaN
+            if own.dtype.kind == "c":  # (not own / den: an infinite part would make the other NaN)
+                quotient = xp.empty(own.shape, dtype=own.dtype)
+                quotient.real[...] = own.real / den
+                quotient.imag[...] = own.imag / den
+                own = quotient
+            else:
+                own = own / den
+    result = own.astype(out_dtype, copy=False)
+    if reduction in ("max", "min") and not lengths.all():
+        # An empty piece holds the identity of the data's dtype; the empty segment's value is that
+        # of the result's dtype (they differ for dtype=float64 of int32 data).
+        result = xp.where(xp.asarray((lengths == 0).reshape(shape)), identity(reduction, out_dtype.name), result)
+        result = result.astype(out_dtype, copy=False)
+    return result
+
+
+def _arg_finalize_task(where: Any, values: Any, params: np.ndarray, carried_where: Any = None,
+                       carried_values: Any = None, *, reduction: str, axis: int) -> Any:  # fmt: skip
+    """As :func:`_finalize_task` for positions: a cut segment's position is its first piece's unless
+    the continuing pieces hold a greater (smaller) value, or a NaN where the first piece has none."""
+    xp = _xp(where)
+    head, cut = int(params[0]), int(params[1])
+    own = where[_index(axis, slice(head, None))]
+    if not cut:
+        return own
+    own = own.copy()
+    last = _index(axis, slice(-1, None))
+    first = values[_index(axis, slice(head, None))][last]
+    better = carried_values > first if reduction == "argmax" else carried_values < first
+    if values.dtype.kind in "fc":
+        better |= xp.isnan(carried_values) & ~xp.isnan(first)
+    own[last] = xp.where(better, carried_where, own[last])
+    return own
+
+
+# --- the segments, on the host ---
+
+
+class _Segments:
+    """The segments of an axis of length ``n``: a fixed length (nothing is built per segment) or
+    int64 offsets; what the graph needs to know of them, for many chunk edges at once."""
+
+    def __init__(self, n: int, length: int | None = None, offsets: np.ndarray | None = None) -> None:
+        self.n = n
+        self.length = length
+        self.offsets = offsets
+        self.count = n // length if length is not None else offsets.shape[0] - 1
+
+    def first_starting_at(self, p: np.ndarray) -> np.ndarray:
+        """The index of the first segment that starts at or after each position (``count`` if none)."""
+        if self.length is not None:
+            return np.minimum(-(-p // self.length), self.count)
+        return np.searchsorted(self.offsets[:-1], p, side="left")
+
+    def offset(self, j: np.ndarray) -> np.ndarray:
+        """Where segment ``j`` starts (``n`` for ``j == count``)."""
+        return j * self.length if self.length is not None else self.offsets[j]
+
+    def is_boundary(self, p: np.ndarray) -> np.ndarray:
+        """Whether each position is a segment boundary (an offset)."""
+        if self.length is not None:
+            return p % self.length == 0
+        j = np.minimum(np.searchsorted(self.offsets, p, side="left"), self.count)
+        return self.offsets[j] == p
+
+    def nearest_boundary(self, p: np.ndarray) -> np.ndarray:
+        """The segment boundary nearest to each position (the lower one on a tie)."""
+        if self.length is not None:
+            return np.minimum(np.floor_divide(2 * p + self.length - 1, 2 * self.length) * self.length, self.n)
+        j = np.searchsorted(self.offsets, p, side="left")
+        above = self.offsets[np.minimum(j, self.count)]
+        below = self.offsets[np.maximum(j - 1, 0)]
+        return np.where(above - p < p - below, above, np.where(above == p, p, below))
+
+    def lengths(self, lo: int, hi: int) -> np.ndarray:
+        return np.diff(self.offsets[lo : hi + 1])
+
+
+def _host_index(value: Any, name: str) -> Any:
+    """Offsets or lengths as something on the host (a Dask array computed, a device array copied)."""
+    if value is None:
+        return None
+    if is_dask(value):
+        value = value.compute()  # the one thing a call computes: the graph's shape depends on it
+    module = type(value).__module__.partition(".")[0]
+    if module == "cupy":
+        value = value.get()
+    elif module == "torch":
+        value = value.detach().cpu().numpy()
+    elif is_jax(value):
+        value = np.asarray(value)
+    return value
+
+
+def _segments(x: Any, axis: int, segment_length: Any, offsets: Any, lengths: Any,
+              remainder: Any) -> tuple[Any, _Segments]:  # fmt: skip
+    """``(x, segments)``: the segment arguments read and checked on the host, ``remainder=`` applied
+    (``"drop"`` slices ``x``, lazily), with the functions' messages."""
+    from linred.arrays import NUMPY
+    from linred.segments import _segment_length, parse_segments
+
+    n = x.shape[axis]
+    if remainder not in ("error", "drop", "keep"):
+        raise ValueError(f"remainder must be 'error', 'drop' or 'keep'; got {remainder!r}")
+    if remainder != "error":
+        if segment_length is None or offsets is not None or lengths is not None:
+            raise TypeError("remainder= applies to segment_length only (offsets and lengths name every element)")
+        if isinstance(segment_length, bool) or not hasattr(segment_length, "__index__"):
+            raise TypeError(f"segment_length must be an integer; got {type(segment_length).__name__} "
+                            f"{segment_length!r}")  # fmt: skip
+        L = operator.index(segment_length)
+        if L < 1:
+            raise ValueError(f"segment_length must be >= 1; got {L}")
+        rest = n % L
+        if rest and remainder == "drop":
+            x = x[_index(axis, slice(0, n - rest))]
+            n -= rest
+        elif rest:
+            segment_length, lengths = None, np.append(np.full(n // L, L, dtype=np.int64), rest)
+    if segment_length is not None and offsets is None and lengths is None:
+        fixed = _segment_length(segment_length, n, axis)
+        return x, _Segments(n, length=fixed.length)
+    parsed = parse_segments(segment_length, _host_index(offsets, "offsets"), _host_index(lengths, "lengths"),
+                            n=n, axis=axis, adapter=NUMPY, device=None, check=True)  # fmt: skip
+    return x, _Segments(n, offsets=np.asarray(parsed.offsets, dtype=np.int64))
+
+
+# --- the graphs ---
+
+
+def _params(parts: list[np.ndarray]) -> dask.array.Array:
+    """One small int64 block per chunk along the axis (the tasks' own arguments), as a Dask array
+    whose blocks line up with the chunks': each task is sent its block only."""
+    import dask.array as da
+
+    parts = [np.asarray(p, dtype=np.int64) for p in parts]
+    return da.from_array(np.concatenate(parts), chunks=(tuple(p.shape[0] for p in parts),))
+
+
+def _blockwise(func: Any, token: str, along: int, ndim: int, arrays: list[tuple[Any, bool]], out_chunks: Any,
+               meta: Any, **kwargs: Any) -> dask.array.Array:  # fmt: skip
+    """``func`` block by block over arrays that have as many blocks along the axis ``along`` (``True``: an
+    array of the data's rank; ``False``: a 1-D block of parameters per chunk), its result's chunks
+    along it being ``out_chunks``."""
+    import dask.array as da
+
+    index = _LETTERS[:ndim]
+    args: list[Any] = []
+    for array, full in arrays:
+        args += [array, index if full else index[along]]
+    return da.blockwise(func, index, *args, align_arrays=False, adjust_chunks={index[along]: tuple(out_chunks)},
+                        dtype=meta.dtype, meta=meta, token=token, **kwargs)  # fmt: skip
+
+
+def _layout(segs: _Segments, bounds: np.ndarray) -> dict[str, np.ndarray]:
+    """Per chunk along the axis: where it starts and its size, the segments that start in it
+    (``[lo, hi)``; the last chunk also owns the empty segments at ``n``), whether it begins
+    inside a segment (``head``), and whether its last segment goes on past it (``cut``)."""
+    start, end = bounds[:-1], bounds[1:]
+    size = end - start
+    lo = segs.first_starting_at(start)
+    hi = np.append(lo[1:], segs.count)
+    starts_here = (lo < segs.count) & (segs.offset(np.minimum(lo, max(segs.count - 1, 0))) == start)
+    head = (size > 0) & ~starts_here
+    cut = (hi > lo) & (segs.offset(hi) > end)
+    return {"start": start, "size": size, "lo": lo, "hi": hi, "head": head, "cut": cut}
+
+
+def _build_blockwise(reduction: str, x: Any, axis: int, segs: _Segments, dtype: Any, backend: str,
+                     meta: Any) -> dask.array.Array:  # fmt: skip
+    bounds = np.cumsum((0, *x.chunks[axis]), dtype=np.int64)
+    lay = _layout(segs, bounds)
+    parts = []
+    for i in range(len(lay["start"])):
+        a, c = int(lay["start"][i]), int(lay["size"][i])
+        if segs.length is not None:
+            parts.append([a, c])
+        else:
+            local = segs.offsets[lay["lo"][i] : lay["hi"][i]] - a
+            parts.append(np.concatenate([[a, c], local, [c]]))
+    return _blockwise(_blockwise_task, f"linred-{reduction}", axis, x.ndim, [(x, True), (_params(parts), False)],
+                      lay["hi"] - lay["lo"], meta, reduction=reduction, axis=axis, as_dtype=dtype, backend=backend,
+                      segment_length=segs.length, n=segs.n)  # fmt: skip
+
+
+def _carry_groups(lay: dict[str, np.ndarray], segs: _Segments, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Offsets over the chunks' head rows grouping, for each chunk that owns a cut segment, the rows
+    of the later chunks the segment reaches; and each chunk's group."""
+    K = lay["start"].shape[0]
+    owners = np.flatnonzero(lay["cut"])
+    ends = segs.offset(lay["hi"][owners])
+    last = np.searchsorted(bounds, ends, side="left") - 1  # the chunk that holds the segment's last element
+    groups = np.unique(np.concatenate([[0, K], owners + 1, last + 1]))
+    select = np.zeros(K, dtype=np.int64)
+    select[owners] = np.searchsorted(groups, owners + 1)
+    return groups, select
+
+
+def _build_carry(reduction: str, x: Any, axis: int, segs: _Segments, dtype: Any, backend: str, meta: Any,
+                 out_dtype: np.dtype) -> dask.array.Array:  # fmt: skip
+    """The ``carry`` graph, four layers deep whatever the chunks: each chunk's pieces (one task per
+    chunk); each chunk's head row (the piece that continues a segment begun earlier); all head rows
+    of a block of the other axes in one task, which combines the rows each cut segment reaches
+    (its result split back into one row per chunk); each output chunk from its chunk's pieces and
+    its cut segment's combined continuation.  The head rows are the only data that moves."""
+    from dask.array.utils import meta_from_array
+
+    from linred._dtypes import dtype_name, resolve
+
+    bounds = np.cumsum((0, *x.chunks[axis]), dtype=np.int64)
+    lay = _layout(segs, bounds)
+    K = bounds.shape[0] - 1
+    L = segs.length
+    pieces, finals = [], []
+    for i in range(K):
+        a, c, head, cut = int(lay["start"][i]), int(lay["size"][i]), bool(lay["head"][i]), bool(lay["cut"][i])
+        lo, hi = int(lay["lo"][i]), int(lay["hi"][i])
+        if L is not None:
+            first = min(lo * L, a + c)  # where the first segment that starts in the chunk starts
+            h = first - a if head else 0
+            whole = max(0, (a + c - first) // L)
+            pieces.append([a, c, h, whole, a + c - first - whole * L])
+            finals.append([int(head), int(cut), hi - lo])
+        else:
+            local = segs.offsets[lo:hi] - a
+            pieces.append(np.concatenate([[a, c], [0] if head else [], local, [c]]))
+            finals.append(np.concatenate([[int(head), int(cut)], segs.lengths(lo, hi)]))
+    if L is None:  # ([start, size, *piece offsets])
+        piece_counts = np.array([len(p) - 3 for p in pieces])
+    else:  # ([start, size, head, whole, tail])
+        piece_counts = np.array([int(p[3]) + (p[2] > 0) + (p[4] > 0) for p in pieces])
+    pieces_params, final_params = _params(pieces), _params(finals)
+    out_chunks = lay["hi"] - lay["lo"]
+    common = {"axis": axis, "backend": backend}
+    token = f"linred-{reduction}"
+    has_cut = bool(lay["cut"].any())
+    if has_cut:
+        groups, select = _carry_groups(lay, segs, bounds)
+
+    if reduction in _ARG:
+        which = _ARG[reduction]
+        where_meta = meta_from_array(meta, x.ndim, dtype=np.dtype(np.int64))
+        value_meta = meta_from_array(meta, x.ndim, dtype=x.dtype)
+        where = _blockwise(_arg_pieces_task, f"{token}-pieces", axis, x.ndim, [(x, True), (pieces_params, False)],
+                           piece_counts, where_meta, reduction=reduction, segment_length=L, n=segs.n,
+                           **common)  # fmt: skip
+        values = _blockwise(_arg_values_task, f"{token}-values", axis, x.ndim,
+                            [(x, True), (where, True), (pieces_params, False)], piece_counts, value_meta,
+                            reduction=reduction, axis=axis, n=segs.n)  # fmt: skip
+        if not has_cut:
+            return _blockwise(_arg_finalize_task, token, axis, x.ndim,
+                              [(where, True), (values, True), (final_params, False)], out_chunks, where_meta,
+                              reduction=reduction, axis=axis)  # fmt: skip
+        ones = np.ones(K, dtype=np.int64)
+        heads_where = _blockwise(_head_task, f"{token}-heads", axis, x.ndim, [(where, True), (final_params, False)],
+                                 ones, where_meta, axis=axis, fill=segs.n).rechunk({axis: -1})  # fmt: skip
+        heads_values = _blockwise(_head_task, f"{token}-heads", axis, x.ndim,
+                                  [(values, True), (final_params, False)], ones, value_meta, axis=axis,
+                                  fill=identity(which, x.dtype.name)).rechunk({axis: -1})  # fmt: skip
+        carried_where = _blockwise(_arg_combine_task, f"{token}-combine", axis, x.ndim,
+                                   [(heads_values, True), (heads_where, True)], [K], where_meta,
+                                   reduction=reduction, groups=groups, select=select, n=segs.n,
+                                   **common)  # fmt: skip
+        carried_values = _blockwise(_combine_task, f"{token}-combine", axis, x.ndim, [(heads_values, True)], [K],
+                                    value_meta, reduction=which, groups=groups, select=select,
+                                    **common)  # fmt: skip
+        return _blockwise(_arg_finalize_task, token, axis, x.ndim,
+                          [(where, True), (values, True), (final_params, False),
+                           (carried_where.rechunk({axis: 1}), True), (carried_values.rechunk({axis: 1}), True)],
+                          out_chunks, where_meta, reduction=reduction, axis=axis)  # fmt: skip
+
+    partial = _PARTIAL[reduction]
+    requested = None if dtype is None else dtype_name(dtype)
+    # Sums keep their pieces in linred's accumulation dtype (float32 for float16 and bfloat16 data,
+    # float64 for a mean of integers); max and min are exact in the data's own dtype.
+    acc = None if partial in ("max", "min") else numpy_dtype(resolve(reduction, dtype_name(x.dtype), requested)[0])
+    partial_meta = meta_from_array(meta, x.ndim, dtype=x.dtype if acc is None else acc)
+    partials = _blockwise(_pieces_task, f"{token}-pieces", axis, x.ndim, [(x, True), (pieces_params, False)],
+                          piece_counts, partial_meta, reduction=partial, as_dtype=acc, segment_length=L,
+                          **common)  # fmt: skip
+    final = {"reduction": reduction, "axis": axis, "out_dtype": out_dtype, "segment_length": L}
+    if not has_cut:
+        return _blockwise(_finalize_task, token, axis, x.ndim, [(partials, True), (final_params, False)],
+                          out_chunks, meta, **final)  # fmt: skip
+    heads = _blockwise(_head_task, f"{token}-heads", axis, x.ndim, [(partials, True), (final_params, False)],
+                       np.ones(K, dtype=np.int64), partial_meta, axis=axis,
+                       fill=identity(partial, partial_meta.dtype.name)).rechunk({axis: -1})  # fmt: skip
+    carried = _blockwise(_combine_task, f"{token}-combine", axis, x.ndim, [(heads, True)], [K], partial_meta,
+                         reduction=partial, groups=groups, select=select, **common)  # fmt: skip
+    return _blockwise(_finalize_task, token, axis, x.ndim,
+                      [(partials, True), (final_params, False), (carried.rechunk({axis: 1}), True)], out_chunks,
+                      meta, **final)  # fmt: skip
+
+
+def _rechunked(x: Any, axis: int, segs: _Segments) -> Any:
+    """``x`` with every chunk edge along ``axis`` moved to the segment boundary nearest to it (edges
+    that meet merge their chunks; a segment longer than a chunk becomes one chunk or more)."""
+    bounds = np.cumsum((0, *x.chunks[axis]), dtype=np.int64)
+    inner = segs.nearest_boundary(bounds[1:-1])
+    edges = np.unique(np.concatenate([[0, segs.n], inner]))
+    chunks = tuple(int(c) for c in np.diff(edges)) or (0,)
+    return x if chunks == tuple(x.chunks[axis]) else x.rechunk({axis: chunks})
+
+
+def _probe(reduction: str, x: Any, dtype: Any) -> np.dtype:
+    """The result dtype, found as linred finds it (one call on a single zero of x's dtype), with
+    the functions' own errors for a dtype, or a reduction of a dtype, that they refuse."""
+    function = getattr(linred, f"segmented_{reduction}")
+    sample = np.zeros(1, dtype=x.dtype)
+    if reduction in _ARG:
+        return function(sample, 1).dtype
+    return function(sample, 1, dtype=dtype).dtype
+
+
+def segmented_reduce(
+    reduction: str,
+    x: dask.array.Array,
+    segment_length: int | None = None,
+    *,
+    offsets: Any = None,
+    lengths: Any = None,
+    axis: int = 0,
+    dtype: Any = None,
+    backend: str = "auto",
+    check: bool = True,
+    remainder: str = "error",
+    method: str = "auto",
+) -> dask.array.Array:
+    """A segmented reduction of a Dask array, as a lazy Dask array.
+
+    The graph reduces each chunk with linred's own ``segmented_<reduction>`` (NumPy chunks
+    on the host, CuPy chunks on the GPU); the result has the chunk type of ``x``.  Only
+    the segment description is read at call time.
+
+    Parameters
+    ----------
+    reduction : {"sum", "mean", "max", "min", "prod", "argmax", "argmin"}
+        The reduction (``"prod"`` where linred has ``segmented_prod``).
+    x : dask.array.Array
+        The data, of NumPy or CuPy chunks, with known chunk sizes along ``axis``.
+    segment_length : int, optional
+        Fixed segment length, as in :func:`linred.segmented_sum`.
+    offsets : array_like of int, optional
+        Segment offsets, as in :func:`linred.segmented_sum`; a NumPy array or a list, or a
+        Dask, CuPy or PyTorch array, which is computed or copied to the host once, here.
+    lengths : array_like of int, optional
+        Segment lengths, read as ``offsets`` are.
+    axis : int, default 0
+        The axis the segments run along; negative values count from the end.
+    dtype : dtype, optional
+        Accumulation and result dtype, as in :func:`linred.segmented_sum` (not for the
+        arg-reductions).
+    backend : str, default "auto"
+        The backend of every chunk's call.
+    check : bool, default True
+        Must be a bool.  The segments are checked on the host either way (the graph is built
+        from them); the tasks run unchecked.
+    remainder : {"error", "drop", "keep"}, default "error"
+        As in :func:`linred.segmented_sum`, applied on the host (``"drop"`` slices ``x``).
+    method : {"auto", "blockwise", "carry", "rechunk"}, default "auto"
+        How chunks meet segments: ``"blockwise"`` needs every chunk edge along ``axis`` to
+        be a segment edge; ``"carry"`` combines the pieces of cut segments in a second,
+        shallow step; ``"rechunk"`` moves the chunk edges to segment edges first;
+        ``"auto"`` is ``"blockwise"`` where it applies, else ``"carry"`` (``"rechunk"`` for
+        datetime64/timedelta64 data).
+
+    Returns
+    -------
+    dask.array.Array
+        Shape ``x.shape[:axis] + (m,) + x.shape[axis+1:]``; along ``axis``, one chunk per
+        chunk of ``x`` (of the rechunked ``x`` for ``"rechunk"``) holding the segments that
+        start in it.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For bad arguments, as the functions raise them; ``ValueError`` for
+        ``method="blockwise"`` where a chunk edge cuts a segment.
+
+    See Also
+    --------
+    linred.segmented_sum : The same reductions of NumPy, CuPy, PyTorch and JAX arrays.
+
+    Notes
+    -----
+    Results equal the single-array call's up to the order of additions: ``"blockwise"`` and
+    ``"rechunk"`` make the same calls on smaller arrays (bit for bit the same for offsets over
+    1-D host data, max, min and integers; BLAS may block a fixed-length float sum of fewer rows
+    differently, within linred's accuracy bound); ``"carry"`` adds a cut segment's pieces
+    (in float32 for float16 and bfloat16 data, in float64 for a mean of integers).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import dask.array as da
+    >>> import linred.dask
+    >>> x = da.from_array(np.arange(1.0, 13.0), chunks=5)
+    >>> y = linred.dask.segmented_reduce("sum", x, offsets=[0, 2, 7, 7, 12])
+    >>> y.chunks, y.compute()
+    (((2, 2, 0),), array([ 3., 25.,  0., 50.]))
+    >>> linred.dask.segmented_reduce("max", x, 4, method="rechunk").compute()
+    array([ 4.,  8., 12.])
+    """
+    from dask.array.utils import meta_from_array
+
+    from linred.backends import check_backend_name
+
+    if not is_dask(x):
+        raise TypeError(f"x must be a dask.array.Array; got {type(x).__module__}.{type(x).__name__}")
+    if reduction not in (*_PARTIAL, *_ARG) or not hasattr(linred, f"segmented_{reduction}"):
+        raise ValueError(f"reduction must be one of {', '.join(map(repr, (*_PARTIAL, *_ARG)))}; got {reduction!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}; got {method!r}")
+    if reduction in _ARG and dtype is not None:
+        raise TypeError(f"dtype cannot be given for segmented_{reduction} (its result is int64 positions)")
+    if x.ndim == 0:
+        raise ValueError("x must have at least one dimension; got a 0-d array")
+    axis = normalize_axis(axis, x.ndim)
+    check_backend_name(backend)
+    if not isinstance(check, bool):
+        raise TypeError(f"check must be True or False; got {type(check).__name__} {check!r}")
+    chunk_meta = getattr(x, "_meta", None)
+    if chunk_meta is None:
+        chunk_meta = meta_from_array(x)
+    kind = type(chunk_meta).__module__.partition(".")[0]
+    if not (type(chunk_meta) is np.ndarray or kind == "cupy"):
+        raise TypeError(f"x must be a Dask array of NumPy or CuPy chunks; got chunks of "
+                        f"{type(chunk_meta).__module__}.{type(chunk_meta).__name__}")  # fmt: skip
+    if any(math.isnan(c) for c in x.chunks[axis]):
+        raise ValueError(f"x has unknown chunk sizes along axis {axis}; call x.compute_chunk_sizes() first")
+    out_dtype = _probe(reduction, x, dtype)
+    x, segs = _segments(x, axis, segment_length, offsets, lengths, remainder)
+    meta = meta_from_array(chunk_meta, x.ndim, dtype=out_dtype)
+    time = x.dtype.kind in "mM"
+    bounds = np.cumsum((0, *x.chunks[axis]), dtype=np.int64)
+    aligned = bool(segs.is_boundary(bounds[1:-1]).all())
+    if method == "auto":
+        method = "blockwise" if aligned else "rechunk" if time else "carry"
+    if method == "blockwise" and not aligned:
+        at = int(bounds[1:-1][~segs.is_boundary(bounds[1:-1])][0])
+        raise ValueError(f"method='blockwise' needs every chunk edge along axis {axis} to be a segment edge; the edge "
+                         f"at {at} cuts a segment (use method='carry' or 'rechunk')")  # fmt: skip
+    if method == "carry" and time:
+        raise TypeError(f"method='carry' does not take {x.dtype} data; use method='rechunk' or 'blockwise'")
+    if method == "rechunk":
+        x = _rechunked(x, axis, segs)
+        method = "blockwise"
+    if method == "blockwise":
+        return _build_blockwise(reduction, x, axis, segs, dtype, backend, meta)
+    return _build_carry(reduction, x, axis, segs, dtype, backend, meta, out_dtype)
+
+
+def _from_function(reduction: str, x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: Any, dtype: Any,
+                   out: Any, backend: Any, stream: Any, check: Any, remainder: Any) -> Any:  # fmt: skip
+    """``linred.segmented_<reduction>`` of a Dask array (see :mod:`linred._functions`)."""
+    given = [name for name, v in (("out", out), ("stream", stream)) if v is not None]
+    if given:
+        raise TypeError(f"{' and '.join(given)} cannot be given for Dask arrays (the result is a new lazy Dask "
+                        "array; each chunk's call runs on its array library's current stream)")  # fmt: skip
+    return segmented_reduce(reduction, x, segment_length, offsets=offsets, lengths=lengths, axis=axis, dtype=dtype,
+                            backend=backend, check=check, remainder=remainder)  # fmt: skip
+
+
+_WRAPPER_DOC = """{summary}
+
+:func:`segmented_reduce` with ``reduction="{reduction}"``; ``linred.segmented_{reduction}`` of a
+Dask array calls it with ``method="auto"``.
+
+Parameters
+----------
+x : dask.array.Array
+    The data, of NumPy or CuPy chunks.
+segment_length : int, optional
+    Fixed segment length.
+offsets : array_like of int, optional
+    Segment offsets (read on the host when the graph is built).
+lengths : array_like of int, optional
+    Segment lengths (read on the host when the graph is built).
+axis : int, default 0
+    The axis the segments run along.
+{dtype}backend : str, default "auto"
+    The backend of every chunk's call.
+check : bool, default True
+    Must be a bool; the segments are always checked on the host.
+remainder : {{"error", "drop", "keep"}}, default "error"
+    For a ``segment_length`` that does not divide the axis.
+method : {{"auto", "blockwise", "carry", "rechunk"}}, default "auto"
+    See :func:`segmented_reduce`.
+
+Returns
+-------
+dask.array.Array
+    The lazy result, of ``x``'s chunk type.
+
+See Also
+--------
+segmented_reduce : The reductions, with how chunks meet segments.
+
+Examples
+--------
+>>> import numpy as np
+>>> import dask.array as da
+>>> import linred.dask
+>>> x = da.from_array(np.arange(1.0, 13.0), chunks=5)
+>>> linred.dask.segmented_{reduction}(x, offsets=[0, 3, 3, 12]).compute()
+{example}
+"""
+
+_DTYPE_DOC = "dtype : dtype, optional\n    Accumulation and result dtype.\n"
+
+
+def segmented_sum(x: dask.array.Array, segment_length: int | None = None, *, offsets: Any = None,
+                  lengths: Any = None, axis: int = 0, dtype: Any = None, backend: str = "auto",
+                  check: bool = True, remainder: str = "error", method: str = "auto") -> dask.array.Array:  # fmt: skip
+    return segmented_reduce("sum", x, segment_length, offsets=offsets, lengths=lengths, axis=axis, dtype=dtype,
+                            backend=backend, check=check, remainder=remainder, method=method)  # fmt: skip
+
+
+def segmented_mean(x: dask.array.Array, segment_length: int | None = None, *, offsets: Any = None,
+                   lengths: Any = None, axis: int = 0, dtype: Any = None, backend: str = "auto",
+                   check: bool = True, remainder: str = "error", method: str = "auto") -> dask.array.Array:  # fmt: skip
+    return segmented_reduce("mean", x, segment_length, offsets=offsets, lengths=lengths, axis=axis, dtype=dtype,
+                            backend=backend, check=check, remainder=remainder, method=method)  # fmt: skip
+
+
+def segmented_max(x: dask.array.Array, segment_length: int | None = None, *, offsets: Any = None,
+                  lengths: Any = None, axis: int = 0, dtype: Any = None, backend: str = "auto",
+                  check: bool = True, remainder: str = "error", method: str = "auto") -> dask.array.Array:  # fmt: skip
+    return segmented_reduce("max", x, segment_length, offsets=offsets, lengths=lengths, axis=axis, dtype=dtype,
+                            backend=backend, check=check, remainder=remainder, method=method)  # fmt: skip
+
+
+def segmented_min(x: dask.array.Array, segment_length: int | None = None, *, offsets: Any = None,
+                  lengths: Any = None, axis: int = 0, dtype: Any = None, backend: str = "auto",
+                  check: bool = True, remainder: str = "error", method: str = "auto") -> dask.array.Array:  # fmt: skip
+    return segmented_reduce("min", x, segment_length, offsets=offsets, lengths=lengths, axis=axis, dtype=dtype,
+                            backend=backend, check=check, remainder=remainder, method=method)  # fmt: skip
+
+
+def segmented_argmax(x: dask.array.Array, segment_length: int | None = None, *, offsets: Any = None,
+                     lengths: Any = None, axis: int = 0, backend: str = "auto", check: bool = True,
+                     remainder: str = "error", method: str = "auto") -> dask.array.Array:  # fmt: skip
+    return segmented_reduce("argmax", x, segment_length, offsets=offsets, lengths=lengths, axis=axis,
+                            backend=backend, check=check, remainder=remainder, method=method)  # fmt: skip
+
+
+def segmented_argmin(x: dask.array.Array, segment_length: int | None = None, *, offsets: Any = None,
+                     lengths: Any = None, axis: int = 0, backend: str = "auto", check: bool = True,
+                     remainder: str = "error", method: str = "auto") -> dask.array.Array:  # fmt: skip
+    return segmented_reduce("argmin", x, segment_length, offsets=offsets, lengths=lengths, axis=axis,
+                            backend=backend, check=check, remainder=remainder, method=method)  # fmt: skip
+
+
+for _function, _summary, _example in (
+    (segmented_sum, "Sum of each segment of a Dask array, lazily.", "array([ 6.,  0., 72.])"),
+    (segmented_mean, "Mean of each segment of a Dask array, lazily.", "array([ 2., nan,  8.])"),
+    (segmented_max, "Maximum of each segment of a Dask array, lazily.", "array([  3., -inf,  12.])"),
+    (segmented_min, "Minimum of each segment of a Dask array, lazily.", "array([ 1., inf,  4.])"),
+    (segmented_argmax, "Index of the maximum of each segment of a Dask array, lazily.", "array([ 2, 12, 11])"),
+    (segmented_argmin, "Index of the minimum of each segment of a Dask array, lazily.", "array([ 0, 12,  3])"),
+):
+    _reduction = _function.__name__.removeprefix("segmented_")
+    _function.__doc__ = _WRAPPER_DOC.format(summary=_summary, reduction=_reduction, example=_example,
+                                            dtype="" if _reduction in _ARG else _DTYPE_DOC)  # fmt: skip
+del _function, _summary, _example, _reduction

@@ -1,0 +1,605 @@
+"""Dask arrays: lazy, chunk-wise reductions (linred.dask), against the single-array call and the float64 reference."""
+
+from __future__ import annotations
+
+import doctest
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from support import HAS_CUPY_GPU, assert_reduction, error_bound, expected_dtype, reference, segment_bounds
+
+import linred
+
+da = pytest.importorskip("dask.array")
+import linred.dask as ldask  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+VALUE_REDUCTIONS = ["sum", "mean", "max", "min"]
+ARG_REDUCTIONS = ["argmax", "argmin"]
+REDUCTIONS = VALUE_REDUCTIONS + ARG_REDUCTIONS + (["prod"] if hasattr(linred, "segmented_prod") else [])
+METHODS = ["auto", "carry", "rechunk"]
+SPECS = ["fixed", "offsets", "lengths", "keep", "drop"]
+#: (ndim, axis) of the data
+LAYOUTS = [(1, 0), (2, 0), (2, -1), (3, 1)]
+DTYPES = ["float32", "float64", "int64", "float16"]
+
+
+# --- data: random chunkings, segments across 3+ chunks, empty segments at edges and ends ---
+
+
+def _data(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, reduction: str = "") -> np.ndarray:
+    if reduction == "prod":  # (products of long segments stay in range)
+        values = rng.choice([-1, 1, 2], size=shape) if dtype.startswith("int") else rng.uniform(0.7, 1.3, shape)
+        return values.astype(dtype)
+    if dtype.startswith(("int", "uint")):
+        return rng.integers(-50, 50, size=shape).astype(dtype)
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    x = (rng.standard_normal(shape) * 4).astype(dtype)
+    if x.size > 3:
+        x.flat[rng.integers(0, x.size)] = np.nan  # a NaN in one segment (its max/min/argmax is the NaN)
+    return x
+
+
+def _chunks(rng: np.random.Generator, n: int, k: int) -> tuple[int, ...]:
+    """``k`` chunks summing to ``n``, some of them empty."""
+    cuts = np.sort(rng.integers(0, n + 1, size=k - 1))
+    if k > 3:
+        cuts[rng.integers(0, k - 1)] = cuts[rng.integers(0, k - 1)]  # a zero-size chunk, most of the time
+        cuts = np.sort(cuts)
+    return tuple(int(c) for c in np.diff(np.concatenate([[0], cuts, [n]])))
+
+
+def _offsets(rng: np.random.Generator, n: int, chunks: tuple[int, ...]) -> np.ndarray:
+    """Offsets with short and empty segments, empty ones at chunk edges and at both ends, segment
+    edges on some chunk edges, and one segment that spans three chunks or more."""
+    bounds = np.cumsum((0, *chunks))
+    points = set(rng.integers(1, max(n, 2), size=max(1, n // 4)).tolist()) | set(rng.choice(bounds, 3).tolist())
+    nonempty = np.flatnonzero(np.asarray(chunks) > 0)
+    if len(nonempty) >= 4:  # from inside one chunk to inside the fourth chunk after it
+        lo, hi = bounds[nonempty[0]] + chunks[nonempty[0]] // 2, bounds[nonempty[3]] + chunks[nonempty[3]] // 2
+        points = {p for p in points if not lo < p < hi} | {lo, hi}
+    offsets = sorted(p for p in points if 0 < p < n)
+    edges = [int(b) for b in bounds[1:-1] if 0 < b < n]
+    offsets += [int(rng.choice(edges))] * 2 if edges else []  # empty segments on a chunk edge
+    return np.array(sorted([0, 0, *offsets, n, n]), dtype=np.int64)  # and at both ends
+
+
+def make_case(seed: int, ndim: int, axis: int, dtype: str, spec: str, k: int = 7, reduction: str = "") -> tuple:
+    """``(x, dx, kwargs, segments)``: NumPy data, the same as a Dask array, the segment arguments
+    and the segments' bounds."""
+    rng = np.random.default_rng(seed)
+    ax = axis % ndim
+    L = int(rng.choice([1, 3, 24]))  # many segments per chunk, and segments across three chunks
+    m = int(rng.integers(2, 5)) if L == 24 else int(rng.integers(15, 30))
+    n = L * m + (int(rng.integers(1, L)) if spec in ("keep", "drop") and L > 1 else 0)
+    if spec in ("keep", "drop") and L == 1:
+        L, n = 4, 4 * m + 3
+    shape = [int(rng.integers(2, 4)) for _ in range(ndim)]
+    shape[ax] = n
+    x = _data(rng, tuple(shape), dtype, reduction)
+    chunks = [(s,) if i != ax else _chunks(rng, n, k) for i, s in enumerate(shape)]
+    if ndim > 1:  # the other axes chunked too
+        other = (ax + 1) % ndim
+        chunks[other] = (1, shape[other] - 1)
+    dx = da.from_array(x, chunks=tuple(chunks))
+    if spec == "fixed":
+        return x, dx, {"segment_length": L}, segment_bounds(n, segment_length=L)
+    if spec == "drop":
+        return x, dx, {"segment_length": L, "remainder": "drop"}, segment_bounds(n - n % L, segment_length=L)
+    if spec == "keep":
+        lengths = [L] * (n // L) + [n % L]
+        return x, dx, {"segment_length": L, "remainder": "keep"}, segment_bounds(n, lengths=lengths)
+    offsets = _offsets(rng, n, chunks[ax])
+    if spec == "offsets":
+        return x, dx, {"offsets": offsets}, segment_bounds(n, offsets=offsets)
+    return x, dx, {"lengths": np.diff(offsets)}, segment_bounds(n, offsets=offsets)
+
+
+def arg_reference(reduction: str, x: np.ndarray, segments: list[tuple[int, int]], axis: int) -> np.ndarray:
+    """Positions of the first maximum (minimum; the first NaN) of each segment, ``n`` for an empty one."""
+    xm = np.moveaxis(np.asarray(x), axis, 0)
+    n, rest = xm.shape[0], xm.shape[1:]
+    pick = np.argmax if reduction == "argmax" else np.argmin
+    rows = [np.full(rest, n) if a == b else pick(xm[a:b], axis=0) + a for a, b in segments]
+    return np.moveaxis(np.stack(rows) if rows else np.empty((0, *rest), dtype=np.int64), 0, axis)
+
+
+def check(got, reduction: str, x: np.ndarray, kwargs: dict, segments, axis: int, dtype=None) -> None:
+    """``got`` (a Dask array) against linred's single call on ``x`` and against the float64 reference."""
+    assert isinstance(got, da.Array)
+    assert type(got._meta) is np.ndarray
+    result = got.compute(scheduler="sync")
+    assert result.shape == got.shape
+    extra = {} if reduction in ARG_REDUCTIONS else {"dtype": dtype}
+    single = getattr(linred, f"segmented_{reduction}")(x, axis=axis, **kwargs, **extra)
+    assert result.dtype == single.dtype == got.dtype
+    if reduction in ARG_REDUCTIONS:
+        np.testing.assert_array_equal(result, single)
+        np.testing.assert_array_equal(result, arg_reference(reduction, x, segments, axis))
+        return
+    if reduction == "prod":  # (no float64 reference for products here: the single call is the reference)
+        np.testing.assert_allclose(result.astype(float), single.astype(float), rtol=1e-3, equal_nan=True)
+        return
+    assert_reduction(result, reduction, x, segments=segments, axis=axis, dtype=dtype)
+    if result.dtype.kind in "fc" and reduction in ("sum", "mean"):
+        # The order of additions may differ from the single call's (carry adds a segment's pieces):
+        # both are within the accuracy bound of the exact result, so within twice of each other.
+        out_name = expected_dtype(reduction, x.dtype.name, dtype)
+        ref = reference(reduction, x, segments, axis, dtype)
+        bound = error_bound(reduction, x, segments, axis, out_name, ref)
+        diff = np.abs(result.astype(np.float64) - single.astype(np.float64))
+        assert np.all((diff <= 2 * bound) | (np.isnan(result) & np.isnan(single)))
+    else:
+        np.testing.assert_array_equal(result, single)
+
+
+def is_carry(y) -> bool:
+    return any("-pieces" in str(key) for key in dict(y.__dask_graph__()))
+
+
+# --- the reductions: every method, segment spec, layout and dtype ---
+
+_GRID = [
+    (reduction, method, spec, layout, DTYPES[(i + j) % len(DTYPES)])
+    for reduction, method in itertools.product(REDUCTIONS, METHODS)
+    for (i, spec), (j, layout) in itertools.product(enumerate(SPECS), enumerate(LAYOUTS))
+]
+
+
+@pytest.mark.parametrize(
+    "reduction, method, spec, layout, dtype",
+    _GRID,
+    ids=[f"{r}-{m}-{s}-{nd}d{ax}-{d}" for r, m, s, (nd, ax), d in _GRID],
+)
+def test_matches_single_call_and_reference(reduction, method, spec, layout, dtype):
+    ndim, axis = layout
+    seed = zlib.crc32(repr((reduction, method, spec, layout)).encode())
+    x, dx, kwargs, segments = make_case(seed, ndim, axis, dtype, spec, reduction=reduction)
+    function = getattr(linred.dask, f"segmented_{reduction}", None)
+    if function is None:
+        got = ldask.segmented_reduce(reduction, dx, axis=axis, method=method, **kwargs)
+    else:
+        got = function(dx, axis=axis, method=method, **kwargs)
+    check(got, reduction, x, kwargs, segments, axis)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("dtype", ["float32", "int64", "bool", "float16"])
+def test_blockwise_when_chunk_edges_are_segment_edges(reduction, dtype):
+    """Chunks cut at segment edges (empty segments on the edges, zero-size chunks, a chunk of
+    many segments, one of no segment): one call per chunk, no carry step; ``auto`` picks it."""
+    if dtype == "bool" and reduction == "prod":
+        pytest.skip("no product of bools")
+    rng = np.random.default_rng(5)
+    offsets = np.array([0, 0, 3, 3, 3, 4, 9, 9, 10, 17, 20, 20, 30, 30], dtype=np.int64)
+    x = _data(rng, (30, 2), dtype, reduction)
+    dx = da.from_array(x, chunks=((3, 0, 6, 0, 1, 10, 10, 0), 1))
+    segments = segment_bounds(30, offsets=offsets)
+    for method in ("auto", "blockwise"):
+        got = ldask.segmented_reduce(reduction, dx, offsets=offsets, method=method)
+        assert not is_carry(got)
+        assert got.chunks[0] == (2, 0, 4, 0, 2, 2, 2, 1)  # the segments that start in each chunk (the last: at n)
+        check(got, reduction, x, {"offsets": offsets}, segments, 0)
+    fixed = ldask.segmented_reduce(reduction, da.from_array(x, chunks=(6, 2)), 3)
+    assert not is_carry(fixed) and fixed.chunks[0] == (2,) * 5
+    check(fixed, reduction, x, {"segment_length": 3}, segment_bounds(30, 3), 0)
+
+
+def test_blockwise_refuses_chunk_edges_inside_segments():
+    dx = da.ones(10, chunks=4)
+    with pytest.raises(ValueError, match=r"method='blockwise' needs every chunk edge along axis 0 to be a segment "
+                                         r"edge; the edge at 4 cuts a segment"):  # fmt: skip
+        ldask.segmented_sum(dx, 5, method="blockwise")
+    assert is_carry(ldask.segmented_sum(dx, 5))  # auto: carry
+
+
+@given(
+    n=st.integers(0, 60),
+    data=st.data(),
+    reduction=st.sampled_from(["sum", "mean", "max", "argmin"]),
+    method=st.sampled_from([*METHODS, "blockwise"]),
+    features=st.integers(0, 3),
+)
+def test_random_chunkings(n, data, reduction, method, features):
+    """Any chunking (zero-size chunks included) and any segments (empty ones included)."""
+    sizes = data.draw(st.lists(st.integers(0, 20), min_size=1, max_size=8))
+    chunks = (*sizes[:-1], n - sum(sizes[:-1])) if sum(sizes[:-1]) <= n else (n,)
+    lengths = data.draw(st.lists(st.integers(0, 25), max_size=12))
+    lengths = [*lengths, 0] if sum(lengths) > n else [*lengths, n - sum(lengths)]
+    while sum(lengths) > n:
+        lengths.pop(0)
+    lengths[-1] += n - sum(lengths)
+    shape = (n,) if features == 0 else (n, features)
+    x = _data(np.random.default_rng(n), shape, "float64")
+    dx = da.from_array(x, chunks=(chunks,) + ((features,) if features else ()))
+    segments = segment_bounds(n, lengths=lengths)
+    try:
+        got = ldask.segmented_reduce(reduction, dx, lengths=lengths, method=method)
+    except ValueError as e:
+        assert method == "blockwise" and "cuts a segment" in str(e)
+        return
+    check(got, reduction, x, {"lengths": lengths}, segments, 0)
+
+
+def test_one_segment_across_every_chunk_and_a_shallow_graph():
+    """One segment over 60 chunks: the graph's depth does not grow with the number of chunks."""
+    x = np.random.default_rng(1).standard_normal((600, 2))
+    dx = da.from_array(x, chunks=(10, 1))
+    depths = []
+    for reduction in ("sum", "mean", "max", "argmax"):
+        got = ldask.segmented_reduce(reduction, dx, offsets=[0, 600])
+        check(got, reduction, x, {"offsets": [0, 600]}, [(0, 600)], 0)
+        depths.append(_depth(dict(got.__dask_graph__())))
+    assert max(depths) <= 10, depths
+    shallow = _depth(dict(ldask.segmented_sum(da.from_array(x, chunks=(300, 1)), offsets=[0, 600]).__dask_graph__()))
+    assert max(depths) <= shallow + 2
+
+
+def _depth(graph: dict) -> int:
+    from dask.core import get_dependencies
+
+    depth: dict = {}
+    for key in graph:  # (a key's dependencies come before it in this order only by chance: iterate)
+        stack = [key]
+        while stack:
+            k = stack[-1]
+            deps = [d for d in get_dependencies(graph, k) if d not in depth]
+            if deps:
+                stack.extend(deps)
+                continue
+            depth[k] = 1 + max((depth[d] for d in get_dependencies(graph, k)), default=0)
+            stack.pop()
+    return max(depth.values())
+
+
+def test_half_precision_pieces_are_added_in_float32():
+    """float16 pieces of 80 values of 1000 (80000 > float16's 65504) are carried in float32."""
+    x = np.full(240, 1000.0, dtype=np.float16)
+    dx = da.from_array(x, chunks=80)
+    mean = ldask.segmented_mean(dx, 240, method="carry")
+    assert is_carry(mean)
+    np.testing.assert_array_equal(mean.compute(), np.array([1000.0], dtype=np.float16))
+    np.testing.assert_array_equal(ldask.segmented_sum(dx, 240, dtype=np.float32).compute(), [240000.0])
+    with pytest.warns(RuntimeWarning, match="overflow encountered in cast"):  # (NumPy's, in the task)
+        overflowed = ldask.segmented_sum(dx, 240).compute()
+    with pytest.warns(RuntimeWarning, match="overflow encountered in a segmented reduction"):
+        np.testing.assert_array_equal(overflowed, linred.segmented_sum(x, 240))  # inf, as the single call
+
+
+@pytest.mark.parametrize("reduction", ["max", "min"])
+def test_empty_segments_take_the_identity_of_the_result_dtype(reduction):
+    x = np.arange(12, dtype=np.int32)
+    dx = da.from_array(x, chunks=5)
+    offsets = [0, 3, 3, 12, 12]
+    for method in METHODS:
+        got = ldask.segmented_reduce(reduction, dx, offsets=offsets, dtype=np.float64, method=method).compute()
+        single = getattr(linred, f"segmented_{reduction}")(x, offsets=offsets, dtype=np.float64)
+        np.testing.assert_array_equal(got, single)
+        assert np.isinf(got[1]) and np.isinf(got[3])
+
+
+# --- rechunk: the single call's bits ---
+
+
+@pytest.mark.parametrize("chunks", [13, 100, 999, 4096])
+def test_rechunk_gives_the_single_calls_bits(chunks):
+    """1-D host offsets reduce each segment with one ``reduceat`` whatever the array around it: the
+    rechunked calls give the single call's bits (float64 sums and means included)."""
+    rng = np.random.default_rng(chunks)
+    x = rng.standard_normal(10_000)
+    lengths = rng.geometric(1 / 40, size=400)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    offsets = np.append(offsets[offsets < 10_000], 10_000)
+    dx = da.from_array(x, chunks=chunks)
+    for reduction in ("sum", "mean", "max", "argmin"):
+        got = ldask.segmented_reduce(reduction, dx, offsets=offsets, method="rechunk", backend="numpy")
+        edges = np.cumsum((0, *got.chunks[0]))
+        assert not is_carry(got)
+        single = getattr(linred, f"segmented_{reduction}")(dx.compute(), offsets=offsets, backend="numpy")
+        np.testing.assert_array_equal(got.compute(), single, strict=True)
+    rechunked = ldask._rechunked(dx, 0, ldask._Segments(10_000, offsets=offsets))
+    edges = np.cumsum((0, *rechunked.chunks[0]))
+    assert np.isin(edges, offsets).all()  # every edge a segment edge, near an old one
+    if chunks >= 999:
+        old = np.append(np.arange(0, 10_000, chunks), 10_000)
+        assert np.abs(edges[:, None] - old[None, :]).min(axis=1).max() <= lengths.max()
+
+
+def test_rechunk_of_a_fixed_length():
+    """Edges move to the nearest multiple of the length.  Float sums with a fixed length are BLAS
+    products whose blocking can depend on the number of rows: within the accuracy bound, not bit
+    for bit; integer sums and max are exact."""
+    x = np.random.default_rng(2).standard_normal((1000, 3))
+    dx = da.from_array(x, chunks=(130, 2))
+    rechunked = ldask._rechunked(dx, 0, ldask._Segments(1000, length=40))
+    assert rechunked.chunks[0] == (120, 120, 160, 120, 120, 120, 160, 80)  # 130, 260 (a tie), 390, ... -> 120, 240, 400
+    got = ldask.segmented_sum(dx, 40, method="rechunk")
+    assert got.chunks[0] == (3, 3, 4, 3, 3, 3, 4, 2)
+    check(got, "sum", x, {"segment_length": 40}, segment_bounds(1000, 40), 0)
+    ints = (x * 100).astype(np.int64)
+    got = ldask.segmented_sum(da.from_array(ints, chunks=(130, 2)), 40, method="rechunk").compute()
+    np.testing.assert_array_equal(got, linred.segmented_sum(ints, 40))
+
+
+# --- the functions dispatch Dask arrays here ---
+
+
+def test_the_functions_return_lazy_dask_arrays():
+    x = np.arange(1.0, 13.0)
+    dx = da.from_array(x, chunks=5)
+    for name in ("segmented_sum", "segmented_mean", "segmented_max", "segmented_min", "segmented_argmax",
+                 "segmented_argmin"):  # fmt: skip
+        got = getattr(linred, name)(dx, offsets=[0, 3, 3, 12])
+        assert isinstance(got, da.Array)
+        np.testing.assert_array_equal(got.compute(), getattr(linred, name)(x, offsets=[0, 3, 3, 12]))
+    np.testing.assert_array_equal(linred.segmented_sum(dx, 5, remainder="drop").compute(), [15.0, 40.0])
+    np.testing.assert_array_equal(linred.segmented_sum(dx, 5, remainder="keep").compute(), [15.0, 40.0, 23.0])
+    np.testing.assert_array_equal(linred.segmented_argmax(dx, 5, remainder="keep").compute(), [4, 9, 11])
+    np.testing.assert_array_equal(linred.segmented_sum(dx.reshape(6, 2), 3, axis=-2).compute(), [[9, 12], [27, 30]])
+
+
+def test_nothing_is_computed_at_call_time():
+    """A call builds a graph: no task runs, no chunk is made (the offsets' graph runs, once)."""
+    from dask.callbacks import Callback
+
+    made = []
+
+    def chunk(block, block_info=None):
+        made.append(block_info[None]["chunk-location"])
+        return block
+
+    base = da.from_array(np.arange(40.0), chunks=7)
+    dx = base.map_blocks(chunk, dtype=base.dtype, meta=np.empty(0))
+    ran = []
+    offsets_made = []
+
+    def offsets_chunk(block):
+        offsets_made.append(1)
+        return block
+
+    offsets = da.from_array(np.array([0, 5, 5, 33, 40]), chunks=2)
+    lazy_offsets = offsets.map_blocks(offsets_chunk, dtype=np.int64, meta=np.empty(0, dtype=np.int64))
+    with Callback(pretask=lambda key, dsk, state: ran.append(key)):
+        results = [
+            linred.segmented_sum(dx, 8),
+            linred.segmented_mean(dx, offsets=[0, 5, 5, 33, 40]),
+            ldask.segmented_max(dx, lengths=[3, 37], method="rechunk"),
+            linred.segmented_argmin(dx, 3, remainder="keep"),
+        ]
+        assert not made and not ran
+        lazy = linred.segmented_sum(dx, offsets=lazy_offsets)
+    assert not made and len(offsets_made) == 3  # the offsets' three chunks, computed once
+    offsets_made.clear()
+    np.testing.assert_array_equal(lazy.compute(), linred.segmented_sum(np.arange(40.0), offsets=[0, 5, 5, 33, 40]))
+    assert not offsets_made  # the graph holds the offsets it read, not their graph
+    assert made
+    for result in results:
+        result.compute()
+
+
+def test_offsets_given_as_lists_and_other_arrays():
+    x = np.arange(10.0)
+    dx = da.from_array(x, chunks=3)
+    expected = linred.segmented_sum(x, offsets=[0, 4, 10])
+    for offsets in ([0, 4, 10], np.array([0, 4, 10], dtype=np.int32), da.from_array(np.array([0, 4, 10]))):
+        np.testing.assert_array_equal(linred.segmented_sum(dx, offsets=offsets).compute(), expected)
+    torch = pytest.importorskip("torch")
+    np.testing.assert_array_equal(linred.segmented_sum(dx, lengths=torch.tensor([4, 6])).compute(), expected)
+
+
+# --- errors: the functions' messages ---
+
+_BAD = [
+    ({"offsets": [1, 5, 10]}, ValueError),
+    ({"offsets": [0, 6, 5, 10]}, ValueError),
+    ({"offsets": [0, 5, 9]}, ValueError),
+    ({"offsets": [[0, 10]]}, ValueError),
+    ({"offsets": [0.0, 10.0]}, TypeError),
+    ({"lengths": [3, -1, 8]}, ValueError),
+    ({"lengths": [3, 3]}, ValueError),
+    ({"segment_length": 3}, ValueError),
+    ({"segment_length": 0}, ValueError),
+    ({"segment_length": 2.0}, TypeError),
+    ({}, TypeError),
+    ({"segment_length": 5, "offsets": [0, 10]}, TypeError),
+    ({"segment_length": 3, "remainder": "bad"}, ValueError),
+    ({"offsets": [0, 10], "remainder": "drop"}, TypeError),
+    ({"segment_length": 5, "axis": 1}, np.exceptions.AxisError),
+    ({"segment_length": 5, "dtype": "bool"}, TypeError),
+    ({"segment_length": 5, "backend": "nope"}, ValueError),
+    ({"segment_length": 5, "check": "yes"}, TypeError),
+]
+
+
+@pytest.mark.parametrize("kwargs, error", _BAD, ids=[repr(k) for k, _ in _BAD])
+def test_bad_arguments_raise_as_the_functions_do(kwargs, error):
+    x = np.arange(10.0)
+    with pytest.raises(error) as single:
+        linred.segmented_sum(x, **kwargs)
+    with pytest.raises(error) as chunked:
+        linred.segmented_sum(da.from_array(x, chunks=3), **kwargs)
+    assert str(chunked.value) == str(single.value)
+
+
+def test_complex_max_and_zero_dimensions_raise_as_the_functions_do():
+    z = np.ones(4, dtype=np.complex64)
+    with pytest.raises(TypeError) as single:
+        linred.segmented_max(z, 2)
+    with pytest.raises(TypeError) as chunked:
+        linred.segmented_max(da.from_array(z, chunks=2), 2)
+    assert str(chunked.value) == str(single.value)
+    with pytest.raises(ValueError, match="x must have at least one dimension"):
+        linred.segmented_sum(da.from_array(np.float64(1.0)), 1)
+
+
+def test_refusals_of_dask_input():
+    dx = da.ones(10, chunks=3)
+    with pytest.raises(TypeError, match=r"^out cannot be given for Dask arrays \(the result is a new lazy Dask"):
+        linred.segmented_sum(dx, 5, out=np.empty(2))
+    with pytest.raises(TypeError, match=r"^stream cannot be given for Dask arrays"):
+        linred.segmented_mean(dx, 5, stream=0)
+    with pytest.raises(TypeError, match=r"^out and stream cannot be given"):
+        linred.segmented_max(dx, 5, out=np.empty(2), stream=0)
+    with pytest.raises(TypeError, match=r"^stream cannot be given for Dask arrays"):
+        linred.segmented_argmax(dx, 5, stream=0)
+    with pytest.raises(ValueError, match=r"^method must be one of 'auto', 'blockwise', 'carry', 'rechunk'; got 'x'"):
+        ldask.segmented_sum(dx, 5, method="x")
+    with pytest.raises(ValueError, match=r"^reduction must be one of"):
+        ldask.segmented_reduce("median", dx, 5)
+    with pytest.raises(TypeError, match=r"^dtype cannot be given for segmented_argmax"):
+        ldask.segmented_reduce("argmax", dx, 5, dtype=np.float64)
+    with pytest.raises(TypeError, match=r"^x must be a dask.array.Array; got numpy.ndarray"):
+        ldask.segmented_sum(np.ones(10), 5)
+    with pytest.raises(ValueError, match=r"unknown chunk sizes along axis 0; call x.compute_chunk_sizes\(\)"):
+        linred.segmented_sum(dx[dx > 0], 1)
+    with pytest.raises(TypeError, match=r"^x must be a Dask array of NumPy or CuPy chunks; got chunks of numpy.ma"):
+        linred.segmented_sum(da.ma.masked_array(dx), 5)
+
+
+def test_time_data_is_rechunked_not_carried():
+    t = np.datetime64("2024-01-01T00:00", "s") + np.arange(12) * np.timedelta64(7, "s")
+    dt = da.from_array(t, chunks=5)
+    got = linred.segmented_max(dt, 4)
+    assert not is_carry(got) and got.dtype == t.dtype
+    np.testing.assert_array_equal(got.compute(), linred.segmented_max(t, 4))
+    np.testing.assert_array_equal(linred.segmented_mean(dt, 6).compute(), linred.segmented_mean(t, 6))
+    with pytest.raises(TypeError, match=r"method='carry' does not take datetime64\[s\] data"):
+        ldask.segmented_max(dt, 4, method="carry")
+    with pytest.raises(TypeError, match=r"cannot be given for datetime64\[s\] data"):
+        linred.segmented_max(dt, 4, dtype=np.int64)
+
+
+# --- schedulers, threads, the plan cache ---
+
+
+def test_threaded_scheduler():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5000, 3)).astype(np.float32)
+    offsets = np.unique(np.concatenate([[0, 5000], rng.integers(0, 5000, 300)]))
+    dx = da.from_array(x, chunks=(97, 2))
+    for reduction in ("sum", "max", "argmax"):
+        got = ldask.segmented_reduce(reduction, dx, offsets=offsets)
+        single = getattr(linred, f"segmented_{reduction}")(x, offsets=offsets)
+        threaded = got.compute(scheduler="threads", num_workers=4)
+        if reduction == "sum":
+            np.testing.assert_allclose(threaded, single, rtol=1e-5, atol=1e-4)
+        else:
+            np.testing.assert_array_equal(threaded, single)
+        np.testing.assert_array_equal(threaded, got.compute(scheduler="sync"))  # the same bits on any thread
+
+
+def test_tasks_do_not_start_the_host_thread_pool(monkeypatch):
+    """Inside a task the numpy backend reduces on the task's thread; outside, its pool still serves."""
+    from linred.backends import numpy as host
+
+    monkeypatch.setattr(host, "THREAD_ELEMENTS", 64)  # cut even small inputs across threads
+    monkeypatch.setattr(host, "num_threads", lambda: 3)
+    pooled = []
+    real = host._executor
+    monkeypatch.setattr(host, "_executor", lambda workers: pooled.append(threading.get_ident()) or real(workers))
+    x = np.random.default_rng(4).standard_normal(40_000)
+    offsets = np.arange(0, 40_001, 100)
+    linred.clear_plan_cache()
+    got = ldask.segmented_sum(da.from_array(x, chunks=10_000), offsets=offsets).compute(scheduler="threads")
+    assert not pooled
+    with ldask._one_thread():
+        assert host.num_threads() == 1
+    assert host.num_threads() == 3
+    np.testing.assert_array_equal(got, linred.segmented_sum(x, offsets=offsets))  # (this one uses the pool)
+    assert pooled
+
+
+def test_odd_pieces_do_not_fill_the_plan_cache(clean_plan_cache):
+    """200 chunks whose edges cut segments of a fixed length at 40 different places: the whole segments
+    share a few cached plans; the pieces' plans are used once and dropped."""
+    x = np.random.default_rng(5).standard_normal(200 * 37)
+    got = ldask.segmented_sum(da.from_array(x, chunks=37), 40, remainder="drop", method="carry")
+    got.compute(scheduler="sync")
+    assert linred.plan_cache_info()["size"] <= 8
+
+
+# --- other schedulers and dask's modes ---
+
+_EXPR_SCRIPT = textwrap.dedent(
+    """
+    import numpy as np
+    import dask.array as da
+    assert da.array_expr_enabled()
+    import linred, linred.dask
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 3))
+    offsets = np.array([0, 0, 7, 150, 151, 151, 299, 300, 300])
+    for chunks in ((40, 2), (30, 3)):
+        dx = da.from_array(x, chunks=chunks)
+        for reduction in ("sum", "mean", "max", "min", "argmax", "argmin"):
+            for method in ("auto", "carry", "rechunk"):
+                for kwargs in ({"offsets": offsets}, {"segment_length": 30}):
+                    got = linred.dask.segmented_reduce(reduction, dx, method=method, **kwargs)
+                    assert type(got).__module__.startswith("dask.array._array_expr"), type(got)
+                    single = getattr(linred, "segmented_" + reduction)(x, **kwargs)
+                    np.testing.assert_allclose(got.compute(), single, rtol=1e-12, atol=1e-12)
+    print("ok")
+    """
+)
+
+
+def test_array_expression_mode():
+    """dask's array-expression mode (query planning), where this dask has it: in a fresh process,
+    since the mode is chosen when dask.array is first imported."""
+    if not hasattr(da, "array_expr_enabled"):
+        pytest.skip("this dask has no array-expression mode")
+    env = {**os.environ, "DASK_ARRAY__QUERY_PLANNING": "True", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", _EXPR_SCRIPT], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "ok"
+
+
+def test_distributed_local_cluster():
+    """Two worker processes: the graph's functions and parameters travel by pickle."""
+    distributed = pytest.importorskip("distributed")
+    x = np.random.default_rng(6).standard_normal((3000, 2))
+    dx = da.from_array(x, chunks=(250, 1))
+    offsets = np.array([0, 5, 1500, 1500, 2600, 3000])
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        distributed.Client(cluster),
+    ):
+        for reduction, method in (("mean", "carry"), ("argmax", "carry"), ("max", "rechunk"), ("sum", "auto")):
+            got = ldask.segmented_reduce(reduction, dx, offsets=offsets, method=method).compute()
+            single = getattr(linred, f"segmented_{reduction}")(x, offsets=offsets)
+            np.testing.assert_allclose(got, single, rtol=1e-12, equal_nan=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUPY_GPU, reason="needs CuPy and a GPU")
+def test_cupy_chunks():
+    import cupy
+
+    x = np.random.default_rng(7).standard_normal((4000, 2)).astype(np.float32)
+    dx = da.from_array(cupy.asarray(x), chunks=(333, 2), asarray=False)
+    offsets = np.array([0, 0, 10, 2000, 2001, 4000])
+    for reduction in REDUCTIONS:
+        for method in METHODS:
+            got = ldask.segmented_reduce(reduction, dx, offsets=offsets, method=method)
+            assert type(got._meta) is cupy.ndarray
+            result = got.compute()
+            assert type(result) is cupy.ndarray
+            single = getattr(linred, f"segmented_{reduction}")(x, offsets=offsets)
+            np.testing.assert_allclose(cupy.asnumpy(result), single, rtol=1e-5, atol=1e-4)
+
+
+def test_docstring_examples():
+    result = doctest.testmod(ldask, optionflags=doctest.NORMALIZE_WHITESPACE, verbose=False, report=True)
+    assert result.failed == 0 and result.attempted > 0

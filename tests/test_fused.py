@@ -1,0 +1,439 @@
+"""segmented_logsumexp, segmented_softmax, segmented_log_softmax, segmented_var and segmented_std.
+
+Every result is compared with :func:`reference`, a float64 (complex128) loop over each segment's
+values in plain Python (``math.fsum``: exactly rounded sums), written without linred's code:
+every function, every segment specification (fixed length, its remainder dropped or kept,
+offsets, lengths, with empty and length-1 segments), the axis of 1-D, 2-D (either axis) and
+non-contiguous 3-D data, and float32, float64, float16, int64 (and complex128 for var and std)
+data holding an all -inf segment, a NaN and a +inf.  PyTorch: tensors in, tensors out,
+``gradcheck`` and ``gradgradcheck`` in float64; JAX on the CPU; CUDA tensors and CuPy arrays in
+the tests marked ``gpu``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from support import HAS_CUPY_GPU, HAS_TORCH, HAS_TORCH_CUDA, to_numpy
+from support.dtypes import ml_dtypes
+
+import linred
+
+if HAS_TORCH:
+    import torch
+
+if HAS_CUPY_GPU:
+    import cupy
+
+SOFTMAX_FAMILY = ("logsumexp", "softmax", "log_softmax")
+VARIANCE = ("var", "std")
+FUNCTIONS = (*SOFTMAX_FAMILY, *VARIANCE)
+PER_ELEMENT = ("softmax", "log_softmax")
+
+N = 12
+
+
+def _ranges(*bounds: tuple[int, int]) -> list[list[int]]:
+    return [list(range(start, stop)) for start, stop in bounds]
+
+
+def _by_ids(ids: list[int], m: int) -> list[list[int]]:
+    return [[j for j, i in enumerate(ids) if i == k] for k in range(m)]
+
+
+SORTED_IDS = [0, 0, 0, 2, 2, 2, 2, 3, 4, 4, 4, 4]  # segment 1 empty, and 5 (num_segments=6)
+UNSORTED_IDS = [2, 0, 1, 2, 0, 3, 3, 1, 0, 2, 3, 1]
+
+#: name -> (keyword arguments, the elements of each segment (indices along the axis), elements covered)
+SPECS: dict[str, tuple[dict[str, Any], list[list[int]], int]] = {
+    "fixed": ({"segment_length": 3}, _ranges((0, 3), (3, 6), (6, 9), (9, 12)), 12),
+    "drop": ({"segment_length": 5, "remainder": "drop"}, _ranges((0, 5), (5, 10)), 10),
+    "keep": ({"segment_length": 5, "remainder": "keep"}, _ranges((0, 5), (5, 10), (10, 12)), 12),
+    "offsets": ({"offsets": [0, 3, 3, 7, 8, 12]}, _ranges((0, 3), (3, 3), (3, 7), (7, 8), (8, 12)), 12),
+    "offsets32": ({"offsets": np.array([0, 4, 12], dtype=np.int32)}, _ranges((0, 4), (4, 12)), 12),
+    "lengths": ({"lengths": [2, 0, 4, 1, 5]}, _ranges((0, 2), (2, 2), (2, 6), (6, 7), (7, 12)), 12),
+    "ids": ({"segment_ids": SORTED_IDS, "num_segments": 6}, _by_ids(SORTED_IDS, 6), 12),
+    "ids_unsorted": ({"segment_ids": UNSORTED_IDS}, _by_ids(UNSORTED_IDS, 4), 12),
+}
+
+#: name -> (shape with N along the axis, axis); "middle" is a non-contiguous (transposed) view
+LAYOUTS = {"1d": ((N,), 0), "2d": ((N, 3), 0), "last": ((2, N), -1), "middle": ((2, N, 3), 1)}
+
+TOLERANCE = {"float64": 1e-12, "int64": 1e-12, "complex128": 1e-12, "float32": 1e-5, "float16": 1e-2}
+RESULT_DTYPE = {"float64": "float64", "int64": "float64", "complex128": "float64", "float32": "float32",
+                "float16": "float16"}  # fmt: skip
+
+
+# --- the reference: one segment at a time, in Python floats ---
+
+
+def _lse(v: list) -> float:
+    if any(math.isnan(t) for t in v):
+        return math.nan
+    mx = max(v, default=-math.inf)
+    if math.isinf(mx):
+        return mx
+    return mx + math.log(math.fsum(math.exp(t - mx) for t in v))
+
+
+def _softmax(v: list, log: bool) -> list:
+    mx = max(v, default=-math.inf)
+    if any(math.isnan(t) for t in v) or mx in (math.inf, -math.inf):  # as torch.softmax
+        return [math.nan] * len(v)
+    s = math.fsum(math.exp(t - mx) for t in v)
+    return [t - mx - math.log(s) for t in v] if log else [math.exp(t - mx) / s for t in v]
+
+
+def _var(v: list, ddof: float) -> float:
+    k = len(v)
+    if k <= ddof or any(not math.isfinite(abs(t)) for t in v):  # (an infinity: inf - inf)
+        return math.nan
+    mean = complex(math.fsum(t.real for t in v), math.fsum(t.imag for t in v)) / k
+    return math.fsum(abs(t - mean) ** 2 for t in v) / (k - ddof)
+
+
+def reference(name: str, x: np.ndarray, groups: list[list[int]], axis: int, ddof: float = 0) -> np.ndarray:
+    """``segmented_<name>`` of NumPy ``x``, in float64, segment by segment and column by column
+    (``groups``: the indices along ``axis`` of each segment's elements)."""
+    complex_ = x.dtype.kind == "c"
+    xm = np.moveaxis(x.astype(np.complex128 if complex_ else np.float64), axis, 0)
+    rest = xm.shape[1:]
+    cols = xm.reshape(xm.shape[0], -1)
+    convert = complex if complex_ else float
+    per_element = name in PER_ELEMENT
+    out = np.full((cols.shape[0] if per_element else len(groups), cols.shape[1]), np.nan)
+    for j in range(cols.shape[1]):
+        for i, members in enumerate(groups):
+            v = [convert(cols[k, j]) for k in members]
+            if name == "logsumexp":
+                out[i, j] = _lse(v)
+            elif per_element:
+                out[members, j] = _softmax(v, name == "log_softmax")
+            else:
+                var = _var(v, ddof)
+                out[i, j] = math.sqrt(var) if name == "std" else var
+    return np.moveaxis(out.reshape(out.shape[0], *rest), 0, axis)
+
+
+def fn(name: str):
+    return getattr(linred, f"segmented_{name}")
+
+
+def make(layout: str, dtype: str, groups: list[list[int]], special: bool, seed: int = 0) -> np.ndarray:
+    """Data of ``layout`` and ``dtype``; with ``special``, in column 0: segment 0 all -inf, a NaN
+    in the last segment that has elements, a +inf in the third (where it has elements)."""
+    shape, axis = LAYOUTS[layout]
+    rng = np.random.default_rng(seed)
+    if dtype == "int64":
+        x = rng.integers(-40, 40, size=shape)
+    elif dtype == "complex128":
+        x = rng.normal(size=shape) + 1j * rng.normal(size=shape)
+    else:
+        x = (rng.normal(size=shape) * 3).astype(dtype)
+    if layout == "middle":  # non-contiguous: the transposed view of another array
+        x = np.ascontiguousarray(np.swapaxes(x, 1, 2)).swapaxes(1, 2)
+        assert not x.flags.c_contiguous
+    if special:
+        xm = np.moveaxis(x, axis, 0)  # a view: writes reach x
+        column = (0,) * (xm.ndim - 1)
+        xm[(groups[0], *column)] = -np.inf
+        xm[([g for g in groups if g][-1][0], *column)] = np.nan
+        if len(groups) > 2 and groups[2]:
+            xm[(groups[2][0], *column)] = np.inf
+    return x
+
+
+def check(got: Any, expected: np.ndarray, dtype: str, tol: float) -> None:
+    got = to_numpy(got)
+    assert got.dtype == np.dtype(dtype), (got.dtype, dtype)
+    assert got.shape == expected.shape, (got.shape, expected.shape)
+    got = got.astype(np.float64)
+    scale = max(1.0, float(np.max(np.abs(expected[np.isfinite(expected)]), initial=0.0)))
+    np.testing.assert_allclose(got, expected, rtol=tol, atol=tol * scale, equal_nan=True)
+
+
+def _cases() -> list:
+    cases = []
+    for name in FUNCTIONS:
+        dtypes = ["float32", "float64", "float16", "int64"] + (["complex128"] if name in VARIANCE else [])
+        for dtype in dtypes:
+            for spec in SPECS:
+                for layout in LAYOUTS:
+                    cases.append(pytest.param(name, spec, layout, dtype, id=f"{name}-{spec}-{layout}-{dtype}"))
+    return cases
+
+
+@pytest.mark.parametrize("name, spec, layout, dtype", _cases())
+def test_against_reference(name, spec, layout, dtype):
+    kwargs, groups, covered = SPECS[spec]
+    _, axis = LAYOUTS[layout]
+    x = make(layout, dtype, groups, special=dtype in ("float32", "float64", "float16"))
+    before = x.copy()
+    got = fn(name)(x, axis=axis, **kwargs)
+    kept = np.moveaxis(np.moveaxis(x, axis, 0)[:covered], 0, axis)
+    check(got, reference(name, kept, groups, axis), RESULT_DTYPE[dtype], TOLERANCE[dtype])
+    np.testing.assert_array_equal(x, before)  # never modified
+
+
+@pytest.mark.parametrize("name", VARIANCE)
+@pytest.mark.parametrize("ddof", [1, 2, 0.5])
+@pytest.mark.parametrize("spec", ["fixed", "offsets", "lengths", "keep", "ids_unsorted"])
+def test_ddof(name, ddof, spec):
+    """Segments of length <= ddof (empty, length 1 and 2 here) give NaN."""
+    kwargs, groups, _ = SPECS[spec]
+    x = make("2d", "float64", groups, special=False)
+    check(fn(name)(x, ddof=ddof, **kwargs), reference(name, x, groups, 0, ddof), "float64", 1e-12)
+    if spec == "fixed" and ddof >= 1:  # L = 3 <= ddof: every segment
+        assert np.isnan(fn(name)(x, ddof=3, **kwargs)).all()
+
+
+def test_special_segments_match_torch():
+    """All -inf, +inf and NaN segments, and -inf beside finite values, give what torch gives."""
+    torch = pytest.importorskip("torch")
+    inf, nan = math.inf, math.nan
+    rows = [[-inf, -inf], [inf, 1.0], [inf, inf], [nan, 1.0], [1.0, -inf], [-inf, 2.0, 3.0]]
+    x = np.array([t for row in rows for t in row])
+    lengths = [len(row) for row in rows]
+    soft = linred.segmented_softmax(x, lengths=lengths)
+    log_soft = linred.segmented_log_softmax(x, lengths=lengths)
+    lse = linred.segmented_logsumexp(x, lengths=lengths)
+    start = 0
+    for i, row in enumerate(rows):
+        t = torch.tensor(row, dtype=torch.float64)
+        stop = start + len(row)
+        # (assert_allclose: NaN where torch has NaN, infinities equal, finite values within rounding)
+        np.testing.assert_allclose(soft[start:stop], torch.softmax(t, 0).numpy(), rtol=1e-15)
+        np.testing.assert_allclose(log_soft[start:stop], torch.log_softmax(t, 0).numpy(), rtol=1e-15)
+        np.testing.assert_allclose(lse[i], torch.logsumexp(t, 0).numpy(), rtol=1e-15)
+        start = stop
+
+
+def test_empty_segments_and_empty_data():
+    x = np.array([1.0, 2.0])
+    np.testing.assert_array_equal(linred.segmented_logsumexp(x, lengths=[0, 2, 0])[[0, 2]], [-np.inf, -np.inf])
+    assert np.isnan(linred.segmented_var(x, lengths=[0, 2])[0])
+    empty = np.zeros((0, 2))
+    assert linred.segmented_softmax(empty, offsets=[0]).shape == (0, 2)
+    assert linred.segmented_logsumexp(empty, 4).shape == (0, 2)
+    assert linred.segmented_var(empty, lengths=[0, 0]).shape == (2, 2)
+    assert np.isnan(linred.segmented_var(empty, lengths=[0, 0])).all()
+    assert linred.segmented_log_softmax(empty, lengths=[0]).shape == (0, 2)
+
+
+def test_stability():
+    """No overflow in exp; no cancellation in the variance."""
+    big = np.array([1000.0, 1000.0, -1000.0, -1000.0], dtype=np.float32)
+    np.testing.assert_allclose(linred.segmented_logsumexp(big, 2), [1000 + math.log(2), -1000 + math.log(2)])
+    np.testing.assert_allclose(linred.segmented_softmax(big, 2), [0.5] * 4)
+    tiny = np.array([0.0, -800.0])  # exp(-800) underflows to 0; its log-softmax does not
+    np.testing.assert_allclose(linred.segmented_log_softmax(tiny, 2), [0.0, -800.0], rtol=1e-15)
+    offset = 1e9 + np.array([1.0, 2.0, 3.0, 4.0])  # E[x^2] - E[x]^2 would give garbage here
+    np.testing.assert_allclose(linred.segmented_var(offset, 4), [1.25], rtol=1e-12)
+    near = np.float32(1e4) + np.array([1, 2, 3, 4], dtype=np.float32)  # exact in float32; x^2 is not
+    np.testing.assert_allclose(linred.segmented_std(near, 4), [math.sqrt(1.25)], rtol=1e-6)
+
+
+def test_dtypes():
+    x = np.arange(8, dtype=np.float64)
+    assert linred.segmented_softmax(x, 4, dtype=np.float32).dtype == np.float32
+    assert linred.segmented_var(x, 4, dtype="float16").dtype == np.float16
+    assert linred.segmented_std(x.astype(np.int8), 4).dtype == np.float64
+    assert linred.segmented_logsumexp(x.astype(bool), 4).dtype == np.float64
+    assert linred.segmented_var(x.astype(np.complex64), 4).dtype == np.float32
+    np.testing.assert_allclose(linred.segmented_var(x.astype(np.complex64), 4, dtype=np.float64), [1.25, 1.25])
+    if ml_dtypes is not None:
+        b = x.astype(ml_dtypes.bfloat16)
+        got = linred.segmented_softmax(b, 4)
+        assert got.dtype == b.dtype
+        expected = reference("softmax", x, _ranges((0, 4), (4, 8)), 0)
+        np.testing.assert_allclose(got.astype(np.float64), expected, rtol=1e-2)
+
+
+def test_errors():
+    z = np.ones(4, dtype=np.complex128)
+    for name in SOFTMAX_FAMILY:
+        with pytest.raises(TypeError, match=f"segmented_{name} does not support complex"):
+            fn(name)(z, 2)
+        with pytest.raises(TypeError, match=f"segmented_{name} returns a real floating dtype"):
+            fn(name)(np.ones(4), 2, dtype=np.int32)
+    for name in VARIANCE:
+        with pytest.raises(ValueError, match="ddof must be >= 0"):
+            fn(name)(np.ones(4), 2, ddof=-1)
+        with pytest.raises(TypeError, match="ddof must be a real number"):
+            fn(name)(np.ones(4), 2, ddof="1")
+        with pytest.raises(TypeError, match="real floating dtype"):
+            fn(name)(z, 2, dtype=np.complex128)
+    with pytest.raises(TypeError, match="exactly one of"):
+        linred.segmented_softmax(np.ones(4))
+    with pytest.raises(ValueError, match=r"offsets\[-1\] must equal"):
+        linred.segmented_var(np.ones(4), offsets=[0, 2, 3])
+    with pytest.raises(ValueError, match="does not divide"):
+        linred.segmented_logsumexp(np.ones(5), 2)
+    with pytest.raises(ValueError, match="at least one dimension"):
+        linred.segmented_std(np.float64(1.0), 1)
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        linred.segmented_var(np.array(["a", "b"]), 1)
+
+
+def test_check_false_gives_the_same():
+    x = make("2d", "float64", SPECS["offsets"][1], special=True)
+    for name in FUNCTIONS:
+        a = fn(name)(x, offsets=[0, 3, 3, 7, 8, 12])
+        b = fn(name)(x, offsets=[0, 3, 3, 7, 8, 12], check=False)
+        np.testing.assert_array_equal(a, b)
+
+
+def test_segment_ids():
+    """Ids, sorted or not, name the segments; the ids are each element's segment (no sort needed to
+    broadcast back); check=False with ids promised sorted gives the same."""
+    x = make("2d", "float64", SPECS["ids_unsorted"][1], special=False)
+    for name in FUNCTIONS:
+        got = fn(name)(x, segment_ids=np.array(UNSORTED_IDS, dtype=np.int32), num_segments=5)
+        check(got, reference(name, x, [*SPECS["ids_unsorted"][1], []], 0), "float64", 1e-12)
+        sorted_ = fn(name)(x, segment_ids=SORTED_IDS, num_segments=6, ids_sorted=True, check=False)
+        check(sorted_, reference(name, x, SPECS["ids"][1], 0), "float64", 1e-12)
+    with pytest.raises(ValueError, match="segment_ids must lie in"):
+        linred.segmented_softmax(x, segment_ids=UNSORTED_IDS, num_segments=3)
+    with pytest.raises(TypeError, match="remainder= applies to segment_length only"):
+        linred.segmented_var(x, segment_ids=UNSORTED_IDS, remainder="drop")
+
+
+# --- PyTorch ---
+
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch")
+
+
+def _torch_kwargs(kwargs: dict, device: str) -> dict:
+    arrays = ("offsets", "lengths", "segment_ids")
+    return {k: torch.as_tensor(v, device=device) if k in arrays else v for k, v in kwargs.items()}
+
+
+@needs_torch
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("spec", ["fixed", "keep", "offsets", "lengths", "ids", "ids_unsorted"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_torch_cpu(name, spec, dtype):
+    kwargs, groups, _ = SPECS[spec]
+    x = make("last", dtype, groups, special=True)
+    got = fn(name)(torch.from_numpy(x), axis=-1, **_torch_kwargs(kwargs, "cpu"))
+    assert isinstance(got, torch.Tensor) and got.device.type == "cpu"
+    check(got, reference(name, x, groups, -1), dtype, TOLERANCE[dtype])
+
+
+@needs_torch
+def test_torch_bfloat16_and_half():
+    x = torch.linspace(-3, 3, 12).reshape(3, 4)
+    for dt in (torch.bfloat16, torch.float16):
+        got = linred.segmented_softmax(x.to(dt), 2, axis=1)
+        assert got.dtype == dt
+        np.testing.assert_allclose(got.float().numpy(), torch.softmax(x.reshape(3, 2, 2), 2).reshape(3, 4), rtol=2e-2)
+        assert linred.segmented_std(x.to(dt), lengths=[1, 2], axis=0).dtype == dt
+
+
+#: (segment keywords, axis, shape) of the gradient checks: offsets with an empty segment and fixed lengths
+GRAD_SPECS = [
+    pytest.param({"offsets": [0, 2, 2, 5, 7]}, 0, (7, 2), id="offsets"),
+    pytest.param({"segment_length": 3}, 1, (2, 6), id="fixed"),
+    pytest.param({"lengths": [2, 3, 2]}, 1, (1, 7, 2), id="lengths"),
+    pytest.param({"segment_ids": [1, 0, 2, 1, 0, 2, 1]}, 0, (7, 2), id="ids"),
+]
+
+
+@needs_torch
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("kwargs, axis, shape", GRAD_SPECS)
+def test_gradcheck(name, kwargs, axis, shape):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(shape, dtype=torch.float64, generator=gen, requires_grad=True)
+    kw = _torch_kwargs(kwargs, "cpu")
+    if (
+        name in ("logsumexp", "var", "std") and "offsets" in kw
+    ):  # an empty segment's -inf or NaN has no finite difference
+        kw["offsets"] = torch.tensor([0, 2, 5, 7])
+    assert torch.autograd.gradcheck(lambda a: fn(name)(a, axis=axis, **kw), (x,))
+    if name in ("softmax", "var") and "offsets" in kw:  # double backward: linred's sum and mean, elementwise ops
+        assert torch.autograd.gradgradcheck(lambda a: fn(name)(a, axis=axis, **kw), (x,))
+
+
+@needs_torch
+def test_gradients_match_torch():
+    """Against torch's own softmax and log_softmax of the rows of an (m, L) view."""
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 6, dtype=torch.float64)
+    for ours, theirs in ((linred.segmented_softmax, torch.softmax), (linred.segmented_log_softmax, torch.log_softmax)):
+        (g1,) = torch.autograd.grad((ours(x.reshape(-1), 6) * w.reshape(-1)).sum(), x)
+        (g2,) = torch.autograd.grad((theirs(x, 1) * w).sum(), x)
+        torch.testing.assert_close(g1, g2)
+    (g1,) = torch.autograd.grad(linred.segmented_logsumexp(x, offsets=[0, 1, 4], axis=0).sum(), x)
+    (g2,) = torch.autograd.grad(torch.logsumexp(x[:1], 0).sum() + torch.logsumexp(x[1:], 0).sum(), x)
+    torch.testing.assert_close(g1, g2)
+    (g1,) = torch.autograd.grad(linred.segmented_std(x, 3, axis=1, ddof=1).sum(), x)
+    (g2,) = torch.autograd.grad(x.reshape(4, 2, 3).std(2, correction=1).sum(), x)
+    torch.testing.assert_close(g1, g2)
+
+
+# --- JAX (CPU) ---
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("spec", ["fixed", "keep", "jax offsets", "jax ids"])
+def test_jax_in_jax_out(name, spec):
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    key = {"jax offsets": "offsets", "jax ids": "ids_unsorted"}.get(spec, spec)
+    kwargs, groups, _ = SPECS[key]
+    if spec.startswith("jax"):  # the segment arrays are JAX arrays too
+        kwargs = {k: jnp.asarray(v) for k, v in kwargs.items()}
+    x = make("2d", "float32", groups, special=False)
+    got = fn(name)(jnp.asarray(x), **kwargs)
+    assert isinstance(got, jax.Array)
+    check(np.asarray(got), reference(name, x, groups, 0), "float32", 1e-5)
+    if name == "var":
+        np.testing.assert_allclose(np.asarray(fn(name)(jnp.asarray(x), ddof=1, **kwargs)),
+                                   reference(name, x, groups, 0, ddof=1), rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+# --- CUDA tensors and CuPy arrays ---
+
+GPU_KINDS = [
+    pytest.param("torch-cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")]),
+    pytest.param("cupy", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUPY_GPU, reason="needs CuPy")]),
+]
+
+
+def _on_gpu(a: np.ndarray, kind: str) -> Any:
+    return torch.as_tensor(a, device="cuda") if kind == "torch-cuda" else cupy.asarray(a)
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("spec", ["fixed", "keep", "offsets", "lengths", "ids_unsorted"])
+@pytest.mark.parametrize("layout", ["2d", "middle"])
+def test_gpu(kind, name, spec, layout):
+    kwargs, groups, _ = SPECS[spec]
+    _, axis = LAYOUTS[layout]
+    x = make(layout, "float32", groups, special=True)
+    arrays = ("offsets", "lengths", "segment_ids")
+    segs = {k: _on_gpu(np.asarray(v), kind) if k in arrays else v for k, v in kwargs.items()}
+    got = fn(name)(_on_gpu(x, kind), axis=axis, **segs)
+    assert type(got).__module__.split(".")[0] == ("torch" if kind == "torch-cuda" else "cupy")
+    check(got, reference(name, x, groups, axis), "float32", 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_gpu_torch_autograd_and_stream(name):
+    kw = {"offsets": torch.tensor([0, 2, 5, 7], device="cuda")}
+    x = torch.randn(7, 3, dtype=torch.float64, device="cuda", requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a: fn(name)(a, **kw), (x,))
+    stream = torch.cuda.Stream()
+    with torch.no_grad():
+        expected = fn(name)(x, **kw)
+        stream.wait_stream(torch.cuda.current_stream())
+        got = fn(name)(x, stream=stream, **kw)
+    stream.synchronize()
+    torch.testing.assert_close(got, expected, equal_nan=True)
