@@ -36,12 +36,9 @@ by their type's module, without importing it.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import operator
 import sys
-import threading
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -85,48 +82,21 @@ def is_dask(x: Any) -> bool:
 
 # --- the host's thread pool, capped to one thread inside tasks ---
 
-_task = threading.local()
-_cap_lock = threading.Lock()
 
-
-def _capped(original: Any) -> Any:
-    def num_threads() -> int:
-        """One thread inside a linred Dask task, else the numpy backend's own count."""
-        return 1 if getattr(_task, "inside", False) else original()
-
-    num_threads._linred_dask_original = original  # type: ignore[attr-defined]
-    return num_threads
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
+def _one_thread() -> Any:
     """Run a task's linred calls on the calling thread only.
 
     The numpy backend cuts a long 1-D reduction with offsets across a pool of up to
-    ``num_threads()`` threads; inside a Dask task the scheduler already runs one task
-    per core (and Dask's distributed workers run one thread per task slot), so that
-    pool would oversubscribe the cores.  The count is made per thread: the backend's
-    ``num_threads`` is wrapped, once, by a function that returns 1 on a thread that is
-    running a linred task (a thread-local flag) and asks the original elsewhere.  The
-    result's bits do not depend on the thread count (the backend reduces every segment
-    on one thread either way).  BLAS's own threads (the fixed-length sums) are Dask's
+    ``num_threads()`` threads; inside a Dask task the scheduler already runs one task per
+    core (and distributed workers one thread per task slot), so that pool would oversubscribe
+    the cores.  :func:`linred.backends.numpy.single_threaded` caps it for the calling thread
+    only.  The result's bits do not depend on the thread count (the backend reduces every
+    segment on one thread either way).  BLAS's own threads (the fixed-length sums) are Dask's
     usual concern: distributed workers start with ``OMP_NUM_THREADS=1`` and friends.
     """
-    host = sys.modules.get("linred.backends.numpy")
-    if host is None:
-        from linred.backends import numpy as host
-    current = getattr(host, "num_threads", None)
-    if current is not None and not hasattr(current, "_linred_dask_original"):
-        with _cap_lock:
-            current = host.num_threads
-            if not hasattr(current, "_linred_dask_original"):
-                host.num_threads = _capped(current)
-    outer = getattr(_task, "inside", False)
-    _task.inside = True
-    try:
-        yield
-    finally:
-        _task.inside = outer
+    from linred.backends.numpy import single_threaded
+
+    return single_threaded()
 
 
 # --- calls on one chunk ---

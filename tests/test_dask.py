@@ -504,7 +504,8 @@ def test_tasks_do_not_start_the_host_thread_pool(monkeypatch):
     from linred.backends import numpy as host
 
     monkeypatch.setattr(host, "THREAD_ELEMENTS", 64)  # cut even small inputs across threads
-    monkeypatch.setattr(host, "num_threads", lambda: 3)
+    monkeypatch.setattr(host.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)  # three CPUs
+    monkeypatch.delenv("LINRED_NUM_THREADS", raising=False)
     pooled = []
     real = host._executor
     monkeypatch.setattr(host, "_executor", lambda workers: pooled.append(threading.get_ident()) or real(workers))
@@ -598,6 +599,41 @@ def test_cupy_chunks():
             assert type(result) is cupy.ndarray
             single = getattr(linred, f"segmented_{reduction}")(x, offsets=offsets)
             np.testing.assert_allclose(cupy.asnumpy(result), single, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUPY_GPU, reason="needs CuPy and a GPU")
+def test_cupy_chunks_on_a_local_cuda_cluster():
+    """dask_cuda's LocalCUDACluster with one worker: the chunks are made on the worker's GPU,
+    reduced there by linred, and the results stay CuPy arrays (no host round trip of the data)."""
+    import cupy
+
+    dask_cuda = pytest.importorskip("dask_cuda")
+    distributed = pytest.importorskip("distributed")
+    n = 1_000_000
+    offsets = np.concatenate([[0], np.sort(np.random.default_rng(8).integers(0, n, 300)), [n]])
+    with (
+        dask_cuda.LocalCUDACluster(n_workers=1, dashboard_address=None) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        state = da.random.RandomState(seed=3, RandomState=cupy.random.RandomState)
+        dx = state.standard_normal(n, chunks=n // 7).astype(np.float32)  # made on the worker
+        assert type(dx._meta) is cupy.ndarray
+        on_worker = dx.persist()
+        distributed.wait(on_worker)
+        kinds = client.run(
+            lambda: sorted({type(v).__module__.split(".")[0] for v in distributed.get_worker().data.values()})
+        )
+        assert all(k == ["cupy"] for k in kinds.values()), kinds
+        whole = on_worker.compute()  # (for the single-array reference, on this process's GPU)
+        assert type(whole) is cupy.ndarray
+        for reduction, method in (("sum", "carry"), ("mean", "rechunk"), ("max", "carry"), ("argmin", "auto")):
+            got = ldask.segmented_reduce(reduction, on_worker, offsets=offsets, method=method)
+            assert type(got._meta) is cupy.ndarray
+            result = got.compute()
+            assert type(result) is cupy.ndarray
+            single = getattr(linred, f"segmented_{reduction}")(whole, offsets=offsets)
+            np.testing.assert_allclose(cupy.asnumpy(result), cupy.asnumpy(single), rtol=1e-5, atol=1e-4)
 
 
 def test_docstring_examples():

@@ -17,8 +17,10 @@ It serves NumPy arrays and CPU PyTorch tensors (viewed as NumPy arrays, no copy)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -44,8 +46,30 @@ _pool_workers = 0
 _pool_lock = threading.Lock()
 
 
+#: per thread: whether its calls reduce on that thread alone (see single_threaded)
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def single_threaded() -> Iterator[None]:
+    """Within the block, this thread's calls use no pool threads (``num_threads() == 1``).
+
+    For callers that already run one call per core, such as Dask's tasks
+    (:mod:`linred.dask`): the pool would oversubscribe the cores.  Other threads are not
+    affected; the results' bits do not depend on the thread count.
+    """
+    outer = getattr(_local, "single", False)
+    _local.single = True
+    try:
+        yield
+    finally:
+        _local.single = outer
+
+
 def num_threads() -> int:
     """Threads for one ``reduceat``: the CPUs this process may use, capped by ``LINRED_NUM_THREADS``."""
+    if getattr(_local, "single", False):
+        return 1
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
