@@ -35,6 +35,8 @@ from support.arrays import GPU_COUNT, HAS_GPU, HAS_TORCH_CUDA, KINDS
 from support.backends import HOST_BACKEND_PARAMS, HOST_BACKENDS, KIND_BACKEND_PARAMS, KIND_PARAMS
 from support.differential import DIFFERENTIAL
 
+# JAX takes 75% of a GPU's memory when it first uses it; the test workers share the GPU.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # The dispatch tables ``linred tune`` caches for this machine (GPU and host) would change what
 # backend="auto" picks: the tests see the shipped table alone unless told otherwise.
 os.environ.setdefault("LINRED_TUNE_CACHE", os.path.join(tempfile.mkdtemp(prefix="linred-tests-"), "dispatch.json"))

@@ -621,9 +621,11 @@ def test_cupy_chunks_on_a_local_cuda_cluster():
         assert type(dx._meta) is cupy.ndarray
         on_worker = dx.persist()
         distributed.wait(on_worker)
-        kinds = client.run(
-            lambda: sorted({type(v).__module__.split(".")[0] for v in distributed.get_worker().data.values()})
-        )
+
+        def stored(dask_worker: object) -> list[str]:  # the array libraries of what the worker holds
+            return sorted({type(v).__module__.split(".")[0] for v in dask_worker.data.values()})
+
+        kinds = client.run(stored)
         assert all(k == ["cupy"] for k in kinds.values()), kinds
         whole = on_worker.compute()  # (for the single-array reference, on this process's GPU)
         assert type(whole) is cupy.ndarray

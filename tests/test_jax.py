@@ -42,3 +42,33 @@ def test_jax_remainder_and_refusals():
         linred.segmented_sum(x, 5, out=np.empty(2))
     with pytest.raises(TypeError, match=r"x is a JAX tracer"):
         jax.jit(lambda a: linred.segmented_sum(a, 5))(x)
+
+
+def _jax_gpu() -> object | None:
+    try:
+        return next(iter(jax.devices("gpu")), None)
+    except RuntimeError:  # a JAX without CUDA
+        return None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max", "prod", "argmin"])
+def test_jax_arrays_on_the_gpu_stay_there(reduction):
+    """A JAX array on a CUDA GPU is reduced there (read as CuPy through DLPack) and comes back as
+    a JAX array on that device; JAX offsets and segment ids cross the same way."""
+    device = _jax_gpu()
+    if device is None:
+        pytest.skip("this JAX has no CUDA GPU")
+    pytest.importorskip("cupy")
+    rng = np.random.default_rng(5)
+    host = rng.standard_normal((3000, 4)).astype(np.float32) * 0.1 + 1.0
+    x = jax.device_put(jnp.asarray(host), device)
+    offsets = np.array([0, 10, 10, 1500, 3000])
+    ids = np.repeat(np.arange(4), np.diff(offsets))
+    fn = getattr(linred, f"segmented_{reduction}")
+    for kwargs in ({"offsets": jax.device_put(jnp.asarray(offsets), device)},
+                   {"segment_ids": jax.device_put(jnp.asarray(ids), device), "num_segments": 4}):  # fmt: skip
+        got = fn(x, **kwargs)
+        assert isinstance(got, jax.Array) and got.devices() == {device}
+        expected = fn(host.astype(np.float64), offsets=offsets)
+        np.testing.assert_allclose(np.asarray(got), expected, rtol=3e-4, atol=1e-5)  # (prod: 1500 factors)
