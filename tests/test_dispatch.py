@@ -203,7 +203,7 @@ def _gpu_problem(length: int, dtype: str = "float32") -> Any:
         (128, "float64", "nvrtc"),
         (300, "float64", "nvrtc"),
         (2**20, "float64", "nvrtc"),
-        (96, "float64", "cub"),
+        (96, "float64", "nvrtc"),  # the tile kernel: 83% of copy on an H100 where cub made 50% (2026-11-25)
     ],
 )
 def test_shipped_table_tells_powers_of_two_apart(monkeypatch, length, dtype, first):
