@@ -36,18 +36,48 @@ except (ImportError, AttributeError):  # pragma: no cover - NumPy 1.26
     _VAR = None
 
 #: caller's error object -> the one linred runs under (the caller's object is kept as the key
-#: so its identity is not reused); a handful of distinct states at most in any program
+#: so its identity is not reused).  Every ``np.errstate`` block makes a new object, so the cache
+#: is emptied when it holds _CACHE_SIZE of them (a rebuild costs a few µs).
 _redirected: dict[Any, Any] = {}
+_CACHE_SIZE = 64
 
 
-def _warn(kind: str, flag: int) -> None:
-    """NumPy's error callback: one ``RuntimeWarning`` at the first frame outside linred."""
+#: in a pool thread of the caller's call: the list its warnings are kept in, for the caller's
+#: thread to issue (a pool thread's stack holds no line of the caller's)
+_PENDING: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("linred_fp_pending", default=None)
+
+
+def _emit(kind: str) -> None:
+    """One ``RuntimeWarning`` at the first frame outside linred (this function's caller's)."""
     frame = sys._getframe(1)
     level = 2
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame = frame.f_back
         level += 1
     warnings.warn(f"{kind} encountered in a segmented reduction", RuntimeWarning, stacklevel=level)
+
+
+def _warn(kind: str, flag: int) -> None:
+    """NumPy's error callback: the warning, or, in a pool thread, a note of it for the caller."""
+    pending = _PENDING.get()
+    if pending is not None:
+        pending.append(kind)
+        return
+    _emit(kind)
+
+
+def pool_context(pending: list[str]) -> contextvars.Context:
+    """A copy of the calling thread's context for a pool thread working on its call: NumPy's
+    error modes as the caller set them, and warnings kept in ``pending`` (see :func:`reissue`)."""
+    context = contextvars.copy_context()
+    context.run(_PENDING.set, pending)
+    return context
+
+
+def reissue(pending: list[str]) -> None:
+    """The pool threads' warnings, once per kind, at the caller's line (from the caller's thread)."""
+    for kind in dict.fromkeys(pending):
+        _emit(kind)
 
 
 def _build(caller: Any) -> Any:
@@ -77,6 +107,8 @@ def at_caller(run: Callable[..., None]) -> Callable[..., None]:
         caller = get()
         extobj = cache.get(caller)
         if extobj is None:
+            if len(cache) >= _CACHE_SIZE:
+                cache.clear()
             extobj = cache[caller] = _build(caller)
         token = set_(extobj)
         try:

@@ -373,7 +373,10 @@ def _var(c: _Call, ddof: float, root: bool) -> Any:
         keep = counts > ddof
         var = c.where(keep, xp.divide(ss, c.where(keep, counts - ddof, 1.0), out=c.out(ss)), math.nan)
     if root:
-        var = xp.sqrt(var, out=c.out(var))
+        # sqrt's derivative is infinite at 0 (0 * inf = NaN in a backward): a zero variance takes
+        # the root of 1 and gives 0, so its gradient is 0, as torch.std's is
+        positive = var > 0
+        var = xp.where(positive, xp.sqrt(c.where(positive, var, 1.0)), var)
     return c.finish(var)
 
 

@@ -175,12 +175,12 @@ def _first_tensor(x: Any) -> bool:
     from linred import _dynamo
 
     torch = sys.modules.get("torch")
-    if torch is None or not isinstance(x, torch.Tensor):
-        return False
+    if torch is None or not isinstance(x, torch.Tensor) or _dynamo.run is not call:
+        return False  # (not a tensor, or the operator is registered already: a subclass, say)
     from linred.arrays import adapter_for
 
     adapter_for(x)  # (registers PyTorch's adapter and, with it, the operator)
-    return _dynamo.run is not call
+    return _dynamo.run is not call  # this call switched the route
 
 
 def _segments(plan: SegmentedReduction, offsets: Any, lengths: Any, check: bool, stream: Any, handle: Any) -> Any:

@@ -63,12 +63,12 @@ class _Ops:
                 raise TypeError("segment_ids is a device array but x is a host (NumPy) array; pass it as a host array")
             if type(ids).__module__.split(".")[0] == "torch":
                 ids = ids.numpy()
-            a = np.asarray(ids)
+            a = _host_ids(ids)
         elif kind == "cupy":
             with x.device:
-                a = xp.asarray(ids)
+                a = xp.asarray(ids if hasattr(ids, "__cuda_array_interface__") else _host_ids(ids))
         else:
-            a = ids if isinstance(ids, xp.Tensor) else xp.as_tensor(np.asarray(ids))
+            a = ids if isinstance(ids, xp.Tensor) else xp.as_tensor(_host_ids(ids))
             a = a.to(self.device)
         dtype = str(a.dtype).removeprefix("torch.")
         if a.ndim != 1:
@@ -120,6 +120,22 @@ class _Ops:
         bad = (ids < 0) | (ids >= num_segments)
         i = int(bad.int().argmax()) if self.kind == "torch" else int(bad.argmax())
         return i, int(ids[i])
+
+
+def _host_ids(ids: Any) -> np.ndarray:
+    """Host ids as an array; an empty sequence is int64 (NumPy would make it float64)."""
+    a = np.asarray(ids)
+    return a.astype(np.int64) if a.size == 0 and not isinstance(ids, np.ndarray) else a
+
+
+def _check_out(out: Any, result: Any) -> None:
+    """``out`` must be what the call itself would have accepted: of the result's shape and dtype
+    (the result is copied into it, so anything else would be a silent conversion)."""
+    if tuple(out.shape) != tuple(result.shape):
+        raise ValueError(f"out must have shape {tuple(result.shape)}; got {tuple(out.shape)}")
+    if out.dtype != result.dtype:
+        want, got = (str(d).removeprefix("torch.") for d in (result.dtype, out.dtype))
+        raise ValueError(f"out must have dtype {want}; got {got}")
 
 
 def _num_segments(num_segments: Any) -> int:
@@ -210,6 +226,11 @@ def reduce_by_ids(
     if positions and order is not None:
         result = _unsort_positions(ops, result, order, n)
     if out is not None and result is not out:
+        if type(out) is not type(result):
+            raise TypeError(
+                f"out must be a {type(result).__module__.split('.')[0]} array like x; got {type(out).__name__}"
+            )
+        _check_out(out, result)
         if kind == "torch":
             out.copy_(result)
         else:

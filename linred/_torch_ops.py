@@ -113,8 +113,11 @@ def _backward(ctx: Any, grad: Tensor) -> tuple:
 
 def _prod_backward(ctx: Any, grad: Tensor) -> Tensor:
     """d prod / d x_j = the product of the segment's other elements, without dividing by zero:
-    ``prod / x_j`` in a segment with no zero; in a segment with one zero, the product of its other
-    elements for that zero and 0 for the rest; 0 throughout a segment with two or more zeros."""
+    ``prod / x_j`` in a segment with no zero; in a segment with one zero ``z``, the product of
+    the other elements for ``z`` and ``z * (that product / x_j)`` (0, with its derivative in ``z``)
+    for the rest; 0 throughout a segment with two or more zeros.  Complex gradients are
+    conjugated, as PyTorch's are.  Double backward is exact where a segment holds at most one
+    zero (with two or more, the second derivatives between its zeros come out 0)."""
     offsets, lengths, x, product = ctx.saved_tensors
     if lengths is None and offsets is not None:
         lengths = offsets.diff()
@@ -123,8 +126,13 @@ def _prod_backward(ctx: Any, grad: Tensor) -> Tensor:
     ones = torch.where(zero, torch.ones_like(x), x)
     zeros = segmented_reduce(zero.to(torch.int64), *spec, "sum", None, "auto", False)
     others = segmented_reduce(ones, *spec, "prod", None, "auto", False)  # the product of the non-zeros
-    zeros, others, product, g = (_expand(ctx, t, lengths) for t in (zeros, others, product, grad))
-    local = torch.where(zeros == 0, product / ones, torch.where((zeros == 1) & zero, others, torch.zeros_like(x)))
+    # the zero itself (0 in value), kept in the graph so that double backward sees it
+    the_zero = segmented_reduce(torch.where(zero, x, torch.zeros_like(x)), *spec, "sum", None, "auto", False)
+    zeros, others, product, the_zero, g = (_expand(ctx, t, lengths) for t in (zeros, others, product, the_zero, grad))
+    one_zero = torch.where(zero, others, the_zero * (others / ones))
+    local = torch.where(zeros == 0, product / ones, torch.where(zeros == 1, one_zero, torch.zeros_like(x)))
+    if local.is_complex():
+        local = local.conj()
     return (g * local).to(ctx.x_dtype)
 
 

@@ -60,6 +60,7 @@ __all__ = [
     "segmented_max",
     "segmented_mean",
     "segmented_min",
+    "segmented_prod",
     "segmented_reduce",
     "segmented_sum",
 ]
@@ -809,6 +810,13 @@ def segmented_min(x: dask.array.Array, segment_length: int | None = None, *, off
                             backend=backend, check=check, remainder=remainder, method=method)  # fmt: skip
 
 
+def segmented_prod(x: dask.array.Array, segment_length: int | None = None, *, offsets: Any = None,
+                   lengths: Any = None, axis: int = 0, dtype: Any = None, backend: str = "auto",
+                   check: bool = True, remainder: str = "error", method: str = "auto") -> dask.array.Array:  # fmt: skip
+    return segmented_reduce("prod", x, segment_length, offsets=offsets, lengths=lengths, axis=axis, dtype=dtype,
+                            backend=backend, check=check, remainder=remainder, method=method)  # fmt: skip
+
+
 def segmented_argmax(x: dask.array.Array, segment_length: int | None = None, *, offsets: Any = None,
                      lengths: Any = None, axis: int = 0, backend: str = "auto", check: bool = True,
                      remainder: str = "error", method: str = "auto") -> dask.array.Array:  # fmt: skip
@@ -828,6 +836,11 @@ for _function, _summary, _example in (
     (segmented_mean, "Mean of each segment of a Dask array, lazily.", "array([ 2., nan,  8.])"),
     (segmented_max, "Maximum of each segment of a Dask array, lazily.", "array([  3., -inf,  12.])"),
     (segmented_min, "Minimum of each segment of a Dask array, lazily.", "array([ 1., inf,  4.])"),
+    (
+        segmented_prod,
+        "Product of each segment of a Dask array, lazily.",
+        "array([6.00000e+00, 1.00000e+00, 7.98336e+07])",
+    ),
     (segmented_argmax, "Index of the maximum of each segment of a Dask array, lazily.", "array([ 2, 12, 11])"),
     (segmented_argmin, "Index of the minimum of each segment of a Dask array, lazily.", "array([ 0, 12,  3])"),
 ):

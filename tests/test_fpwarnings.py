@@ -65,3 +65,35 @@ def test_finite_results_warn_nothing_and_integers_are_not_switched():
         warnings.simplefilter("error")
         np.testing.assert_allclose(linred.segmented_sum(np.arange(8.0), 4), [6.0, 22.0])
         np.testing.assert_array_equal(linred.segmented_sum(np.arange(8), 4), [6, 22])
+
+
+def test_error_state_cache_stays_bounded():
+    """Every np.errstate block is a new error state; the cache of their switched forms is bounded."""
+    from linred import _fpwarnings
+
+    for _ in range(3 * _fpwarnings._CACHE_SIZE):
+        with np.errstate(over="ignore"):
+            linred.segmented_sum(np.arange(8.0), 4)
+    assert len(_fpwarnings._redirected) <= _fpwarnings._CACHE_SIZE
+
+
+def test_pool_threads_follow_the_callers_modes(monkeypatch):
+    """A long 1-D input with offsets is cut across the host pool: its threads run in the caller's context."""
+    from linred.backends import numpy as host
+
+    monkeypatch.setattr(host, "THREAD_ELEMENTS", 64)
+    monkeypatch.setattr(host.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.delenv("LINRED_NUM_THREADS", raising=False)
+    x = np.full(4096, 1e300)
+    offsets = np.arange(0, 4097, 64)
+    linred.clear_plan_cache()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with np.errstate(over="ignore"):
+            linred.segmented_prod(x, offsets=offsets)
+    assert caught == []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        linred.segmented_prod(x, offsets=offsets)
+    assert caught and {w.filename for w in caught} == {__file__}
+    linred.clear_plan_cache()

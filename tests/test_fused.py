@@ -437,3 +437,11 @@ def test_gpu_torch_autograd_and_stream(name):
         got = fn(name)(x, stream=stream, **kw)
     stream.synchronize()
     torch.testing.assert_close(got, expected, equal_nan=True)
+
+
+def test_std_gradient_of_a_zero_variance_segment_is_zero():
+    """As torch.std's: sqrt's infinite slope at 0 must not turn the gradient into NaN."""
+    torch = pytest.importorskip("torch")
+    c = torch.tensor([1.0, 1.0, 1.0, 2.0, 5.0], dtype=torch.float64, requires_grad=True)
+    (g,) = torch.autograd.grad(linred.segmented_std(c, lengths=[2, 2, 1]).sum(), c)
+    torch.testing.assert_close(g, torch.tensor([0.0, 0.0, -0.5, 0.5, 0.0], dtype=torch.float64))

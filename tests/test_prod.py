@@ -75,3 +75,22 @@ def test_complex_products_on_the_gpu_are_refused_naming_each_backend():
     x = cupy.asarray(np.array([1 + 1j, 2 - 1j], dtype=np.complex64))
     with pytest.raises(linred.BackendError, match=r"nvrtc: its kernels handle real and integer data.*cub: it does not"):
         linred.segmented_prod(x, 2)
+
+
+def test_torch_complex_gradient_is_conjugated_as_torch_prod():
+    torch = pytest.importorskip("torch")
+    z = torch.tensor([1 + 2j, 3 - 1j, 0.5 + 0.5j, 2j], dtype=torch.complex128, requires_grad=True)
+    (linred.segmented_prod(z, 2).abs() ** 2).sum().backward()
+    w = z.detach().clone().requires_grad_()
+    (w.view(2, 2).prod(1).abs() ** 2).sum().backward()
+    torch.testing.assert_close(z.grad, w.grad)
+    assert torch.autograd.gradcheck(lambda t: linred.segmented_prod(t, 2), (z.detach().clone().requires_grad_(),))
+
+
+def test_torch_double_backward_with_one_zero_per_segment():
+    torch = pytest.importorskip("torch")
+    x = torch.tensor([2.0, 0.0, 3.0, 1.5, -2.0, 0.7], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda t: linred.segmented_prod(t, 3), (x,))
+    (g,) = torch.autograd.grad(linred.segmented_prod(x, 3).sum(), x, create_graph=True)
+    (h,) = torch.autograd.grad(g[0], x)
+    torch.testing.assert_close(h, torch.tensor([0.0, 3.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64))

@@ -222,3 +222,20 @@ def test_device_ids_with_check_false_and_num_segments_do_not_synchronize(sorted_
     assert elapsed < 0.1, f"the call waited {elapsed:.3f} s for the stream"
     expected = _reference("sum", x.cpu().numpy(), ids_host, 50, 0)
     np.testing.assert_allclose(got.cpu().numpy(), expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_out_is_checked_on_every_path(array_kind, check):
+    """The trimmed (check=False) and unsorted paths copy into out: it must be what the call accepts."""
+    x = to_kind(np.arange(6.0), array_kind)
+    ids = to_kind(np.array([1, 0, 1, 2, 0, 1]), array_kind)
+    with pytest.raises(ValueError, match="out must have dtype float64; got float32"):
+        linred.segmented_sum(x, segment_ids=ids, num_segments=3, check=check,
+                             out=to_kind(np.empty(3, np.float32), array_kind))  # fmt: skip
+    with pytest.raises(ValueError, match=r"out must have shape \(3,\); got \(4,\)"):
+        linred.segmented_sum(x, segment_ids=ids, num_segments=3, check=check, out=to_kind(np.empty(4), array_kind))
+
+
+def test_empty_python_list_of_ids(array_kind):
+    got = linred.segmented_sum(to_kind(np.zeros(0), array_kind), segment_ids=[], num_segments=3)
+    np.testing.assert_array_equal(to_numpy(got), [0.0, 0.0, 0.0])

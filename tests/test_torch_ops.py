@@ -216,3 +216,28 @@ def test_cuda_graph_captures_a_call(spec):
             torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream),
         ):
             call(True)
+
+
+def test_parameters_and_tensor_subclasses():
+    """nn.Parameter (a Tensor subclass) is reduced, with its gradient, like a tensor."""
+    p = torch.nn.Parameter(torch.arange(6.0, dtype=torch.float64))
+    out = linred.segmented_sum(p, 3)
+    assert out.grad_fn is not None
+    out.sum().backward()
+    torch.testing.assert_close(p.grad, torch.ones(6, dtype=torch.float64))
+    with torch.no_grad():
+        torch.testing.assert_close(linred.segmented_max(p, 3), torch.tensor([2.0, 5.0], dtype=torch.float64))
+    assert linred.segmented_argmax(p.detach(), 3).tolist() == [2, 5]
+
+
+def test_first_tensor_after_importing_linred_first_gets_its_gradient():
+    """linred imported before PyTorch: the first tensor registers the operator and is served by it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import linred, torch\n"
+        "t = torch.rand(6, dtype=torch.float64, requires_grad=True)\n"
+        "assert linred.segmented_sum(t, 3).grad_fn is not None\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from linred._dtypes import identity, numpy_dtype
-from linred._fpwarnings import at_caller
+from linred._fpwarnings import at_caller, pool_context, reissue
 from linred.arrays.views import host_view
 from linred.backends.base import Backend, FunctionExecutor
 from linred.problem import Problem
@@ -139,12 +139,17 @@ def _reduceat(ufunc: Any, x3: np.ndarray, starts: np.ndarray, out: np.ndarray, d
             part = ufunc.reduceat(x1[:end], starts[a:b]) if same else ufunc.reduceat(x1[:end], starts[a:b], dtype=dtype)
             out1[a:b] = part
 
-    futures = [_executor(chunks).submit(run, a, b) for a, b in bounds[1:]]
+    # Each pool thread runs in a copy of the caller's context (NumPy's error modes are context
+    # variables); its warnings are issued from this thread, at the caller's line.
+    pending: list[str] = []
+    pool = _executor(chunks)
+    futures = [pool.submit(pool_context(pending).run, run, a, b) for a, b in bounds[1:]]
     try:
         run(*bounds[0])
     finally:
         for f in futures:
             f.result()
+    reissue(pending)
 
 
 def _reshaped(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
