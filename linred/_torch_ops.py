@@ -99,6 +99,9 @@ def _backward(ctx: Any, grad: Tensor) -> tuple:
     if ctx.reduction == "prod":
         return (_prod_backward(ctx, grad), *nones)
     offsets, lengths = ctx.saved_tensors
+    fast = _spread_rows(ctx, grad, offsets, lengths)
+    if fast is not None:
+        return (fast, *nones)
     if lengths is None and offsets is not None:
         lengths = offsets.diff()
     if ctx.reduction == "mean":
@@ -109,6 +112,39 @@ def _backward(ctx: Any, grad: Tensor) -> tuple:
             shape[ctx.axis] = -1
             grad = grad / lengths.clamp(min=1).to(grad.dtype).reshape(shape)
     return (_expand(ctx, grad, lengths).to(ctx.x_dtype), *nones)
+
+
+def _spread_rows(ctx: Any, grad: Tensor, offsets: Optional[Tensor], lengths: Optional[Tensor]) -> Optional[Tensor]:  # noqa: UP045
+    """The gradient of a sum or mean of CUDA feature rows with offsets (or lengths) along axis 0,
+    through ``torch.segment_reduce``'s own backward kernel, or None where it does not apply.
+
+    PyTorch's gather kernels, which ``repeat_interleave`` and ``index_select`` use, spread
+    per-segment rows slowly: 10^7 x 16 float32 rows from 10^5 segments took 6.1 ms on an H100,
+    against 0.44 ms through this kernel (the same bits; 1.8x at 10^6 x 128).  With one feature
+    column it is the slower (0.2 against 0.1 ms), and it has no derivative of its own, so
+    double backward (grad mode on inside the backward) and traced calls (fake tensors) keep
+    the differentiable ``_expand``.
+    """
+    if (
+        ctx.segment_length is not None
+        or ctx.axis != 0
+        or ctx.ndim < 2
+        or grad.device.type != "cuda"
+        or type(grad) is not Tensor  # (a FakeTensor or FunctionalTensor under tracing)
+        or torch.is_grad_enabled()
+        or grad.dtype != ctx.x_dtype
+        or grad[0].numel() < 2
+    ):
+        return None
+    if offsets is None:
+        offsets = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0))
+    try:
+        return torch.ops.aten._segment_reduce_backward(
+            grad.contiguous(), grad, grad.new_empty((ctx.n, *grad.shape[1:])), ctx.reduction,
+            offsets=offsets.long(), axis=0,
+        )  # fmt: skip
+    except (RuntimeError, AttributeError, NotImplementedError):  # a PyTorch without it, or a dtype it lacks
+        return None
 
 
 def _prod_backward(ctx: Any, grad: Tensor) -> Tensor:

@@ -241,3 +241,30 @@ def test_first_tensor_after_importing_linred_first_gets_its_gradient():
         "assert linred.segmented_sum(t, 3).grad_fn is not None\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("spec", ["offsets", "lengths"])
+@pytest.mark.parametrize("shape", [(1000, 16), (257, 3, 5), (40, 2)])
+def test_cuda_feature_rows_backward_spreads_each_segments_gradient(reduction, spec, shape):
+    """The backward of CUDA feature rows takes torch.segment_reduce's backward kernel: the same
+    values as spreading each segment's gradient over its rows, empty segments included."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    n = shape[0]
+    rng = np.random.default_rng(n)
+    cuts = np.sort(rng.integers(0, n + 1, 39))
+    cuts[5] = cuts[4]  # an empty segment in the middle
+    offsets = np.concatenate([[0, 0], cuts, [n]])  # and one at the start
+    lengths = np.diff(offsets)
+    x = torch.rand(shape, dtype=torch.float64, device="cuda", requires_grad=True)
+    given = offsets if spec == "offsets" else lengths
+    segments = {spec: torch.as_tensor(given, device="cuda")}
+    result = getattr(linred, f"segmented_{reduction}")(x, **segments)
+    g = torch.rand_like(result)
+    result.backward(g)
+    counts = torch.as_tensor(lengths, device="cuda")
+    per_segment = g / counts.clamp(min=1).reshape(-1, *([1] * (len(shape) - 1))) if reduction == "mean" else g
+    expected = per_segment.repeat_interleave(counts, dim=0, output_size=n)
+    torch.testing.assert_close(x.grad, expected, rtol=0, atol=0)
