@@ -114,7 +114,14 @@ def _backward(ctx: Any, grad: Tensor) -> tuple:
     return (_expand(ctx, grad, lengths).to(ctx.x_dtype), *nones)
 
 
-def _spread_rows(ctx: Any, grad: Tensor, offsets: Optional[Tensor], lengths: Optional[Tensor]) -> Optional[Tensor]:  # noqa: UP045
+def _spread_rows(
+    ctx: Any,
+    grad: Tensor,
+    offsets: Tensor | None,
+    lengths: Tensor | None,
+    reduction: str | None = None,
+    differentiable: bool = True,
+) -> Tensor | None:
     """The gradient of a sum or mean of CUDA feature rows with offsets (or lengths) along axis 0,
     through ``torch.segment_reduce``'s own backward kernel, or None where it does not apply.
 
@@ -123,7 +130,8 @@ def _spread_rows(ctx: Any, grad: Tensor, offsets: Optional[Tensor], lengths: Opt
     against 0.44 ms through this kernel (the same bits; 1.8x at 10^6 x 128).  With one feature
     column it is the slower (0.2 against 0.1 ms), and it has no derivative of its own, so
     double backward (grad mode on inside the backward) and traced calls (fake tensors) keep
-    the differentiable ``_expand``.
+    the differentiable ``_expand``.  ``reduction="sum"`` with ``differentiable=False`` spreads
+    values that need no gradient (a max's result, to compare each element with).
     """
     if (
         ctx.segment_length is not None
@@ -131,7 +139,7 @@ def _spread_rows(ctx: Any, grad: Tensor, offsets: Optional[Tensor], lengths: Opt
         or ctx.ndim < 2
         or grad.device.type != "cuda"
         or type(grad) is not Tensor  # (a FakeTensor or FunctionalTensor under tracing)
-        or torch.is_grad_enabled()
+        or (differentiable and torch.is_grad_enabled())
         or grad.dtype != ctx.x_dtype
         or grad[0].numel() < 2
     ):
@@ -140,7 +148,7 @@ def _spread_rows(ctx: Any, grad: Tensor, offsets: Optional[Tensor], lengths: Opt
         offsets = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0))
     try:
         return torch.ops.aten._segment_reduce_backward(
-            grad.contiguous(), grad, grad.new_empty((ctx.n, *grad.shape[1:])), ctx.reduction,
+            grad.contiguous(), grad, grad.new_empty((ctx.n, *grad.shape[1:])), reduction or ctx.reduction,
             offsets=offsets.long(), axis=0,
         )  # fmt: skip
     except (RuntimeError, AttributeError, NotImplementedError):  # a PyTorch without it, or a dtype it lacks
@@ -178,7 +186,9 @@ def _arg(ctx: Any, x: Tensor, extreme: Tensor, offsets: Optional[Tensor], length
     so that it is traced as it is (also with fake tensors, by torch.compile's backward)."""
     n = ctx.n
     x, extreme = x.detach(), extreme.detach()
-    spread = _expand(ctx, extreme, offsets.diff() if lengths is None and offsets is not None else lengths)
+    spread = _spread_rows(ctx, extreme, offsets, lengths, "sum", differentiable=False)
+    if spread is None:
+        spread = _expand(ctx, extreme, offsets.diff() if lengths is None and offsets is not None else lengths)
     hit = (x == spread) | (x.isnan() & spread.isnan()) if x.is_floating_point() else x == spread
     shape = [1] * ctx.ndim
     shape[ctx.axis] = n

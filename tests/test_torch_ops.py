@@ -268,3 +268,28 @@ def test_cuda_feature_rows_backward_spreads_each_segments_gradient(reduction, sp
     per_segment = g / counts.clamp(min=1).reshape(-1, *([1] * (len(shape) - 1))) if reduction == "mean" else g
     expected = per_segment.repeat_interleave(counts, dim=0, output_size=n)
     torch.testing.assert_close(x.grad, expected, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["offsets", "lengths"])
+def test_cuda_feature_rows_max_backward_goes_to_the_first_maximum(spec):
+    """Ties (small integers) and empty segments: each segment's gradient goes to the first row
+    that attains its maximum, per column (the spread of the maxima takes the fast kernel)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    rng = np.random.default_rng(11)
+    n, d = 3000, 8
+    offsets = np.concatenate([[0, 0], np.sort(rng.integers(0, n + 1, 30)), [n]])
+    values = rng.integers(0, 4, (n, d)).astype(np.float64)
+    x = torch.tensor(values, device="cuda", requires_grad=True)
+    given = offsets if spec == "offsets" else np.diff(offsets)
+    result = linred.segmented_max(x, **{spec: torch.as_tensor(given, device="cuda")})
+    g = torch.rand_like(result)
+    result.backward(g)
+    expected = np.zeros((n, d))
+    gh = g.cpu().numpy()
+    for s, (a, b) in enumerate(zip(offsets[:-1], offsets[1:], strict=True)):
+        if b > a:
+            first = a + values[a:b].argmax(axis=0)
+            expected[first, np.arange(d)] += gh[s]
+    np.testing.assert_array_equal(x.grad.cpu().numpy(), expected)
