@@ -7,6 +7,8 @@ one, on a CUDA device; compiled models against the same model run eagerly.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from support import HAS_TORCH, HAS_TORCH_CUDA
@@ -288,7 +290,7 @@ def test_cuda_feature_rows_max_backward_goes_to_the_first_maximum(spec):
     result.backward(g)
     expected = np.zeros((n, d))
     gh = g.cpu().numpy()
-    for s, (a, b) in enumerate(zip(offsets[:-1], offsets[1:], strict=True)):
+    for s, (a, b) in enumerate(itertools.pairwise(offsets)):
         if b > a:
             first = a + values[a:b].argmax(axis=0)
             expected[first, np.arange(d)] += gh[s]
