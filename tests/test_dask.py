@@ -11,6 +11,7 @@ import textwrap
 import threading
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -636,6 +637,56 @@ def test_cupy_chunks_on_a_local_cuda_cluster():
             assert type(result) is cupy.ndarray
             single = getattr(linred, f"segmented_{reduction}")(whole, offsets=offsets)
             np.testing.assert_allclose(cupy.asnumpy(result), cupy.asnumpy(single), rtol=1e-5, atol=1e-4)
+
+
+def _cupy_workers_check(client: Any, n_workers: int) -> None:
+    """Chunks made on the workers' GPUs, reduced there, results CuPy and right, on ``n_workers``."""
+    import cupy
+
+    distributed = pytest.importorskip("distributed")
+    n = 2_000_000
+    edges = np.arange(0, n + 1, n // 8)  # the chunk edges are segment edges too: blockwise applies
+    offsets = np.union1d(np.random.default_rng(9).integers(0, n, 500), edges)
+    state = da.random.RandomState(seed=4, RandomState=cupy.random.RandomState)
+    dx = state.standard_normal(n, chunks=n // 8).astype(np.float32).persist()
+    distributed.wait(dx)
+    holders = {w for w, keys in client.has_what().items() if keys}
+    assert len(holders) == n_workers, holders  # the chunks are spread over every worker
+    whole = dx.compute()
+    for reduction, method in (("sum", "carry"), ("max", "blockwise"), ("mean", "rechunk")):
+        got = ldask.segmented_reduce(reduction, dx, offsets=offsets, method=method).compute()
+        assert type(got) is cupy.ndarray
+        single = getattr(linred, f"segmented_{reduction}")(whole, offsets=offsets)
+        np.testing.assert_allclose(cupy.asnumpy(got), cupy.asnumpy(single), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUPY_GPU, reason="needs CuPy and a GPU")
+def test_cupy_chunks_on_two_workers_sharing_one_gpu():
+    """The multi-worker path of the two-GPU run, on one GPU: two worker processes, CuPy chunks."""
+    distributed = pytest.importorskip("distributed")
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        _cupy_workers_check(client, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUPY_GPU, reason="needs CuPy and a GPU")
+def test_cupy_chunks_on_two_gpus():
+    """dask_cuda's LocalCUDACluster with one worker per GPU, on a machine with two or more."""
+    import cupy
+
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs (the nvidia-h200-x2 machine)")
+    dask_cuda = pytest.importorskip("dask_cuda")
+    distributed = pytest.importorskip("distributed")
+    with (
+        dask_cuda.LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", dashboard_address=None) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        _cupy_workers_check(client, 2)
 
 
 def test_docstring_examples():
