@@ -129,7 +129,12 @@ class _Call:
             # them as they are, with the number of segments the first one found (no search for it).
             ids = segments["segment_ids"]  # (on the device: see _run)
             self.index = ids.long() if self.kind == "torch" else ids.astype(xp.int64, copy=False)
-            self.later = {"segment_ids": self.index, "num_segments": m, "ids_sorted": segments.get("ids_sorted")}
+            known = segments.get("ids_sorted")
+            if known is None and (self.check or self.kind == "numpy") and n > 1:
+                # Read once here (one small read back on a device, where the checked first reduction
+                # has synchronized already), so that the later reductions do not sort sorted ids.
+                known = not bool((self.index[1:] < self.index[:-1]).any())
+            self.later = {"segment_ids": self.index, "num_segments": m, "ids_sorted": known}
             return
         if segments.get("offsets") is not None:
             offsets = segments["offsets"]
@@ -615,7 +620,8 @@ data's size (a one-pass Welford kernel would read the data once).  The means go
 back to the elements through a view for ``segment_length``, a gather through an
 int64 element -> segment index for ``offsets`` and ``lengths``, and a gather
 through the ids for ``segment_ids`` (each reduction by unsorted ids also sorts them
-and gathers its input).
+and gathers its input; ids found sorted by the first, checked reduction are not sorted
+again).
 
 For PyTorch tensors that require grad the result has a ``grad_fn``, through the
 mean and the sum (double backward works).
