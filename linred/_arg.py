@@ -19,19 +19,10 @@ would read it once.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-import numpy as np
-
 from linred._frontend import normalize_axis
-from linred.arrays import as_array
-
-
-def _namespace(kind: str) -> Any:
-    if kind == "numpy":
-        return np
-    return sys.modules[kind]  # cupy or torch: imported, since x is one of their arrays
+from linred.arrays import as_array, namespace
 
 
 def argextreme(
@@ -66,7 +57,7 @@ def argextreme(
         if adapter.kind == "torch":
             first.clamp_(max=n)
         else:
-            _namespace(adapter.kind).minimum(first, n, out=first)
+            namespace(adapter.kind).minimum(first, n, out=first)
     return first
 
 
@@ -74,7 +65,7 @@ def _positions(adapter: Any, info: Any, x: Any, extreme: Any, segment_length: An
                axis: int) -> Any:  # fmt: skip
     """Each element's position along the axis where it attains its segment's extreme, else n."""
     kind, n = adapter.kind, info.shape[axis]
-    xp = _namespace(kind)
+    xp = namespace(kind)
     index = xp.arange(n, device=x.device) if kind == "torch" else xp.arange(n)
     if segment_length is not None:
         segment = index // int(segment_length)

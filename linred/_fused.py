@@ -27,7 +27,6 @@ import contextlib
 import functools
 import math
 import numbers
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +37,7 @@ from linred._dtypes import COMPLEX, HALF, REAL, SUPPORTED, dtype_name, numpy_dty
 from linred._frontend import normalize_axis
 from linred._functions import _remainder, segmented_max, segmented_mean, segmented_sum
 from linred._jax import _as_local, call_jax, is_jax
-from linred.arrays import as_array
+from linred.arrays import as_array, namespace
 from linred.backends import BackendName
 
 __all__ = [
@@ -53,12 +52,6 @@ _REDUCE: dict[str, Callable[..., Any]] = {"max": segmented_max, "sum": segmented
 
 #: the segment keywords of linred's reductions, all forwarded to them (see :meth:`_Call._layout`)
 _SEGMENT_KEYWORDS = ("segment_length", "offsets", "lengths", "segment_ids", "num_segments", "ids_sorted")
-
-
-def _namespace(kind: str) -> Any:
-    if kind == "numpy":
-        return np
-    return sys.modules[kind]  # cupy or torch: imported, since x is one of their arrays
 
 
 @dataclass
@@ -267,7 +260,7 @@ def _run(
         raise ValueError(f"{name}: x must have at least one dimension; got a 0-d array")
     axis = normalize_axis(axis, len(shape))
     compute, result = _dtypes(name, in_name, dtype, complex_ok)
-    xp = _namespace(adapter.kind)
+    xp = namespace(adapter.kind)
     grad = adapter.kind == "torch" and x.requires_grad and xp.is_grad_enabled()
     device = adapter.device_of(x)
     handle = adapter.resolve_stream(stream, device)

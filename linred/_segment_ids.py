@@ -28,56 +28,33 @@ ones collect them; their results are left out).  Without ``num_segments`` it is 
 from __future__ import annotations
 
 import operator
-import sys
 from typing import Any
 
 import numpy as np
 
 from linred._frontend import normalize_axis
+from linred._jax import call_jax, is_jax
+from linred.arrays import as_array, namespace
 
 __all__ = ["reduce_by_ids"]
-
-
-def _kind(x: Any) -> str:
-    module = type(x).__module__.split(".")[0]
-    return module if module in ("cupy", "torch") else "numpy"
 
 
 class _Ops:
     """The few array operations ids need, in the data's library (NumPy, CuPy or PyTorch)."""
 
-    def __init__(self, kind: str, x: Any) -> None:
-        self.kind = kind
-        self.xp = np if kind == "numpy" else sys.modules[kind]
-        self.device = x.device if kind == "torch" else None
+    def __init__(self, adapter: Any, x: Any) -> None:
+        self.adapter = adapter
+        self.kind = adapter.kind
+        self.xp = namespace(self.kind)
+        self.device = x.device if self.kind == "torch" else None
 
-    def ids(self, ids: Any, x: Any) -> Any:
-        """``ids`` as int64 in ``x``'s library and on its device (host ids for device data are copied,
-        as offsets are; device ids for host data are refused)."""
-        xp, kind = self.xp, self.kind
-        if kind == "numpy":
-            if (
-                hasattr(ids, "__cuda_array_interface__")
-                or getattr(getattr(ids, "device", None), "type", "cpu") != "cpu"
-            ):
-                raise TypeError("segment_ids is a device array but x is a host (NumPy) array; pass it as a host array")
-            if type(ids).__module__.split(".")[0] == "torch":
-                ids = ids.numpy()
-            a = _host_ids(ids)
-        elif kind == "cupy":
-            with x.device:
-                a = xp.asarray(ids if hasattr(ids, "__cuda_array_interface__") else _host_ids(ids))
-        else:
-            a = ids if isinstance(ids, xp.Tensor) else xp.as_tensor(_host_ids(ids))
-            a = a.to(self.device)
-        dtype = str(a.dtype).removeprefix("torch.")
+    def ids(self, ids: Any, device: int | None) -> Any:
+        """``ids`` as int64 in the data's library and on its device, converted and refused as offsets
+        are (host ids for device data are copied; device ids for host data, non-integers refused)."""
+        a = self.adapter.index_array(ids, device, "segment_ids")
         if a.ndim != 1:
             raise ValueError(f"segment_ids must be 1-D (one id per element along axis); got shape {tuple(a.shape)}")
-        if dtype == "bool" or not (dtype.startswith(("int", "uint"))):
-            raise TypeError(f"segment_ids must be integers; got {dtype}")
-        if dtype == "uint64" and a.shape[0] and int(a.max()) > np.iinfo(np.int64).max:
-            raise ValueError("segment_ids must lie in [0, num_segments); got a uint64 id past int64's range")
-        return a.long() if kind == "torch" else a.astype(xp.int64, copy=False)
+        return a.long() if self.kind == "torch" else a.astype(self.xp.int64, copy=False)
 
     def arange(self, n: int) -> Any:
         return self.xp.arange(n, device=self.device) if self.kind == "torch" else self.xp.arange(n, dtype=self.xp.int64)
@@ -120,12 +97,6 @@ class _Ops:
         bad = (ids < 0) | (ids >= num_segments)
         i = int(bad.int().argmax()) if self.kind == "torch" else int(bad.argmax())
         return i, int(ids[i])
-
-
-def _host_ids(ids: Any) -> np.ndarray:
-    """Host ids as an array; an empty sequence is int64 (NumPy would make it float64)."""
-    a = np.asarray(ids)
-    return a.astype(np.int64) if a.size == 0 and not isinstance(ids, np.ndarray) else a
 
 
 def _check_out(out: Any, result: Any) -> None:
@@ -176,24 +147,44 @@ def reduce_by_ids(
     if not isinstance(check, bool):
         raise TypeError(f"check must be a bool; got {type(check).__name__}")
     ns = None if num_segments is None else _num_segments(num_segments)
-    kind = _kind(x)
-    if kind == "numpy" and not isinstance(x, np.ndarray):
-        from linred._jax import call_jax, is_jax
+    if is_jax(x):  # reduced where it lies, ids and all (linred._jax)
+        ids_kwargs = {"segment_ids": segment_ids, "num_segments": num_segments, "ids_sorted": ids_sorted}
+        return call_jax(function, x, None, offsets=None, lengths=None, out=out, axis=axis, check=check,
+                        **ids_kwargs, **kwargs)  # fmt: skip
+    from linred.dask import is_dask  # (linred.dask imports linred: not at this module's import)
 
-        if is_jax(x):  # reduced where it lies, ids and all (linred._jax)
-            ids_kwargs = {"segment_ids": segment_ids, "num_segments": num_segments, "ids_sorted": ids_sorted}
-            return call_jax(function, x, None, offsets=None, lengths=None, out=out, axis=axis, check=check,
-                            **ids_kwargs, **kwargs)  # fmt: skip
-        if type(x).__module__.split(".")[0] == "dask":
-            raise TypeError("segment_ids is not served for dask arrays yet; give offsets (searchsorted of the "
-                            "sorted ids) instead")  # fmt: skip
-        x = np.asarray(x)
-    ops = _Ops(kind, x)
+    if is_dask(x):
+        raise TypeError("segment_ids is not served for dask arrays yet; give offsets (searchsorted of the "
+                        "sorted ids) instead")  # fmt: skip
+    x, adapter = as_array(x)  # (refuses what the functions refuse: masked, sparse, other libraries' arrays)
     if not x.shape:
         raise ValueError("x must have at least one dimension; got a 0-d array")
+    device = adapter.device_of(x)
+    # The ids' sort and search run on the call's stream, ahead of the reduction that reads them.
+    with adapter.on_stream(adapter.resolve_stream(kwargs.get("stream"), device), device):
+        return _by_ids(function, adapter, x, device, segment_ids, ns, ids_sorted, axis, out, check, positions,
+                       kwargs)  # fmt: skip
+
+
+def _by_ids(
+    function: Any,
+    adapter: Any,
+    x: Any,
+    device: int | None,
+    segment_ids: Any,
+    ns: int | None,
+    ids_sorted: Any,
+    axis: Any,
+    out: Any,
+    check: bool,
+    positions: bool,
+    kwargs: dict[str, Any],
+) -> Any:
+    """:func:`reduce_by_ids` once ``x`` is known to be an array of a library linred reads."""
+    ops, kind = _Ops(adapter, x), adapter.kind
     ax = normalize_axis(axis, len(x.shape))
     n = x.shape[ax]
-    ids = ops.ids(segment_ids, x)
+    ids = ops.ids(segment_ids, device)
     if ids.shape[0] != n:
         raise ValueError(f"segment_ids must have one id per element along axis {ax} ({n}); got {ids.shape[0]}")
 

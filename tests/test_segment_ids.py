@@ -162,9 +162,9 @@ def test_errors():
         linred.segmented_sum(x, segment_ids=ids[:5])
     with pytest.raises(ValueError, match="must be 1-D"):
         linred.segmented_sum(x, segment_ids=ids.reshape(2, 3))
-    with pytest.raises(TypeError, match="segment_ids must be integers; got float64"):
+    with pytest.raises(TypeError, match="segment_ids must be an array of integers; got dtype float64"):
         linred.segmented_sum(x, segment_ids=ids.astype(float))
-    with pytest.raises(TypeError, match="segment_ids must be integers; got bool"):
+    with pytest.raises(TypeError, match="segment_ids must be an array of integers; got dtype bool"):
         linred.segmented_sum(x, segment_ids=ids > 0)
     with pytest.raises(ValueError, match="num_segments must be >= 0; got -1"):
         linred.segmented_sum(x, segment_ids=ids, num_segments=-1)
@@ -239,3 +239,27 @@ def test_out_is_checked_on_every_path(array_kind, check):
 def test_empty_python_list_of_ids(array_kind):
     got = linred.segmented_sum(to_kind(np.zeros(0), array_kind), segment_ids=[], num_segments=3)
     np.testing.assert_array_equal(to_numpy(got), [0.0, 0.0, 0.0])
+
+
+def test_arrays_the_functions_refuse_are_refused_with_ids():
+    """Masked arrays (and the other kinds the functions refuse) are not read as plain data."""
+    with pytest.raises(TypeError, match="masked array"):
+        linred.segmented_sum(np.ma.array(np.arange(6.0), mask=[0, 1, 0, 0, 0, 0]), segment_ids=[0, 0, 1, 1, 2, 2])
+
+
+@pytest.mark.gpu
+def test_ids_work_runs_on_the_calls_stream():
+    """With stream=, the ids' sort and search run on that stream, ahead of the reduction reading them."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    rng = np.random.default_rng(12)
+    ids_host = rng.integers(0, 300, size=200_000)
+    x = torch.as_tensor(rng.standard_normal((200_000, 4)), device="cuda")
+    ids = torch.as_tensor(ids_host, device="cuda")
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    got = linred.segmented_sum(x, segment_ids=ids, num_segments=300, check=False, stream=side)
+    side.synchronize()
+    expected = _reference("sum", x.cpu().numpy(), ids_host, 300, 0)
+    np.testing.assert_allclose(got.cpu().numpy(), expected, rtol=1e-10)

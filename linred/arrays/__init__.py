@@ -16,7 +16,7 @@ import numpy as np
 from linred.arrays._base import ArrayAdapter, ArrayInfo, adapters
 from linred.arrays._numpy import NUMPY
 
-__all__ = ["ArrayAdapter", "ArrayInfo", "adapter_for", "adapters", "as_array", "refusal"]
+__all__ = ["ArrayAdapter", "ArrayInfo", "adapter_for", "adapters", "as_array", "namespace", "refusal"]
 
 
 def _cupy_adapter() -> ArrayAdapter:
@@ -72,6 +72,12 @@ def adapter_for(x: Any) -> ArrayAdapter | None:
 #: NumPy scalars; any other object (another library's array, a DataFrame, a lazy or sparse
 #: array) is refused rather than copied to the host behind the caller's back
 _CONVERTIBLE = (list, tuple, int, float, complex, np.generic)
+
+
+def namespace(kind: str) -> Any:
+    """The array module of an adapter's ``kind``: NumPy, or CuPy or PyTorch (imported already,
+    since linred is holding one of their arrays)."""
+    return np if kind == "numpy" else sys.modules[kind]
 
 
 def as_array(x: Any, name: str = "x") -> tuple[Any, ArrayAdapter]:
