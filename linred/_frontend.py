@@ -144,6 +144,29 @@ def request(
     return Request(problem, backend, adapter, info, axis, segments, out_shape, viewed), x, handle
 
 
+def validate_out(out: Any, adapter: Any, shape: tuple[int, ...], dtype: str, device: int | None) -> Any:
+    """Raise unless ``out`` can take a result of ``shape`` and ``dtype`` on ``device``: the array
+    type of ``x`` (``adapter``'s), read as it is, C-contiguous and writeable.  Returns its info."""
+    if type(out).__module__.split(".")[0] != adapter.kind or not hasattr(out, "shape"):
+        raise TypeError(f"out must be a {adapter.type_name} like x; got {type(out).__module__}.{type(out).__name__}")
+    reason = refusal(out, "out")
+    if reason is not None:
+        raise TypeError(reason)
+    info = adapter.info(out)
+    if info.shape != shape:
+        raise ValueError(f"out must have shape {shape}; got {info.shape}")
+    if info.dtype != dtype:
+        raise ValueError(f"out must have dtype {dtype}; got {info.dtype}")
+    if info.device != device:
+        where = lambda d: "the host" if d is None else f"CUDA device {d}"
+        raise ValueError(f"out must be on {where(device)} like x; got {where(info.device)}")
+    if not adapter.is_c_contiguous(out):
+        raise ValueError("out must be C-contiguous")
+    if not adapter.is_writeable(out):
+        raise ValueError("out must be writeable (not read-only, not a lazily conjugated or negated view)")
+    return info
+
+
 def check_out(out: Any, req: Request, x: Any, segments: Segments) -> bool:
     """Validate ``out``; return whether the result can be written into it directly.
 
@@ -152,24 +175,7 @@ def check_out(out: Any, req: Request, x: Any, segments: Segments) -> bool:
     the result is then computed into a new array and copied into ``out``.
     """
     adapter = req.adapter
-    problem = req.problem
-    if type(out).__module__.split(".")[0] != adapter.kind or not hasattr(out, "shape"):
-        raise TypeError(f"out must be a {adapter.type_name} like x; got {type(out).__module__}.{type(out).__name__}")
-    reason = refusal(out, "out")
-    if reason is not None:
-        raise TypeError(reason)
-    info = adapter.info(out)
-    if info.shape != req.out_shape:
-        raise ValueError(f"out must have shape {req.out_shape}; got {info.shape}")
-    if info.dtype != problem.out_dtype:
-        raise ValueError(f"out must have dtype {problem.out_dtype}; got {info.dtype}")
-    if info.device != problem.device:
-        where = lambda d: "the host" if d is None else f"CUDA device {d}"
-        raise ValueError(f"out must be on {where(problem.device)} like x; got {where(info.device)}")
-    if not adapter.is_c_contiguous(out):
-        raise ValueError("out must be C-contiguous")
-    if not adapter.is_writeable(out):
-        raise ValueError("out must be writeable (not read-only, not a lazily conjugated or negated view)")
+    info = validate_out(out, adapter, req.out_shape, req.problem.out_dtype, req.problem.device)
     if not info.plain or adapter.overlaps(out, x):
         return False
     offsets = getattr(segments, "offsets", None)

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from linred._frontend import normalize_axis
+from linred._frontend import normalize_axis, validate_out
 from linred._jax import call_jax, is_jax
 from linred.arrays import as_array, namespace
 
@@ -97,16 +97,6 @@ class _Ops:
         bad = (ids < 0) | (ids >= num_segments)
         i = int(bad.int().argmax()) if self.kind == "torch" else int(bad.argmax())
         return i, int(ids[i])
-
-
-def _check_out(out: Any, result: Any) -> None:
-    """``out`` must be what the call itself would have accepted: of the result's shape and dtype
-    (the result is copied into it, so anything else would be a silent conversion)."""
-    if tuple(out.shape) != tuple(result.shape):
-        raise ValueError(f"out must have shape {tuple(result.shape)}; got {tuple(out.shape)}")
-    if out.dtype != result.dtype:
-        want, got = (str(d).removeprefix("torch.") for d in (result.dtype, out.dtype))
-        raise ValueError(f"out must have dtype {want}; got {got}")
 
 
 def _num_segments(num_segments: Any) -> int:
@@ -217,11 +207,8 @@ def _by_ids(
     if positions and order is not None:
         result = _unsort_positions(ops, result, order, n)
     if out is not None and result is not out:
-        if type(out) is not type(result):
-            raise TypeError(
-                f"out must be a {type(result).__module__.split('.')[0]} array like x; got {type(out).__name__}"
-            )
-        _check_out(out, result)
+        # (the result was computed aside: out must be what the call itself accepts)
+        validate_out(out, adapter, tuple(result.shape), adapter.info(result).dtype, device)
         if kind == "torch":
             out.copy_(result)
         else:
