@@ -77,9 +77,14 @@ stream : optional
     ``__cuda_stream__``, or a raw ``cudaStream_t`` int.  Default: the array
     library's current stream.  Must be None for host data.
 check : bool, default True
-    Validate ``offsets`` or ``lengths`` (on a GPU this costs one kernel over
-    the offsets and one synchronization of the call's stream).  ``check=False`` skips it: the caller
-    promises valid segments, and invalid ones give undefined results.
+    Validate ``offsets`` or ``lengths``; a call whose segments break a rule
+    raises ``ValueError`` naming the index and values.  On a GPU this costs one
+    synchronization of the call's stream: for feature rows (``x`` of two or more
+    dimensions reduced along an axis with features after it) the reduction's kernel checks
+    the offsets as it reads them, the call then waits for it and, on an error,
+    ``out`` may have been written; otherwise one kernel over the offsets runs first.
+    ``check=False`` skips it: the caller promises valid segments, and invalid ones
+    give undefined results.
 remainder : {{"error", "drop", "keep"}}, default "error"
     What to do when ``segment_length`` does not divide ``n`` (time series cut
     into windows): ``"error"`` refuses the call; ``"drop"`` leaves out the last

@@ -19,7 +19,7 @@ import linred.backends as _backends
 from linred._frontend import check_reduction, request
 from linred.arrays import adapters
 from linred.plan import SegmentedReduction
-from linred.segments import VariableSegments, parse_lengths, parse_offsets
+from linred.segments import VariableSegments, parse_lengths, parse_offsets, verify
 
 __all__ = ["call", "clear_plan_cache", "plan_cache_info", "set_plan_cache_size"]
 
@@ -139,7 +139,13 @@ def call(
                 return plan._run(x, out, handle, VariableSegments(offsets, plan._count))
             segments = _segments(plan, offsets, lengths, check, stream, handle)
             if segments.offsets.dtype == plan._offsets_dtype:
-                return plan._run(x, out, handle, segments)
+                if not segments.word:
+                    return plan._run(x, out, handle, segments)
+                # Checked by the kernel that reads them: one wait for the stream, after the call.
+                result = plan._run(x, out, handle, segments)
+                req = plan._request
+                verify(segments, req.adapter, handle, lengths, n=req.problem.n, axis=req.axis, device=plan._device)
+                return result
             # (a list whose values convert to another dtype than the plan's: planned anew below)
     elif _first_tensor(x):
         from linred import _dynamo
@@ -189,10 +195,11 @@ def _segments(plan: SegmentedReduction, offsets: Any, lengths: Any, check: bool,
     device = req.problem.device
     parse = parse_offsets if lengths is None else parse_lengths
     value = offsets if lengths is None else lengths
+    deferred = plan._checks_offsets
     if stream is None:  # the library's current stream: where its own operations run anyway
-        return parse(value, req.problem.n, req.axis, req.adapter, device, check)
+        return parse(value, req.problem.n, req.axis, req.adapter, device, check, deferred)
     with req.adapter.on_stream(handle, device):  # moved, checked and derived on the call's stream
-        return parse(value, req.problem.n, req.axis, req.adapter, device, check)
+        return parse(value, req.problem.n, req.axis, req.adapter, device, check, deferred)
 
 
 def set_plan_cache_size(maxsize: int) -> None:

@@ -166,6 +166,8 @@ class SegmentedReduction:
         plan._device = req.problem.device
         plan._device_of = req.adapter.device_of
         plan._contiguous = req.adapter.is_c_contiguous
+        #: whether a call's offsets are checked by the executor as it reads them
+        plan._checks_offsets = getattr(plan._executor, "checks_offsets", False)
         return plan
 
     def _setup(self, req: Request, x: Any) -> None:

@@ -32,14 +32,19 @@ class VariableSegments:
 
     ``max_length`` and ``min_length`` are known when the offsets were checked on the
     host (``check=True``), else None (a check on a device learns only whether they
-    are valid).  (Not frozen: one is made per call with offsets,
-    and a frozen dataclass takes twice as long to make; nothing changes one.)
+    are valid).  ``word`` is nonzero for offsets still to be checked by the executor
+    that reads them (``check=True`` on a device, with an executor whose
+    ``checks_offsets`` is set): the address of the pinned host word its kernel sets
+    when a rule is broken, read after the call (:func:`parse_offsets`).  (Not frozen:
+    one is made per call with offsets, and a frozen dataclass takes twice as long to
+    make; nothing changes one.)
     """
 
     offsets: Any
     count: int
     max_length: int | None = None
     min_length: int | None = None
+    word: int = 0
 
     @property
     def key(self) -> tuple:
@@ -89,9 +94,20 @@ def _refuse_capture(adapter: ArrayAdapter, a: Any, name: str) -> None:
 
 
 def parse_offsets(
-    value: Any, n: int, axis: int, adapter: ArrayAdapter, device: int | None, check: bool
+    value: Any,
+    n: int,
+    axis: int,
+    adapter: ArrayAdapter,
+    device: int | None,
+    check: bool,
+    deferred: bool = False,
 ) -> VariableSegments:
-    """``offsets=`` of a call on an axis of length ``n``, as segments on ``device`` (checked if ``check``)."""
+    """``offsets=`` of a call on an axis of length ``n``, as segments on ``device`` (checked if ``check``).
+
+    With ``deferred`` (the plan's executor ``checks_offsets``), offsets on a device are
+    not checked here: the segments carry the ``word`` the executor's kernel sets, and the
+    caller passes them to :func:`verify` after the call.
+    """
     off = adapter.index_array(value, device, "offsets")
     _one_dimensional(off, "offsets")
     if off.shape[0] == 0:
@@ -100,8 +116,18 @@ def parse_offsets(
     if not check:
         return VariableSegments(off, count)
     _refuse_capture(adapter, off, "offsets")
+    if deferred and count:
+        word = adapter.check_word(off)
+        if word:
+            return VariableSegments(off, count, word=word)
     if adapter.offsets_ok(off, n):  # on a device: one pass, one word read back
         return VariableSegments(off, count)
+    return _explain_offsets(adapter, off, n, axis)
+
+
+def _explain_offsets(adapter: ArrayAdapter, off: Any, n: int, axis: int) -> VariableSegments:
+    """Checked offsets ``off`` (their extremes learnt), or the ValueError that names the rule
+    they break and where."""
     first, last, at, lo, hi = adapter.offsets_summary(off)  # on the host, or to say what broke
     if first != 0:
         raise ValueError(f"offsets[0] must be 0; got {first}")
@@ -110,13 +136,21 @@ def parse_offsets(
         raise ValueError(f"offsets must be non-decreasing: offsets[{at + 1}]={after} < offsets[{at}]={before}")
     if last != n:
         raise ValueError(f"offsets[-1] must equal the length of axis {axis} (n={n}); got {last}")
+    count = off.shape[0] - 1
     return VariableSegments(off, count, hi, lo if count else None)
 
 
 def parse_lengths(
-    value: Any, n: int, axis: int, adapter: ArrayAdapter, device: int | None, check: bool
+    value: Any,
+    n: int,
+    axis: int,
+    adapter: ArrayAdapter,
+    device: int | None,
+    check: bool,
+    deferred: bool = False,
 ) -> VariableSegments:
-    """``lengths=`` of a call on an axis of length ``n``, as offsets on ``device`` (checked if ``check``)."""
+    """``lengths=`` of a call on an axis of length ``n``, as offsets on ``device`` (checked if
+    ``check``; ``deferred`` as in :func:`parse_offsets`)."""
     lengths = adapter.index_array(value, device, "lengths")
     _one_dimensional(lengths, "lengths")
     off = adapter.lengths_to_offsets(lengths)
@@ -124,9 +158,19 @@ def parse_lengths(
         return VariableSegments(off, lengths.shape[0])
     _refuse_capture(adapter, lengths, "lengths")
     # Non-negative lengths that sum to n without wrapping around are offsets that never
-    # decrease and end at n: on a device, the offsets' check is the lengths'.
+    # decrease and end at n: on a device, the offsets' check is the lengths'.  (Lengths
+    # that wrap past the int64 range make offsets that decrease where they wrap.)
+    if deferred and lengths.shape[0]:
+        word = adapter.check_word(off)
+        if word:
+            return VariableSegments(off, lengths.shape[0], word=word)
     if adapter.offsets_ok(off, n):
         return VariableSegments(off, lengths.shape[0])
+    return _explain_lengths(adapter, lengths, off, n, axis)
+
+
+def _explain_lengths(adapter: ArrayAdapter, lengths: Any, off: Any, n: int, axis: int) -> VariableSegments:
+    """Checked ``lengths`` as offsets ``off``, or the ValueError that names the rule they break."""
     lo, at, hi, wrapped, total = adapter.lengths_summary(lengths, off)
     if lo < 0:
         raise ValueError(f"lengths must be non-negative: lengths[{at}]={lo}")
@@ -138,6 +182,34 @@ def parse_lengths(
     if total != n:
         raise ValueError(f"lengths must sum to the length of axis {axis} (n={n}); got {total}")
     return VariableSegments(off, lengths.shape[0], hi, lo if lengths.shape[0] else None)
+
+
+def verify(
+    segments: VariableSegments,
+    adapter: ArrayAdapter,
+    stream: Any,
+    lengths: Any,
+    *,
+    n: int,
+    axis: int,
+    device: int | None,
+) -> None:
+    """After a call whose executor checked ``segments`` (a nonzero ``word``): wait for
+    ``stream`` once and raise the ValueError of the rule the offsets break, if one is
+    (the message names the offending index and values, as a check before the call does).
+
+    ``lengths`` is the call's ``lengths=`` as given (None for ``offsets=``): the message
+    then names the lengths.
+    """
+    if adapter.check_passed(stream, device):
+        return
+    if lengths is None:
+        _explain_offsets(adapter, segments.offsets, n, axis)
+    else:
+        _explain_lengths(adapter, adapter.index_array(lengths, device, "lengths"), segments.offsets, n, axis)
+    raise RuntimeError(  # pragma: no cover (a kernel and the host disagree: a defect of linred's)
+        "the offsets check of the kernel that read them failed, but the offsets are valid; please report this"
+    )
 
 
 def parse_segments(

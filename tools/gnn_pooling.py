@@ -6,13 +6,17 @@ For each (N rows, d features, graphs) size, float32 CUDA tensors with an evenly 
 - host time per call without and with ``torch.cuda.synchronize()`` after every call (median of
   5 batches of 5,000 calls, with the min and max);
 - device time per call: 50 calls captured into a CUDA graph, replayed 5 times (median), which
-  leaves the host out; a call that cannot be captured (one that reads back on the host) says so.
+  leaves the host out; a call that cannot be captured (one that reads back on the host) says so;
+- kernel time per call: the durations of the kernels 200 calls ran, as the CUDA profiler
+  (``torch.profiler``) records them, summed and divided by 200: a device time for calls that
+  cannot be captured (linred's default ``check=True`` synchronizes once per call).
 
-    python tools/gnn_pooling.py
+    python tools/gnn_pooling.py [--sizes N,d,graphs ...] [--reductions sum,mean]
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 
@@ -23,11 +27,17 @@ import linred
 SIZES = ((2000, 64, 32), (50_000, 128, 256), (1_000_000, 128, 4096))
 
 
-def host_time(fn: Callable[[], object], number: int = 5000) -> str:
-    """Median [min, max] µs per call over 5 batches of ``number`` calls (after a warm-up)."""
-    for _ in range(100):
+def host_time(fn: Callable[[], object], budget: float = 0.1) -> str:
+    """Median [min, max] µs per call over 5 batches of calls (after a warm-up), each batch as many
+    calls as fill about ``budget`` seconds (20 to 5,000)."""
+    for _ in range(20):
         fn()
     torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    number = max(20, min(5000, int(budget / ((time.perf_counter() - t0) / 20))))
     times = []
     for _ in range(5):
         t0 = time.perf_counter()
@@ -68,20 +78,47 @@ def device_time(fn: Callable[[], object], calls: int = 50) -> str:
     return f"{times[2]:7.2f}"
 
 
+def kernel_time(fn: Callable[[], object], calls: int = 200) -> str:
+    """µs of kernels per call: the profiler's durations of every kernel ``calls`` calls ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total = sum(e.self_device_time_total for e in prof.key_averages())
+    return f"{total / calls:7.2f}"
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="*", help="N,d,graphs triples (default: three GNN sizes)")
+    parser.add_argument("--reductions", default="sum", help="comma-separated: sum, mean")
+    args = parser.parse_args()
+    sizes = [tuple(int(v) for v in s.split(",")) for s in args.sizes] if args.sizes else SIZES
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; µs per call")
-    for n, d, graphs in SIZES:
-        x = torch.rand(n, d, device="cuda")
+    print("host: median [min, max] of 5 batches; device: CUDA graph replay; kernels: profiler")
+    for n, d, graphs in sizes:
+        x = torch.rand(n, d, device="cuda").squeeze(1) if d == 1 else torch.rand(n, d, device="cuda")
         ptr = torch.linspace(0, n, graphs + 1, device="cuda").long()
-        print(f"== {n} x {d}, {graphs} graphs")
-        methods = {
-            "torch.segment_reduce": lambda x=x, p=ptr: torch.segment_reduce(x, "sum", offsets=p),
-            "linred check=False": lambda x=x, p=ptr: linred.segmented_sum(x, offsets=p, check=False),
-            "linred (default)": lambda x=x, p=ptr: linred.segmented_sum(x, offsets=p),
-        }
-        for name, fn in methods.items():
-            synced = host_time(lambda fn=fn: (fn(), torch.cuda.synchronize()))
-            print(f"  {name:22s} host {host_time(fn)}  with sync {synced}  device {device_time(fn)}")
+        for r in args.reductions.split(","):
+            print(f"== {n} x {d}, {graphs} graphs, {r}")
+            fn_l = getattr(linred, f"segmented_{r}")
+            methods = {
+                "torch.segment_reduce": lambda x=x, p=ptr, r=r: torch.segment_reduce(x, r, offsets=p),
+                "linred check=False": lambda x=x, p=ptr, f=fn_l: f(x, offsets=p, check=False),
+                "linred (default)": lambda x=x, p=ptr, f=fn_l: f(x, offsets=p),
+            }
+            for name, fn in methods.items():
+                synced = host_time(lambda fn=fn: (fn(), torch.cuda.synchronize()))
+                print(
+                    f"  {name:22s} host {host_time(fn)}  with sync {synced}  device {device_time(fn)}"
+                    f"  kernels {kernel_time(fn)}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -143,6 +143,17 @@ class ArrayAdapter:
         checks them).  When False, :meth:`offsets_summary` says what broke."""
         return None
 
+    def check_word(self, offsets: Any) -> int:
+        """For offsets on a device that a reduction kernel will check as it reads them: the
+        address of this thread's pinned word, cleared (see :mod:`linred.arrays._device_checks`);
+        0 on the host, where nothing is gained."""
+        return 0
+
+    def check_passed(self, stream: Any, device: int | None) -> bool:
+        """After a call whose kernel checked its offsets (:meth:`check_word`): whether they kept
+        every rule, read once ``stream`` (on ``device``) has finished."""
+        raise NotImplementedError
+
     def offsets_summary(self, offsets: Any) -> tuple[int, int, int, int, int]:
         """``(offsets[0], offsets[-1], at, min step, max step)``.
 

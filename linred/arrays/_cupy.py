@@ -146,6 +146,16 @@ class CupyAdapter(ArrayAdapter):
         wide = offsets.dtype == cupy.int64
         return offsets_ok(offsets.data.ptr, wide, offsets.shape[0] - 1, n, device, stream, _pinned_int32)
 
+    def check_word(self, offsets: cupy.ndarray) -> int:
+        from linred.arrays._device_checks import arm
+
+        return arm(_pinned_int32)
+
+    def check_passed(self, stream: Any, device: int | None) -> bool:
+        from linred.arrays._device_checks import passed
+
+        return passed(stream, device)
+
     def offsets_summary(self, offsets: cupy.ndarray) -> tuple[int, int, int, int, int]:
         with offsets.device:
             return _offsets_summary(cupy, offsets)

@@ -8,6 +8,12 @@ the word.  That is one pass over the offsets and one synchronization per checked
 which rule broke, and where, is found only when one did (the callers then compute the
 offending index and values for the message).
 
+A reduction kernel that reads every segment's bounds can check them itself
+(``checked_bounds`` in ``offsets.cuh``): :func:`arm` gives it this thread's word, and
+:func:`passed`, after the reduction is enqueued, synchronizes its stream once and reads the
+word.  That saves the pass over the offsets and the synchronization between it and the
+reduction (a call's host time then waits on the device once, not twice).
+
 The word (and the packed launch arguments) are per thread: a thread's check is over
 (synchronized) before it returns, so no two checks share them.  The word is allocated by
 the array library of the call (CuPy's or PyTorch's pinned allocator).  The kernel is
@@ -26,7 +32,7 @@ from typing import Any
 from linred.arrays._context import on_device
 from linred.kernels.compiler import get_kernels
 
-__all__ = ["offsets_ok"]
+__all__ = ["arm", "offsets_ok", "passed"]
 
 logger = logging.getLogger("linred")
 
@@ -127,3 +133,28 @@ def offsets_ok(
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"checking the offsets on CUDA device {device} failed: {err}")
     return state.word.value == 0
+
+
+def arm(pinned_int32: Callable[[], tuple[Any, int]]) -> int:
+    """This thread's word, cleared, for a kernel that checks offsets as it reads them: its
+    address (the kernel sets it to 1 when a rule is broken; :func:`passed` reads it)."""
+    state = _state
+    if state.word is None:
+        _thread_state(pinned_int32)
+    state.word.value = 0
+    return state.args[3]
+
+
+def passed(stream: int, device: int) -> bool:
+    """Whether the offsets a kernel checked since :func:`arm` kept every rule: waits for
+    ``stream`` (a raw handle on ``device``) once, then reads the word."""
+    global _driver
+    if _driver is None:
+        from cuda.bindings import driver
+
+        _driver = driver
+    with on_device(device):
+        (err,) = _driver.cuStreamSynchronize(stream)
+    if err != _driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"waiting for a reduction on CUDA device {device} failed: {err}")
+    return _state.word.value == 0

@@ -203,6 +203,18 @@ class TorchAdapter(ArrayAdapter):
         wide = offsets.dtype == torch.int64
         return offsets_ok(offsets.data_ptr(), wide, offsets.shape[0] - 1, n, device, stream, _pinned_int32)
 
+    def check_word(self, offsets: torch.Tensor) -> int:
+        if offsets.device.type != "cuda":
+            return 0
+        from linred.arrays._device_checks import arm
+
+        return arm(_pinned_int32)
+
+    def check_passed(self, stream: Any, device: int | None) -> bool:
+        from linred.arrays._device_checks import passed
+
+        return passed(stream, device)
+
     def offsets_summary(self, offsets: torch.Tensor) -> tuple[int, int, int, int, int]:
         if offsets.shape[0] < 2:
             return int(offsets[0]), int(offsets[-1]), -1, 0, 0

@@ -43,11 +43,21 @@ class Executor(Protocol):
     An executor whose class sets ``views = False`` reads only what its plan fixed
     (device pointers, with strides known from the problem): it is then passed
     ``x`` and ``out`` as the caller gave them, which saves two reshapes per call.
+
+    An executor whose class sets ``checks_offsets = True`` checks offsets while it
+    reads them: given :class:`~linred.segments.VariableSegments` with a nonzero
+    ``word`` (unchecked offsets of a call with ``check=True``), its kernels read every
+    segment's bounds, set that word of pinned host memory when one breaks a rule of
+    offsets, and read no element outside ``[0, n)`` whatever the offsets hold.  The
+    caller then synchronizes the stream once and reads the word, in place of a pass
+    of its own over the offsets before the reduction.
     """
 
     #: whether ``x`` and ``out`` must be the ``(batch, n, features)`` and
     #: ``(batch, m, features)`` views (True) or may come in the caller's shape
     views: bool
+    #: whether the executor checks unchecked offsets as it reads them (see above)
+    checks_offsets: bool
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None: ...
 

@@ -40,14 +40,16 @@ template <class OP, class A> struct SumWide { typedef A type; };
 template <> struct SumWide<OpSum, float> { typedef double type; };
 
 template <class T, class A0, class O, class OP, bool MEAN, int W, int UNROLL, class Off>
-__device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, FeatureArgs a) {
+__device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, FeatureArgs a,
+                                                int* bad) {
     typedef typename Group<T, W>::type G;
     typedef typename SumWide<OP, A0>::type A;
     const i64 stride = (i64)gridDim.x * blockDim.x;
     for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < a.total; t += stride) {
         const i64 g = t % a.groups, rs = t / a.groups;  // rs: batch row * m + segment
         const i64 r = rs / a.m, s = rs - r * a.m;
-        const i64 begin = off(s), end = off(s + 1);
+        i64 begin = off(s), end = off(s + 1);
+        checked_bounds(s, a.m, a.n, bad, begin, end);
         const T* p = x + r * a.batch_stride + g * W;
         A acc[W];
 #pragma unroll
@@ -94,7 +96,7 @@ __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __re
 // ...), so a result does not depend on timing.  R is a power of two and R * groups <= blockDim.
 template <class T, class A0, class O, class OP, bool MEAN, int W, int UNROLL, class Off>
 __device__ __forceinline__ void features_split(const T* __restrict__ x, O* __restrict__ out, Off off, FeatureArgs a,
-                                               int lanes) {
+                                               int* bad, int lanes) {
     typedef typename Group<T, W>::type G;
     typedef typename SumWide<OP, A0>::type A;
     extern __shared__ unsigned char features_shared[];
@@ -116,6 +118,7 @@ __device__ __forceinline__ void features_split(const T* __restrict__ x, O* __res
             const i64 r = rs / a.m, s = rs - r * a.m;
             begin = off(s);
             end = off(s + 1);
+            checked_bounds(s, a.m, a.n, bad, begin, end);
             const T* q = x + r * a.batch_stride + g * W;
             i64 i = begin + j;
             for (; i + (UNROLL - 1) * (i64)lanes < end; i += UNROLL * (i64)lanes) {
@@ -158,20 +161,20 @@ __device__ __forceinline__ void features_split(const T* __restrict__ x, O* __res
 
 // ---- entry points -----------------------------------------------------------------
 // linred_features: features_reduce; OFFSETS is FixedOffsets{L} or ArrayOffsets<I>{offsets}.
-#define LINRED_FEATURES(T, A, O, OP, MEAN, THREADS, W, UNROLL, I, OFFSETS)                                     \
-    extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
-        linred_features(const T* x, O* out, const I* offsets, long long L, long long n, long long m,            \
-                        long long bs, long long rs, long long d, long long groups, long long total) {          \
-        FeatureArgs a{n, m, bs, rs, d, groups, total};                                                         \
-        features_reduce<T, A, O, OP, MEAN, W, UNROLL>(x, out, OFFSETS, a);                                     \
+#define LINRED_FEATURES(T, A, O, OP, MEAN, THREADS, W, UNROLL, I, OFFSETS)                                             \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                              \
+        linred_features(const T* x, O* out, const I* offsets, int* bad, long long L, long long n, long long m,         \
+                        long long bs, long long rs, long long d, long long groups, long long total) {                  \
+        FeatureArgs a{n, m, bs, rs, d, groups, total};                                                                 \
+        features_reduce<T, A, O, OP, MEAN, W, UNROLL>(x, out, OFFSETS, a, bad);                                        \
     }
 
 // linred_features_split: features_split (lanes = R, total = batch * m pairs).
-#define LINRED_FEATURES_SPLIT(T, A, O, OP, MEAN, THREADS, W, UNROLL, I, OFFSETS)                               \
-    extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
-        linred_features_split(const T* x, O* out, const I* offsets, long long L, long long n, long long m,      \
-                              long long bs, long long rs, long long d, long long groups, long long total,      \
-                              long long lanes) {                                                               \
-        FeatureArgs a{n, m, bs, rs, d, groups, total};                                                         \
-        features_split<T, A, O, OP, MEAN, W, UNROLL>(x, out, OFFSETS, a, (int)lanes);                          \
+#define LINRED_FEATURES_SPLIT(T, A, O, OP, MEAN, THREADS, W, UNROLL, I, OFFSETS)                                       \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                              \
+        linred_features_split(const T* x, O* out, const I* offsets, int* bad, long long L, long long n,                \
+                              long long m, long long bs, long long rs, long long d, long long groups,                  \
+                              long long total, long long lanes) {                                                      \
+        FeatureArgs a{n, m, bs, rs, d, groups, total};                                                                 \
+        features_split<T, A, O, OP, MEAN, W, UNROLL>(x, out, OFFSETS, a, bad, (int)lanes);                             \
     }

@@ -2,6 +2,7 @@
 // tile_fixup and features_reduce.
 //
 // Holds: ArrayOffsets and FixedOffsets (offsets[s] from an array, or s * L),
+// checked_bounds (a segment's bounds checked by the kernel that reads them),
 // segment_at_or_after and warp_segment_at_or_after (the first segment at or after an
 // element), TileArgs (a row's tiling), the carry modes, and the parameter list and
 // TileArgs construction every tile kernel's entry point shares (LINRED_TILE_PARAMS,
@@ -27,6 +28,21 @@ struct FixedOffsets {
     __device__ __forceinline__ i64 operator()(i64 s) const { return s * L; }
     __device__ __forceinline__ void prefetch(i64, int, i64) const {}
 };
+
+// Offsets checked by the kernel that reads them (check=True without a pass of its own):
+// segment s's bounds, read from the offsets, must lie in [0, n], not decrease, start at 0
+// for the first segment and end at n for the last.  A segment that breaks a rule sets *bad
+// (a word of pinned host memory the host reads after the call) and is read as empty, so no
+// load leaves [0, n).  A kernel that reads every segment's bounds this way (m >= 1) tests
+// every rule linred_check_offsets tests: each pair offsets[s], offsets[s + 1] is a
+// segment's.  bad == nullptr: the offsets were checked before (or not to be).
+__device__ __forceinline__ void checked_bounds(i64 s, i64 m, i64 n, int* bad, i64& begin, i64& end) {
+    if (bad != nullptr &&
+        !(0 <= begin && begin <= end && end <= n && (s != 0 || begin == 0) && (s != m - 1 || end == n))) {
+        *bad = 1;  // every writer writes the same value
+        begin = end = 0;
+    }
+}
 
 // The first segment starting at or after tile j's first element: read from the
 // bounds that tile_bounds computed, or computed directly for a fixed length.

@@ -234,6 +234,8 @@ class _Runs:
 
     #: only the device pointers of ``x`` and ``out`` are read (the strides are the plan's)
     views = False
+    #: every segment's bounds are read by a thread that checks them (``checked_bounds``)
+    checks_offsets = True
 
     def __init__(
         self, problem: Problem, options: NvrtcOptions, launch: _Launcher, *, tile: int, max_k: int, per_block: int,
@@ -391,6 +393,8 @@ class _FeaturesExecutor:
 
     #: only the device pointers of ``x`` and ``out`` are read (the strides are the plan's)
     views = False
+    #: every segment's bounds are read by a thread that checks them (``checked_bounds``)
+    checks_offsets = True
 
     def __init__(self, problem: Problem, options: NvrtcOptions, launch: _Launcher | None = None) -> None:
         self._problem, self._launch, self._tuning = problem, launch or _Launcher(problem), options
@@ -413,8 +417,11 @@ class _FeaturesExecutor:
         if compiled is None:
             compiled = self._kernels[width] = self._compile(width)
         kernel, config, total, extra = compiled
-        offsets = launch.ptr(segments.offsets) if isinstance(segments, VariableSegments) else 0
-        cuda_launch(launch.stream(stream), config, kernel, xp, op, offsets, problem.segment_length or 0, n,
+        if isinstance(segments, VariableSegments):
+            offsets, word = launch.ptr(segments.offsets), segments.word
+        else:
+            offsets = word = 0
+        cuda_launch(launch.stream(stream), config, kernel, xp, op, offsets, word, problem.segment_length or 0, n,
                     problem.num_segments, s0, s1, d, d // width, total, *extra)  # fmt: skip
 
     def _compile(self, width: int) -> tuple[Any, Any, int, tuple]:

@@ -1,0 +1,236 @@
+"""check=True on feature rows: the offsets checked by the reduction kernel that reads them.
+
+A cached plan whose executor ``checks_offsets`` (the nvrtc feature-rows kernels) runs a
+checked call without the offsets' own pass: the kernel tests every segment's bounds as it
+reads them (``checked_bounds`` in ``offsets.cuh``), reads nothing outside the axis whatever
+the offsets hold, and the call waits for the stream once and reads the verdict.  Every
+verdict here is compared with the host check of the same values (the exact message), every
+valid result with a float64 reference, and each test asserts that the kernel's check, not
+the separate pass, gave the verdict.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+
+import numpy as np
+import pytest
+from support import GPU_KINDS, to_kind, to_numpy
+
+import linred
+from linred.arrays import _device_checks
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_KINDS, reason="needs a GPU (CuPy)")]
+
+
+@pytest.fixture
+def kernel_checked(monkeypatch):
+    """Counts the calls checked by a kernel (:func:`_device_checks.arm`) and those checked by the
+    separate pass (:func:`_device_checks.offsets_ok`)."""
+    counts = {"kernel": 0, "pass": 0}
+    arm, offsets_ok = _device_checks.arm, _device_checks.offsets_ok
+
+    def counting_arm(*args):
+        counts["kernel"] += 1
+        return arm(*args)
+
+    def counting_ok(*args):
+        counts["pass"] += 1
+        return offsets_ok(*args)
+
+    monkeypatch.setattr(_device_checks, "arm", counting_arm)
+    monkeypatch.setattr(_device_checks, "offsets_ok", counting_ok)
+    return counts
+
+
+def _host_message(fn, x: np.ndarray, **kwargs) -> str:
+    try:
+        fn(x, **kwargs)
+    except ValueError as e:
+        return str(e)
+    raise AssertionError(f"the host accepts {kwargs}")
+
+
+def _reference(reduction: str, x: np.ndarray, offsets: np.ndarray, axis: int) -> np.ndarray:
+    x64 = np.moveaxis(x.astype(np.float64), axis, 0)
+    op = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[reduction]
+    rows = [op(x64[a:b], axis=0) for a, b in itertools.pairwise(offsets)]
+    return np.moveaxis(np.stack(rows), 0, axis)
+
+
+def _offsets(m: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """m non-empty segments (the reductions' reference needs no identity)."""
+    cuts = np.sort(rng.choice(np.arange(1, n), m - 1, replace=False))
+    return np.concatenate([[0], cuts, [n]]).astype(np.int64)
+
+
+def _broken(good: np.ndarray, n: int, dtype: str) -> list[np.ndarray]:
+    """Offsets that break each rule, at the first, a middle and the last segment, with values
+    far outside the axis too (a kernel that read them unchecked would read out of bounds)."""
+    m = len(good) - 1
+    big = np.iinfo(dtype).max
+    out = []
+    for at in sorted({0, m // 2, m}):
+        for value in (good[at] + 1 if at == 0 else good[at - 1] - 1, -5, big, n + 1, -big):
+            bad = good.copy()
+            bad[at] = value
+            out.append(bad)
+    if m >= 3:
+        bad = good.copy()
+        bad[1], bad[2] = -7, -3  # a segment inside [-7, -3): increasing, but outside the axis
+        out.append(bad)
+    return out
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max"])
+@pytest.mark.parametrize(
+    "shape, axis, m",
+    [((2000, 64), 0, 32), ((2000, 64), 0, 1), ((513, 4), 0, 300), ((3, 400, 16), 1, 7), ((50_000, 128), 0, 256)],
+)
+def test_kernel_checked_offsets(kernel_checked, kind, dtype, reduction, shape, axis, m):
+    rng = np.random.default_rng(m + shape[axis])
+    n = shape[axis]
+    fn = getattr(linred, f"segmented_{reduction}")
+    x = rng.standard_normal(shape).astype(np.float32)
+    good = _offsets(m, n, rng)
+    xd = to_kind(x, kind)
+    fn(xd, offsets=to_kind(good.astype(dtype), kind), axis=axis)  # plans (checked by the pass)
+    kernel_checked.update({"kernel": 0, "pass": 0})
+    for bad in _broken(good, n, dtype):
+        expected = _host_message(fn, x, offsets=bad.astype(dtype), axis=axis)
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            fn(xd, offsets=to_kind(bad.astype(dtype), kind), axis=axis)
+        # and the next valid call is right (the verdict word was cleared)
+        got = fn(xd, offsets=to_kind(good.astype(dtype), kind), axis=axis)
+        np.testing.assert_allclose(
+            to_numpy(got).astype(np.float64), _reference(reduction, x, good, axis), rtol=2e-5, atol=2e-5
+        )
+    assert kernel_checked["kernel"] == 2 * len(_broken(good, n, dtype))
+    assert kernel_checked["pass"] == 0
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_kernel_checked_lengths(kernel_checked, kind, dtype):
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(1, 40, 100)
+    n = int(lengths.sum())
+    x = rng.standard_normal((n, 32)).astype(np.float32)
+    xd = to_kind(x, kind)
+    linred.segmented_sum(xd, lengths=to_kind(lengths.astype(dtype), kind))
+    kernel_checked["pass"] = 0
+    cases = []
+    for at in (0, 50, 99):
+        for value in (-1, lengths[at] + 1, lengths[at] - 1):
+            bad = lengths.copy()
+            bad[at] = value
+            cases.append(bad)
+    if dtype == "int64":  # lengths whose sum wraps around the int64 range
+        wrap = lengths.copy()
+        wrap[:4] = 1 << 62
+        cases.append(wrap)
+    for bad in cases:
+        expected = _host_message(linred.segmented_sum, x, lengths=bad.astype(dtype))
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            linred.segmented_sum(xd, lengths=to_kind(bad.astype(dtype), kind))
+    got = linred.segmented_sum(xd, lengths=to_kind(lengths.astype(dtype), kind))
+    off = np.concatenate([[0], np.cumsum(lengths)])
+    np.testing.assert_allclose(to_numpy(got), _reference("sum", x, off, 0), rtol=2e-5, atol=2e-5)
+    assert kernel_checked["kernel"] == len(cases) + 1
+    assert kernel_checked["pass"] == 0
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+def test_kernel_checked_out_and_a_new_result(kernel_checked, kind):
+    """``out=``: a valid call writes it; a broken one raises (``out`` may have been written)."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1000, 8)).astype(np.float32)
+    good = _offsets(10, 1000, rng)
+    xd = to_kind(x, kind)
+    out = to_kind(np.zeros((10, 8), np.float32), kind)
+    for _ in range(2):
+        assert linred.segmented_sum(xd, offsets=to_kind(good, kind), out=out) is out
+        np.testing.assert_allclose(to_numpy(out), _reference("sum", x, good, 0), rtol=2e-5, atol=2e-5)
+    bad = good.copy()
+    bad[5] = 2000
+    with pytest.raises(ValueError, match=re.escape("offsets must be non-decreasing: offsets[6]=")):
+        linred.segmented_sum(xd, offsets=to_kind(bad, kind), out=out)
+    assert kernel_checked["kernel"] == 2
+
+
+@pytest.mark.skipif("cupy" not in GPU_KINDS, reason="needs CuPy")
+def test_kernel_check_waits_for_the_calls_stream(kernel_checked):
+    """Offsets broken on a non-blocking stream just before the call: the verdict is read after
+    that stream's work, not the current stream's."""
+    import cupy
+
+    n = 1 << 16
+    x = cupy.ones((n, 16), cupy.float32)
+    good = cupy.linspace(0, n, 257).astype(cupy.int64)
+    linred.segmented_sum(x, offsets=good)
+    cupy.cuda.get_current_stream().synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        for i in range(20):
+            off = cupy.linspace(0, n, 257).astype(cupy.int64)
+            if i % 2:
+                off[100] = off[101] + 1
+            if i % 2:
+                with pytest.raises(ValueError, match=r"offsets must be non-decreasing: offsets\[101\]"):
+                    linred.segmented_sum(x, offsets=off, stream=stream)
+            else:
+                assert float(linred.segmented_sum(x, offsets=off, stream=stream).sum()) == n * 16
+    assert kernel_checked["kernel"] == 20
+
+
+@pytest.mark.skipif("cupy" not in GPU_KINDS, reason="needs CuPy")
+def test_kernel_checks_per_thread():
+    """Each thread reads its own verdict: concurrent valid and broken calls get their own answers."""
+    import cupy
+
+    n = 1 << 14
+    errors: list[str] = []
+
+    def work(seed: int) -> None:
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            x = cupy.ones((n, 8), cupy.float32)
+            good = cupy.linspace(0, n, 65).astype(cupy.int64)
+            bad = good.copy()
+            bad[10] = n + 1
+            for i in range(100):
+                broken = (i + seed) % 3 == 0
+                try:
+                    r = linred.segmented_sum(x, offsets=bad if broken else good)
+                    if broken:
+                        errors.append(f"thread {seed}: broken offsets passed")
+                    elif float(r.sum()) != n * 8:
+                        errors.append(f"thread {seed}: wrong sum")
+                except ValueError:
+                    if not broken:
+                        errors.append(f"thread {seed}: valid offsets refused")
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+@pytest.mark.skipif("torch-cuda" not in GPU_KINDS, reason="needs PyTorch with CUDA")
+def test_kernel_checked_offsets_with_autograd():
+    """A tensor that requires grad goes through the autograd Function: the same check."""
+    import torch
+
+    x = torch.randn(500, 16, device="cuda", dtype=torch.float64, requires_grad=True)
+    good = torch.tensor([0, 100, 250, 500], device="cuda")
+    linred.segmented_mean(x, offsets=good).sum().backward()
+    np.testing.assert_allclose(x.grad[:100].cpu().numpy(), 1 / 100)
+    bad = torch.tensor([0, 300, 250, 500], device="cuda")
+    with pytest.raises(ValueError, match=re.escape("offsets must be non-decreasing: offsets[2]=250 < offsets[1]=300")):
+        linred.segmented_mean(x, offsets=bad)
