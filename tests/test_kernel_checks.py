@@ -98,14 +98,16 @@ def test_kernel_checked_offsets(kernel_checked, kind, dtype, reduction, shape, a
     x = rng.standard_normal(shape).astype(np.float32)
     good = _offsets(m, n, rng)
     xd = to_kind(x, kind)
-    fn(xd, offsets=to_kind(good.astype(dtype), kind), axis=axis)  # plans (checked by the pass)
+    fn(xd, offsets=to_kind(good.astype(dtype), kind), axis=axis, backend="nvrtc")  # plans (checked by the pass)
     kernel_checked.update({"kernel": 0, "pass": 0})
     for bad in _broken(good, n, dtype):
         expected = _host_message(fn, x, offsets=bad.astype(dtype), axis=axis)
+        before = kernel_checked["kernel"]
         with pytest.raises(ValueError, match=re.escape(expected)):
-            fn(xd, offsets=to_kind(bad.astype(dtype), kind), axis=axis)
+            fn(xd, offsets=to_kind(bad.astype(dtype), kind), axis=axis, backend="nvrtc")
+        assert kernel_checked["kernel"] == before + 1, f"not checked by the kernel: {bad}"
         # and the next valid call is right (the verdict word was cleared)
-        got = fn(xd, offsets=to_kind(good.astype(dtype), kind), axis=axis)
+        got = fn(xd, offsets=to_kind(good.astype(dtype), kind), axis=axis, backend="nvrtc")
         np.testing.assert_allclose(
             to_numpy(got).astype(np.float64), _reference(reduction, x, good, axis), rtol=2e-5, atol=2e-5
         )
@@ -121,7 +123,7 @@ def test_kernel_checked_lengths(kernel_checked, kind, dtype):
     n = int(lengths.sum())
     x = rng.standard_normal((n, 32)).astype(np.float32)
     xd = to_kind(x, kind)
-    linred.segmented_sum(xd, lengths=to_kind(lengths.astype(dtype), kind))
+    linred.segmented_sum(xd, lengths=to_kind(lengths.astype(dtype), kind), backend="nvrtc")
     kernel_checked["pass"] = 0
     cases = []
     for at in (0, 50, 99):
@@ -136,8 +138,8 @@ def test_kernel_checked_lengths(kernel_checked, kind, dtype):
     for bad in cases:
         expected = _host_message(linred.segmented_sum, x, lengths=bad.astype(dtype))
         with pytest.raises(ValueError, match=re.escape(expected)):
-            linred.segmented_sum(xd, lengths=to_kind(bad.astype(dtype), kind))
-    got = linred.segmented_sum(xd, lengths=to_kind(lengths.astype(dtype), kind))
+            linred.segmented_sum(xd, lengths=to_kind(bad.astype(dtype), kind), backend="nvrtc")
+    got = linred.segmented_sum(xd, lengths=to_kind(lengths.astype(dtype), kind), backend="nvrtc")
     off = np.concatenate([[0], np.cumsum(lengths)])
     np.testing.assert_allclose(to_numpy(got), _reference("sum", x, off, 0), rtol=2e-5, atol=2e-5)
     assert kernel_checked["kernel"] == len(cases) + 1
@@ -153,12 +155,12 @@ def test_kernel_checked_out_and_a_new_result(kernel_checked, kind):
     xd = to_kind(x, kind)
     out = to_kind(np.zeros((10, 8), np.float32), kind)
     for _ in range(2):
-        assert linred.segmented_sum(xd, offsets=to_kind(good, kind), out=out) is out
+        assert linred.segmented_sum(xd, offsets=to_kind(good, kind), out=out, backend="nvrtc") is out
         np.testing.assert_allclose(to_numpy(out), _reference("sum", x, good, 0), rtol=2e-5, atol=2e-5)
     bad = good.copy()
     bad[5] = 2000
     with pytest.raises(ValueError, match=re.escape("offsets must be non-decreasing: offsets[6]=")):
-        linred.segmented_sum(xd, offsets=to_kind(bad, kind), out=out)
+        linred.segmented_sum(xd, offsets=to_kind(bad, kind), out=out, backend="nvrtc")
     assert kernel_checked["kernel"] == 2
 
 
@@ -171,7 +173,7 @@ def test_kernel_check_waits_for_the_calls_stream(kernel_checked):
     n = 1 << 16
     x = cupy.ones((n, 16), cupy.float32)
     good = cupy.linspace(0, n, 257).astype(cupy.int64)
-    linred.segmented_sum(x, offsets=good)
+    linred.segmented_sum(x, offsets=good, backend="nvrtc")
     cupy.cuda.get_current_stream().synchronize()
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
@@ -181,9 +183,9 @@ def test_kernel_check_waits_for_the_calls_stream(kernel_checked):
                 off[100] = off[101] + 1
             if i % 2:
                 with pytest.raises(ValueError, match=r"offsets must be non-decreasing: offsets\[101\]"):
-                    linred.segmented_sum(x, offsets=off, stream=stream)
+                    linred.segmented_sum(x, offsets=off, stream=stream, backend="nvrtc")
             else:
-                assert float(linred.segmented_sum(x, offsets=off, stream=stream).sum()) == n * 16
+                assert float(linred.segmented_sum(x, offsets=off, stream=stream, backend="nvrtc").sum()) == n * 16
     assert kernel_checked["kernel"] == 20
 
 
@@ -205,7 +207,7 @@ def test_kernel_checks_per_thread():
             for i in range(100):
                 broken = (i + seed) % 3 == 0
                 try:
-                    r = linred.segmented_sum(x, offsets=bad if broken else good)
+                    r = linred.segmented_sum(x, offsets=bad if broken else good, backend="nvrtc")
                     if broken:
                         errors.append(f"thread {seed}: broken offsets passed")
                     elif float(r.sum()) != n * 8:
@@ -234,3 +236,13 @@ def test_kernel_checked_offsets_with_autograd():
     bad = torch.tensor([0, 300, 250, 500], device="cuda")
     with pytest.raises(ValueError, match=re.escape("offsets must be non-decreasing: offsets[2]=250 < offsets[1]=300")):
         linred.segmented_mean(x, offsets=bad)
+
+
+def test_only_the_feature_rows_kernels_check_offsets():
+    """The executors that claim ``checks_offsets`` are those whose kernels call ``checked_bounds``
+    on every segment: the nvrtc feature-rows executor, and no other."""
+    from linred.backends.nvrtc import executors
+
+    claims = {name for name, cls in executors.EXECUTORS.items() if getattr(cls, "checks_offsets", False)}
+    assert claims == {"features"}
+    assert not getattr(executors._TileExecutor, "checks_offsets", False)

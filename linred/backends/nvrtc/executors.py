@@ -234,8 +234,6 @@ class _Runs:
 
     #: only the device pointers of ``x`` and ``out`` are read (the strides are the plan's)
     views = False
-    #: every segment's bounds are read by a thread that checks them (``checked_bounds``)
-    checks_offsets = True
 
     def __init__(
         self, problem: Problem, options: NvrtcOptions, launch: _Launcher, *, tile: int, max_k: int, per_block: int,
