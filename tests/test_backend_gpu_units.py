@@ -834,8 +834,8 @@ class _FakeDeviceArray:
 
 @pytest.fixture
 def fake_launches(monkeypatch):
-    """cuda.core's launch, LaunchConfig and the kernel compiler, as the executors see them, replaced
-    by recorders; returns the executors module (it imports cuda.core: skip without it)."""
+    """The executors' driver launches (PackedLaunch) and kernel compiler replaced by recorders;
+    returns the executors module (it imports cuda.core: skip without it)."""
     pytest.importorskip("cuda.core")
     from linred.backends.nvrtc import executors
 
@@ -878,16 +878,24 @@ def fake_launches(monkeypatch):
     monkeypatch.setattr(
         executors, "_TileExecutor", lambda problem, options: lambda *a: calls["launch"].append(("tiles", a[3]))
     )
-    monkeypatch.setattr(executors, "LaunchConfig", lambda grid, block: (grid, block))
 
-    def launch(stream: str, config: tuple[int, int], kernel: str, *args: int) -> None:
-        calls["launch"].append((stream, config, kernel, args))
+    class FakePackedLaunch:
+        """Records each launch as (stream, (grid, block), kernel, arguments); the argument count
+        must be the one the launch was made for."""
+
+        def __init__(self, kernel: str, count: int, name: str, device: int) -> None:
+            assert kernel == name and device == 0
+            self.kernel, self.count = kernel, count
+
+        def __call__(self, stream: int, grid: int, block: int, shared: int, *args: int) -> None:
+            assert len(args) == self.count, (self.kernel, len(args), self.count)
+            calls["launch"].append((f"stream {stream}", (grid, block), self.kernel, args))
 
     def get_kernels(device: int, wrapper: str, names: tuple[str, ...]) -> tuple[str, ...]:
         calls["kernels"].append(names)
         return names
 
-    monkeypatch.setattr(executors, "cuda_launch", launch)
+    monkeypatch.setattr(executors, "PackedLaunch", FakePackedLaunch)
     monkeypatch.setattr(executors, "get_kernels", get_kernels)
     return executors, calls
 

@@ -66,7 +66,7 @@ Notes
   ``tile_reduce``, via ``nvrtc.kernels.rows_aligned``).  Two rules without a function of
   their own are reproduced: the tiles per run (``_Runs.__init__``) and when
   ``tile_reduce`` needs its fix-up (``_TileExecutor.__init__``).  Launches are counted by
-  wrapping the names ``get_kernels`` and ``cuda_launch`` of ``linred.backends.nvrtc.executors``
+  wrapping the names ``get_kernels`` and ``PackedLaunch`` of ``linred.backends.nvrtc.executors``
   (``linred.kernels.compiler.get_kernels`` and ``cuda.core.launch``); some calls plan
   with ``_Launcher.sms`` set to 1, so that small data gets several tiles per run.
 - Exit status: 0 clean and correct; 1 a tool reported errors, a result was wrong, an
@@ -800,8 +800,8 @@ class Recorder:
     """Counts the kernel launches of linred's executors, by entry point, while the driver runs.
 
     The nvrtc executors' get_kernels is wrapped to learn each kernel's name (and, from its
-    wrapper source, fixed_small/fixed_rows, vector loads, tiles per run), their cuda_launch to
-    count launches; for the cub group, the CuPy ElementwiseKernels of linred.kernels.elementwise
+    wrapper source, fixed_small/fixed_rows, vector loads, tiles per run), their PackedLaunch
+    to count launches; for the cub group, the CuPy ElementwiseKernels of linred.kernels.elementwise
     and the operators linred.backends.cub.executors builds (raw_op).
     """
 
@@ -826,7 +826,6 @@ class Recorder:
     def install(self, with_cub: bool) -> None:
         executors = _nvrtc_executors()  # it launches through its own names of these two
         get_kernels = executors.get_kernels
-        real_launch = executors.cuda_launch
 
         def counting_get_kernels(device_id: int, wrapper: str, names: tuple[str, ...]) -> tuple[Any, ...]:
             kernels = get_kernels(device_id, wrapper, names)
@@ -834,22 +833,25 @@ class Recorder:
                 self.names[id(kernel)] = (kernel, *_entry_of(name, wrapper))
             return kernels
 
-        def counting_launch(stream: Any, config: Any, kernel: Any, *args: Any) -> Any:
-            known = self.names.get(id(kernel))
-            if known is not None:
-                self.record(known[1], known[2])
-            else:
-                self.record("other (cuda.core.launch)")
-            return real_launch(stream, config, kernel, *args)
+        recorder = self
+
+        class CountingPackedLaunch(executors.PackedLaunch):  # type: ignore[misc, name-defined]
+            """The executors' driver launches, counted by entry point."""
+
+            __slots__ = ()
+
+            def __call__(self, *args: Any) -> None:
+                known = recorder.names.get(id(self.kernel))
+                recorder.record(known[1] if known else self.name, known[2] if known else None)
+                super().__call__(*args)
 
         executors.get_kernels = counting_get_kernels
-        executors.cuda_launch = counting_launch
+        executors.PackedLaunch = CountingPackedLaunch
         if not with_cub:
             return
         gpu = importlib.import_module("linred.kernels.elementwise")
         cub = importlib.import_module("linred.backends.cub.executors")
         make_kernel, raw_op = gpu._kernel, cub.raw_op
-        recorder = self
 
         class CountingKernel:
             def __init__(self, kernel: Any) -> None:

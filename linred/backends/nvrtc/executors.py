@@ -9,9 +9,9 @@
 - ``_FeaturesExecutor`` (``features_reduce``): segments of rows of feature columns.
 
 :data:`EXECUTORS` maps the routes of :func:`linred.backends.nvrtc.route` to them.
-Every executor launches through cuda.core on the raw stream handle it is given and
-reads its launch shapes from the :class:`~linred.backends.nvrtc.NvrtcOptions` of its
-plan.
+Every executor launches through the driver (:class:`linred.kernels.launch.PackedLaunch`)
+on the raw stream handle it is given and reads its launch shapes from the
+:class:`~linred.backends.nvrtc.NvrtcOptions` of its plan.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver
-from cuda.core import Device, LaunchConfig, Stream
-from cuda.core import launch as cuda_launch
+from cuda.core import Device
 
 from linred._dtypes import itemsize
 from linred.backends._device import StreamOrder, ops_for
@@ -45,6 +44,7 @@ from linred.backends.nvrtc.kernels import (
     warp_wrapper,
 )
 from linred.kernels.compiler import get_kernels
+from linred.kernels.launch import PackedLaunch
 from linred.problem import Problem
 from linred.segments import Segments, VariableSegments
 
@@ -61,23 +61,16 @@ def _torch_pointer(a: Any) -> int:
 
 
 class _Launcher:
-    """What every executor needs: the device, SM count and cuda.core streams by handle."""
+    """What every executor needs: the device, its SM count, device pointers and scratch."""
 
     def __init__(self, problem: Problem) -> None:
         self.device = problem.device
         dev = Device(problem.device)
         dev.set_current()
         self.sms = dev.properties.multiprocessor_count
-        self._streams: dict[int, Any] = {}
         self.kind = problem.kind
         #: the device pointer of an array of the problem's library (chosen once: calls are hot)
         self.ptr = _cupy_pointer if problem.kind == "cupy" else _torch_pointer
-
-    def stream(self, handle: int) -> Any:
-        s = self._streams.get(handle)
-        if s is None:
-            s = self._streams[handle] = Stream.from_handle(handle)
-        return s
 
     def allow_shared_memory(self, kernel: Any, size: int) -> None:
         """Let ``kernel`` use ``size`` bytes of dynamic shared memory (past 48 KiB it must opt in)
@@ -151,11 +144,11 @@ class _OneLaunch:
     def _bind(self, wrapper: str, name: str, grid: int, *args: Any) -> Any:
         """``go`` for kernel ``name`` of ``wrapper``: ``(x, out, *args)`` on ``grid`` blocks."""
         (kernel,) = get_kernels(self._launch.device, wrapper, (name,))
-        config = LaunchConfig(grid=max(1, min(grid, INT32_MAX)), block=self._threads())
-        streams = self._launch.stream
+        launch = PackedLaunch(kernel, 2 + len(args), name, self._launch.device)
+        grid, block = max(1, min(grid, INT32_MAX)), self._threads()
 
         def go(stream: int, xp: int, op: int) -> None:
-            cuda_launch(streams(stream), config, kernel, xp, op, *args)
+            launch(stream, grid, block, 0, xp, op, *args)
 
         self._go = go
         return go
@@ -263,30 +256,34 @@ class _Runs:
         # Offsets: the first segment of every tile, found once per call by linred_bounds.
         count = self._tiles_per_row + 1
         self._bounds = launch.empty(count, "int64") if bounds and not problem.fixed else None
-        self._bounds_config = LaunchConfig(grid=max(1, -(-count // threads)), block=threads)
-        self._fixup_config = LaunchConfig(grid=max(1, -(-self._runs // threads)), block=threads)
+        self._bounds_grid = max(1, -(-count // threads))
+        self._fixup_grid = max(1, -(-self._runs // threads))
         self._needs_fixup = True
 
     def _rows_aligned(self, xp: int) -> bool:
         """Whether every row of the data at ``xp`` is contiguous and made of whole 16-byte vectors."""
         return rows_aligned(self._problem, xp)
 
-    def _compile_kernels(self, wrapper: str, names: tuple[str, ...], shared: int) -> tuple[tuple[Any, Any, Any], Any]:
-        """The kernels ``names`` of ``wrapper`` (reduction, fix-up, then the bounds kernel where
-        there is one; None in its place otherwise) and the reduction's launch shape with
-        ``shared`` bytes of dynamic shared memory."""
+    def _compile_kernels(self, wrapper: str, names: tuple[str, ...], shared: int) -> tuple[tuple[Any, Any, Any], int]:
+        """The kernels ``names`` of ``wrapper`` as :class:`PackedLaunch` (reduction, fix-up, then the
+        bounds kernel where there is one; None in its place otherwise) and the bytes of dynamic
+        shared memory the reduction is launched with."""
         kernels = tuple(get_kernels(self._launch.device, wrapper, names))
         self._launch.allow_shared_memory(kernels[0], shared)
-        config = LaunchConfig(grid=self._grid, block=self._tuning.threads, shmem_size=shared)
-        return kernels + (None,) * (3 - len(kernels)), config
+        # (x, out, the 11 tiling arguments, 4 partials), (out, 11, 4), (11)
+        counts = {"linred_tile": 17, "linred_warp": 17, "linred_fixup": 16, "linred_bounds": 11}
+        device = self._launch.device
+        launches = tuple(PackedLaunch(k, counts[name], name, device) for k, name in zip(kernels, names, strict=True))
+        return launches + (None,) * (3 - len(launches)), shared
 
-    def _run(self, xp: int, out: Any, segments: Segments, stream: Any, kernels: tuple, config: Any) -> None:
+    def _run(self, xp: int, out: Any, segments: Segments, stream: Any, kernels: tuple, shared: int) -> None:
         """Launch the bounds (for offsets), the reduction ``kernels[0]`` and the fix-up
         ``kernels[1]``; both take the group heads' pointer (0 without them; tile_reduce ignores it)."""
         problem, launch = self._problem, self._launch
         kernel, fixup, bounds_kernel = kernels
         _, n, _ = problem.in_shape
         s0, s1, _ = problem.strides
+        threads = self._tuning.threads
         offsets = launch.ptr(segments.offsets) if isinstance(segments, VariableSegments) else 0
         bounds = 0 if self._bounds is None else launch.ptr(self._bounds)
         common = (offsets, problem.segment_length or 0, n, problem.num_segments, s0, s1, self._tiles_per_row,
@@ -294,13 +291,12 @@ class _Runs:
         group = 0 if self._group_head is None else launch.ptr(self._group_head)
         partials = (launch.ptr(self._head), launch.ptr(self._tail), launch.ptr(self._tail_seg), group)
         out_ptr = launch.ptr(out)
-        s = launch.stream(stream)
         self._order.begin(stream)
         if self._bounds is not None:
-            cuda_launch(s, self._bounds_config, bounds_kernel, *common)
-        cuda_launch(s, config, kernel, xp, out_ptr, *common, *partials)
+            bounds_kernel(stream, self._bounds_grid, threads, 0, *common)
+        kernel(stream, self._grid, threads, shared, xp, out_ptr, *common, *partials)
         if self._needs_fixup:
-            cuda_launch(s, self._fixup_config, fixup, out_ptr, *common, *partials)
+            fixup(stream, self._fixup_grid, threads, 0, out_ptr, *common, *partials)
         self._order.end(stream)
 
     def free(self) -> None:
@@ -320,8 +316,8 @@ class _TileExecutor(_Runs):
         L = problem.segment_length
         # Fixed lengths dividing the tile never span two tiles: no partials to combine.
         self._needs_fixup = not (problem.fixed and tuning.tile >= L and tuning.tile % L == 0)
-        # Per vector-load variant: the three kernels and the tile kernel's launch shape.
-        self._kernels: dict[bool, tuple[tuple[Any, Any, Any], Any]] = {}
+        # Per vector-load variant: the three kernels and the tile kernel's shared memory.
+        self._kernels: dict[bool, tuple[tuple[Any, Any, Any], int]] = {}
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
         problem, tuning = self._problem, self._tuning
@@ -356,7 +352,7 @@ class _WarpExecutor(_Runs):
         # segment that ends exactly where a run ends (every run's last one, when a fixed length
         # divides the run) is left open as the run's tail and written by the fix-up.
         self._tiles: _TileExecutor | None = None
-        self._compiled: tuple[tuple[Any, Any, Any], Any] | None = None
+        self._compiled: tuple[tuple[Any, Any, Any], int] | None = None
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
         problem, tuning = self._problem, self._tuning
@@ -397,34 +393,36 @@ class _FeaturesExecutor:
     def __init__(self, problem: Problem, options: NvrtcOptions, launch: _Launcher | None = None) -> None:
         self._problem, self._launch, self._tuning = problem, launch or _Launcher(problem), options
         self._kernels: dict[int, Any] = {}
+        b, _, d = problem.in_shape
+        s0, s1, _ = problem.strides
+        size, out_size = itemsize(problem.dtype), itemsize(problem.out_dtype)
+        # What decides the width that the pointers do not (they are the only per-call inputs):
+        # 16 bytes of features per thread where rows are 16-byte aligned, and results stored as
+        # whole vectors when they fill some (the result rows must then be aligned too).
+        self._rows_aligned = all((v * size) % 16 == 0 for v in (s1, d, s0 if b > 1 else 0))
+        self._vec = vec(problem)
+        self._out_vectors = (self._vec * out_size) % 16 == 0
+        self._out_rows_aligned = (d * out_size) % 16 == 0
+        self._fixed = (problem.segment_length or 0, problem.n, problem.num_segments, s0, s1, d)
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
-        problem, launch = self._problem, self._launch
-        b, n, d = problem.in_shape
-        s0, s1, _ = problem.strides
+        launch = self._launch
         xp, op = launch.ptr(x), launch.ptr(out)
-        size = itemsize(problem.dtype)
-        aligned = xp % 16 == 0 and all((v * size) % 16 == 0 for v in (s1, d, s0 if b > 1 else 0))
-        # 16 bytes of features per thread, whose results are stored as whole vectors when
-        # they fill some: the result rows must then be 16-byte aligned too.
-        width = vec(problem) if aligned else 1
-        out_size = itemsize(problem.out_dtype)
-        if width > 1 and (width * out_size) % 16 == 0 and (op % 16 or (d * out_size) % 16):
+        width = self._vec if self._rows_aligned and xp % 16 == 0 else 1
+        if width > 1 and self._out_vectors and (op % 16 or not self._out_rows_aligned):
             width = 1
         compiled = self._kernels.get(width)
         if compiled is None:
             compiled = self._kernels[width] = self._compile(width)
-        kernel, config, total, extra = compiled
-        if isinstance(segments, VariableSegments):
-            offsets, word = launch.ptr(segments.offsets), segments.word
+        kernel, grid, block, shared, tail = compiled
+        if segments.__class__ is VariableSegments:
+            kernel(stream, grid, block, shared, xp, op, launch.ptr(segments.offsets), segments.word, *tail)
         else:
-            offsets = word = 0
-        cuda_launch(launch.stream(stream), config, kernel, xp, op, offsets, word, problem.segment_length or 0, n,
-                    problem.num_segments, s0, s1, d, d // width, total, *extra)  # fmt: skip
+            kernel(stream, grid, block, shared, xp, op, 0, 0, *tail)
 
-    def _compile(self, width: int) -> tuple[Any, Any, int, tuple]:
-        """The kernel for ``width`` features per thread, its launch shape, its thread (or pair)
-        count and its extra arguments."""
+    def _compile(self, width: int) -> tuple[Any, int, int, int, tuple]:
+        """The kernel for ``width`` features per thread (a :class:`PackedLaunch`), its grid, block
+        and shared memory, and its arguments after the pointers and the check word."""
         problem, launch, tuning = self._problem, self._launch, self._tuning
         b, _, d = problem.in_shape
         groups = d // width
@@ -438,7 +436,9 @@ class _FeaturesExecutor:
             total = b * problem.num_segments * groups
             # Grid-stride: enough blocks to fill the device many times over, no more.
             blocks = max(1, min(-(-total // tuning.threads), 64 * launch.sms))
-            return kernel, LaunchConfig(grid=blocks, block=tuning.threads), total, ()
+            tail = (*self._fixed, groups, total)
+            packed = PackedLaunch(kernel, 4 + len(tail), "linred_features", launch.device)
+            return packed, blocks, tuning.threads, 0, tail
         wrapper = features_wrapper(problem, index_ctype(problem), tuning, width, split=True)
         (kernel,) = get_kernels(launch.device, wrapper, ("linred_features_split",))
         per_block = tuning.threads // (lanes * groups)  # (row of the batch, segment) pairs per block
@@ -447,7 +447,9 @@ class _FeaturesExecutor:
         launch.allow_shared_memory(kernel, shared)
         total = b * problem.num_segments
         blocks = max(1, min(-(-total // per_block), 64 * launch.sms))
-        return kernel, LaunchConfig(grid=blocks, block=threads, shmem_size=shared), total, (lanes,)
+        tail = (*self._fixed, groups, total, lanes)
+        packed = PackedLaunch(kernel, 4 + len(tail), "linred_features_split", launch.device)
+        return packed, blocks, threads, shared, tail
 
     def free(self) -> None:
         self._kernels.clear()

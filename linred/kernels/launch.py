@@ -1,0 +1,75 @@
+"""A compiled kernel launched through the CUDA driver, its arguments packed once.
+
+cuda.core's ``launch`` converts and packs every argument on every call (about 8 µs for a
+kernel of 14 arguments on an H100 host), which is most of what a small call costs.  The
+kernels of the hot paths take only 8-byte arguments (pointers and ``long long``), so
+:class:`PackedLaunch` keeps one array of 8-byte slots and the array of their addresses,
+writes a call's values into the slots and hands the driver the addresses
+(``cuLaunchKernel`` copies the values when it is called, so the slots are free again at
+once).  An executor owns its launches and a plan serves one thread at a time, so no two
+calls share the slots.  A launch runs with its device's primary context current
+(:class:`linred.arrays._context.on_device`: one driver query when it already is), since a
+raw stream handle 0 names the current context's null stream.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from linred.arrays._context import on_device
+
+__all__ = ["PackedLaunch"]
+
+_driver: Any = None
+
+
+def _check(result: Any, what: str) -> Any:
+    err, *value = result if isinstance(result, tuple) else (result,)
+    if err != _driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{what} failed: {err}")
+    return value[0] if value else None
+
+
+class PackedLaunch:
+    """``kernel`` (a cuda.core kernel, in ``device``'s primary context) with ``count`` 8-byte
+    arguments, launched by :meth:`__call__`.
+
+    Parameters
+    ----------
+    kernel
+        A ``cuda.core`` kernel (what :func:`linred.kernels.compiler.get_kernels` returns).
+    count : int
+        How many arguments it takes, every one 8 bytes (a pointer or a ``long long``).
+    name : str
+        The kernel's name, for error messages (and tools that count launches).
+    device : int
+        The CUDA device whose primary context holds the kernel.
+    """
+
+    __slots__ = ("_args", "_function", "_params", "_pointers", "count", "device", "kernel", "name")
+
+    def __init__(self, kernel: Any, count: int, name: str, device: int) -> None:
+        global _driver
+        if _driver is None:
+            from cuda.bindings import driver
+
+            _driver = driver
+        self.kernel, self.count, self.name, self.device = kernel, count, name, device
+        with on_device(device):
+            self._function = _check(_driver.cuKernelGetFunction(kernel.handle), f"loading {name}")
+        self._args = (ctypes.c_int64 * count)()
+        base = ctypes.addressof(self._args)
+        self._pointers = (ctypes.c_void_p * count)(*(base + 8 * i for i in range(count)))
+        self._params = ctypes.addressof(self._pointers)
+
+    def __call__(self, stream: int, grid: int, block: int, shared: int, *values: int) -> None:
+        """Launch on ``stream`` (a raw handle) with ``grid`` blocks of ``block`` threads and
+        ``shared`` bytes of dynamic shared memory; ``values`` are the arguments, in order."""
+        args = self._args
+        for i, v in enumerate(values):
+            args[i] = v
+        with on_device(self.device):
+            (err,) = _driver.cuLaunchKernel(self._function, grid, 1, 1, block, 1, 1, shared, stream, self._params, 0)
+        if err != _driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"launching {self.name} failed: {err}")
