@@ -17,7 +17,7 @@ from typing import Any
 
 import linred.backends as _backends
 from linred._frontend import check_reduction, request
-from linred.arrays import adapters
+from linred.arrays import adapter_for, adapters
 from linred.plan import SegmentedReduction
 from linred.segments import VariableSegments, parse_lengths, parse_offsets, verify
 
@@ -151,6 +151,10 @@ def call(
         from linred import _dynamo
 
         return _dynamo.run(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+    elif adapter_for(x) is not None and type(x) in adapters:
+        # The first array of a library linred knows: looking up its adapter registered it, so
+        # this call is keyed and its plan cached like the calls after it.
+        return call(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
     check_reduction(reduction)
     req, x, handle = request(
         reduction,

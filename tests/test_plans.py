@@ -327,3 +327,21 @@ def test_cache_eviction_never_frees_a_plan_in_use(monkeypatch, clean_plan_cache)
     np.testing.assert_array_equal(results["B"], [15, 51])
     assert not isinstance(results.get("A"), Exception), f"the evicted plan was freed while in use: {results['A']!r}"
     np.testing.assert_array_equal(results["A"], [6, 22, 38])
+
+
+def test_the_first_call_with_a_librarys_array_is_cached():
+    """The first PyTorch tensor of a process (linred imported after torch: the operator is
+    registered, the tensor adapter not yet) plans once; its next call finds that plan."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, linred\n"
+        "x = torch.ones(12)\n"
+        "linred.segmented_sum(x, 4); linred.segmented_sum(x, 4)\n"
+        "info = linred.plan_cache_info()\n"
+        "print(info['misses'], info['hits'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["1", "1"]
