@@ -1019,6 +1019,9 @@ def _programs() -> list[tuple[str, str, tuple[str, ...]]]:
             kw["acc"] = dtype
         fixed = problem(reduction, dtype, shape=(1, 1024, 1), length=64, **kw)
         out.append((f"fixed {dtype}", kernels.fixed_wrapper(fixed, T), ("linred_fixed",)))
+        for L in (1, 2):  # shorter than a vector: several results per thread, stored together
+            short = problem(reduction, dtype, shape=(1, 1024, 1), length=L, **kw)
+            out.append((f"fixed {dtype} L={L}", kernels.fixed_wrapper(short, T), ("linred_fixed",)))
         if dtype != "int8":
             long = problem(reduction, dtype, shape=(1, 4096 * 4, 1), length=4096, **kw)
             out.append((f"long {dtype}", kernels.long_wrapper(long, T), ("linred_long",)))

@@ -36,7 +36,7 @@ LIMITS = {
 
 def _lengths(dtype: str) -> list[int]:
     small, rows = LIMITS[dtype]
-    pow2 = [1 << k for k in range(1, rows.bit_length())]
+    pow2 = [1 << k for k in range(rows.bit_length())]
     return sorted({*pow2, small * 2, rows * 2})  # past each limit: the next kernel takes over
 
 
@@ -53,6 +53,26 @@ def test_fixed_kernels_every_length(dtype, L, reduction, rng):
     for _ in range(2):
         got = linred.__dict__[f"segmented_{reduction}"](x, L, backend="nvrtc")
         assert_reduction(got, reduction, x_np, segments=segment_bounds(x_np.shape[0], L), like=x)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "L"), [("float16", 1), ("float16", 2), ("float16", 4), ("float32", 1), ("float32", 2), ("uint8", 1),
+                     ("uint8", 4), ("float64", 1)]
+)  # fmt: skip
+@pytest.mark.parametrize("reduction", ["sum", "max"])
+def test_fixed_small_results_into_an_unaligned_out(dtype, L, reduction, rng):
+    """Lengths shorter than a vector store a thread's results together where ``out`` is aligned
+    to them, one by one where it is not (an ``out=`` view one element into a buffer)."""
+    x_np = make_data(dtype, 16 * 37 * L, rng)
+    x = cupy.asarray(x_np)
+    fn = linred.__dict__[f"segmented_{reduction}"]
+    dt = fn(x, L, backend="nvrtc").dtype
+    buffer = cupy.zeros(x_np.shape[0] // L + 1, dt)
+    out = buffer[1:]
+    for _ in range(2):
+        assert fn(x, L, out=out, backend="nvrtc") is out
+        assert_reduction(out, reduction, x_np, segments=segment_bounds(x_np.shape[0], L), like=x)
+    assert float(buffer[0]) == 0  # nothing stored before out
 
 
 @pytest.mark.parametrize("L", [256, 2048])
