@@ -756,6 +756,15 @@ def test_nvrtc_tile_shared_memory(dtype, reduction, vecload, expected):
         ("float32", 4096, (2, 4096 * 8, 1), (4096 * 9, 1, 1), "warp"),  # rows apart
         ("float32", 4096, (1, 4096 * 8, 1), (4096 * 8 * 2, 2, 1), "warp"),  # strided elements
         ("float32", 256, (1, 256 * 8, 4), None, "features"),
+        ("float32", 3, (1, 3 * 8, 1), None, "staged"),  # short, not a power of two
+        ("float32", 63, (1, 63 * 8, 1), None, "staged"),  # 252 bytes
+        ("float32", 65, (1, 65 * 8, 1), None, "warp"),  # 260 bytes: past fixed_staged
+        ("float16", 127, (1, 127 * 8, 1), None, "staged"),
+        ("int8", 255, (1, 255 * 8, 1), None, "staged"),
+        ("float64", 33, (1, 33 * 8, 1), None, "warp"),  # 264 bytes
+        ("float32", 7, (2, 7 * 8, 1), None, "staged"),  # a contiguous batch
+        ("float32", 7, (2, 7 * 8, 1), (7 * 9, 1, 1), "warp"),  # rows apart
+        ("float32", 7, (1, 7 * 8, 4), None, "features"),
     ],
 )
 # "warp": everything else with one feature column; it runs warp_reduce on aligned,
@@ -1019,6 +1028,8 @@ def _programs() -> list[tuple[str, str, tuple[str, ...]]]:
             kw["acc"] = dtype
         fixed = problem(reduction, dtype, shape=(1, 1024, 1), length=64, **kw)
         out.append((f"fixed {dtype}", kernels.fixed_wrapper(fixed, T), ("linred_fixed",)))
+        staged = problem(reduction, dtype, shape=(1, 7 * 64, 1), length=7, **kw)
+        out.append((f"staged {dtype}", kernels.staged_wrapper(staged), ("linred_staged",)))
         for L in (1, 2):  # shorter than a vector: several results per thread, stored together
             short = problem(reduction, dtype, shape=(1, 1024, 1), length=L, **kw)
             out.append((f"fixed {dtype} L={L}", kernels.fixed_wrapper(short, T), ("linred_fixed",)))

@@ -1,5 +1,6 @@
 """GPU: the nvrtc backend's one-launch fixed-length kernels (``fixed_small``, ``fixed_rows``,
-``fixed_long``) at every length class they serve, and just past it, against float64 NumPy.
+``fixed_staged``, ``fixed_long``) at every length class they serve, and just past it, against
+float64 NumPy.
 
 Each case is called twice: the first call plans and takes the validating path, the
 second the repeated-call fast path that hands the kernel the caller's arrays as they
@@ -181,3 +182,51 @@ def test_one_plan_on_two_streams_at_once(how, rng):
         s.synchronize()
     for i, got in enumerate(results):
         assert_reduction(got, "sum", data[i % 2], segments=bounds, like=xs[i % 2])
+
+
+#: (dtype, the longest fixed_staged length: 256 bytes)
+STAGED = {"float32": 64, "float16": 128, "float64": 32, "int8": 256, "uint8": 256, "int32": 64, "int16": 128}
+
+
+def _staged_lengths(dtype: str) -> list[int]:
+    top = STAGED[dtype]
+    # short odd and even lengths, the longest (and the next, past it: warp_reduce), and the length
+    # where a tile drops from 256 threads to 128 (segments over 128 bytes)
+    half = top // 2
+    return sorted({3, 5, 6, 7, 12, half - 1, half + 1, top - 1, top + 1} - {1, 2, 4, 8, 16, 32, 64, 128, 256})
+
+
+STAGED_CASES = [(dtype, L) for dtype in STAGED for L in _staged_lengths(dtype)]
+
+
+@pytest.mark.parametrize(("dtype", "L"), STAGED_CASES, ids=[f"{d}-L={L}" for d, L in STAGED_CASES])
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max", "min"])
+def test_fixed_staged(dtype, L, reduction, rng):
+    """Segment counts at a tile's boundary (one segment per thread: 256, or 128 past 128 bytes):
+    the last tile short by one, full, and one segment into the next."""
+    threads = 256 if L * np.dtype(dtype).itemsize <= 128 else 128
+    fn = linred.__dict__[f"segmented_{reduction}"]
+    for m in (threads - 1, threads, threads + 1, 3 * threads + 7):
+        x_np = make_data(dtype, m * L, rng)
+        x = cupy.asarray(x_np)
+        for _ in range(2):
+            got = fn(x, L, backend="nvrtc")
+            assert_reduction(got, reduction, x_np, segments=segment_bounds(m * L, L), like=x)
+
+
+@pytest.mark.parametrize("layout", ["batch", "offset by one", "out offset by one"])
+def test_fixed_staged_layouts(layout, rng):
+    L, m = 7, 300
+    if layout == "batch":  # rows of a batch, one flat run
+        x_np = make_data("float16", (3, m * L), rng)
+        x, axis = cupy.asarray(x_np), 1
+    else:
+        buffer = cupy.asarray(make_data("float16", m * L + 1, rng))
+        x = buffer[1:] if layout == "offset by one" else buffer[: m * L]  # not 16-byte aligned: tile_reduce
+        x_np, axis = cupy.asnumpy(x), 0
+    out = None
+    if layout == "out offset by one":
+        out = cupy.zeros(m + 1, cupy.float16)[1:]
+    for _ in range(2):
+        got = linred.segmented_sum(x, L, axis=axis, backend="nvrtc", out=out)
+        assert_reduction(got, "sum", x_np, segments=segment_bounds(m * L, L), axis=axis, like=x)

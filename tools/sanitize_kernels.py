@@ -13,7 +13,8 @@ tool's ``ERROR SUMMARY`` and prints a table.
 
 The entry points.  ``linred/backends/nvrtc/`` (wrappers of
 ``linred/kernels/*.cuh``): ``linred_fixed`` (``fixed_small`` and ``fixed_rows``),
-``linred_long`` (``fixed_long``), ``linred_warp`` + ``linred_fixup`` (``warp_reduce``),
+``linred_staged`` (``fixed_staged``), ``linred_long`` (``fixed_long``),
+``linred_warp`` + ``linred_fixup`` (``warp_reduce``),
 ``linred_tile`` + ``linred_fixup`` + ``linred_bounds`` (``tile_reduce``),
 ``linred_features`` (``features_reduce``).  ``tile_reduce`` with 16-byte vector loads
 (``linred_tile:vecload``) is planned only for aligned rows with 2**31 segments or more;
@@ -111,6 +112,7 @@ GROUPS = ("nvrtc", "cub")
 NVRTC_ENTRY_POINTS = (
     "linred_fixed:fixed_small",
     "linred_fixed:fixed_rows",
+    "linred_staged",
     "linred_long",
     "linred_warp",
     "linred_tile",
@@ -354,6 +356,7 @@ def build_sets(quick: bool = False, groups: Sequence[str] = GROUPS) -> list[Shap
     if "nvrtc" in groups:
         _fixed_small_sets(sets, c)
         _fixed_rows_sets(sets, c)
+        _fixed_staged_sets(sets)
         _fixed_long_sets(sets, c)
         _warp_sets(sets, c)
         _tile_sets(sets, c)
@@ -411,6 +414,28 @@ def _fixed_rows_sets(sets: list[ShapeSet], c: Constants) -> None:
     _singles(sets, "fixed_rows/misaligned", "linred_tile", [
         Case("fixed_rows/misaligned/float32-sum", "sum", "float32", "cupy", (8 * 256,), 0, "offset1", L=256),
         Case("fixed_small/misaligned/float32-mean", "mean", "float32", "torch", (4096 + 64,), 0, "offset1", L=8),
+    ])  # fmt: skip
+
+
+def _fixed_staged_sets(sets: list[ShapeSet]) -> None:
+    # (dtype, reduction, kind, L, k): a tile is one segment per thread (256 threads, or 128 for
+    # segments over 128 bytes); m crosses the tile (the last one short, loaded element by element)
+    specs = [
+        ("float32", "sum", "cupy", 3, 1),
+        ("float16", "mean", "torch", 7, 2),
+        ("float64", "max", "cupy", 31, 1),  # 248 bytes: 128 threads
+        ("int8", "sum", "cupy", 255, 1),  # the longest, into int64
+        ("uint8", "min", "torch", 6, 1),
+    ]
+    for dtype, red, kind, L, k in specs:
+        threads = 256 if L * _itemsize(dtype) <= 128 else 128
+        _triple(
+            sets, f"fixed_staged/{dtype}-{red}-L{L}", "linred_staged", "m", threads, k,
+            f"segments per tile = threads = {threads}",
+            lambda name, m, dtype=dtype, red=red, kind=kind, L=L: Case(name, red, dtype, kind, (m * L,), 0, L=L),
+        )  # fmt: skip
+    _singles(sets, "fixed_staged/other", "linred_staged", [
+        Case("fixed_staged/bfloat16-max-batch", "max", "bfloat16", "torch", (3, 5 * 700), 1, L=5),
     ])  # fmt: skip
 
 
@@ -715,11 +740,11 @@ def planned_entries(case: Case, problem: Any, misalignment: int) -> tuple[str, .
     route = nv.route(problem, nv.BACKEND.options)
     if route == "features":
         return ("linred_features",)
-    if route in ("fixed", "long"):
+    if route in ("fixed", "staged", "long"):
         if misalignment % 16:
             return tuple(_tile_entries(problem, _rows_aligned(problem, misalignment)))
-        if route == "long":
-            return ("linred_long",)
+        if route in ("staged", "long"):
+            return (f"linred_{route}",)
         return ("linred_fixed:" + _nvrtc_kernels().fixed_layout(problem, nv.BACKEND.options)[0],)
     if route == "warp":
         if _rows_aligned(problem, misalignment) and problem.num_segments < 2**31:

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 from linred._dtypes import COMPLEX, itemsize
 from linred.backends.base import Backend, Executor, Options
-from linred.backends.nvrtc.kernels import flat, is_pow2, vec
+from linred.backends.nvrtc.kernels import STAGED_MAX_BYTES, flat, is_pow2, vec
 from linred.problem import Problem
 
 
@@ -99,6 +99,8 @@ def route(problem: Problem, options: NvrtcOptions) -> str:
 
     - ``"fixed"``: power-of-two fixed lengths on contiguous data, ``fixed_small``
       or ``fixed_rows``;
+    - ``"staged"``: short fixed lengths that are not powers of two (at most 256 bytes)
+      on contiguous data, ``fixed_staged``;
     - ``"long"``: long fixed lengths of whole 16-byte vectors on contiguous data,
       ``fixed_long``;
     - ``"features"``: several feature columns, ``features_reduce``;
@@ -114,6 +116,10 @@ def route(problem: Problem, options: NvrtcOptions) -> str:
     short = problem.fixed and is_pow2(L) and longest >= L
     if short and flat(problem) and (problem.batch * problem.n) % v == 0:
         return "fixed"
+    # Short lengths that are not powers of two, whole segments staged in shared memory.
+    staged = problem.fixed and not is_pow2(L) and L * itemsize(problem.dtype) <= STAGED_MAX_BYTES
+    if staged and problem.features == 1 and flat(problem):
+        return "staged"
     # Long fixed lengths of whole vectors: fixed_long.
     long = wide and problem.fixed and L % v == 0 and L * itemsize(problem.dtype) >= options.long_min_bytes
     if long and problem.features == 1 and flat(problem):

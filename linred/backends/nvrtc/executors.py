@@ -1,8 +1,8 @@
 """The nvrtc backend's executors: compile the kernels of :mod:`.kernels`, keep their scratch, launch.
 
-- ``_FixedExecutor`` (``fixed_small``/``fixed_rows``) and ``_LongExecutor``
-  (``fixed_long``): one launch that reads only the device pointers of the data and
-  the result;
+- ``_FixedExecutor`` (``fixed_small``/``fixed_rows``), ``_StagedExecutor``
+  (``fixed_staged``) and ``_LongExecutor`` (``fixed_long``): one launch that reads only
+  the device pointers of the data and the result;
 - ``_WarpExecutor`` (``warp_reduce`` + ``tile_fixup``) and ``_TileExecutor``
   (``tile_reduce`` + ``tile_fixup``, ``tile_bounds`` for offsets): rows cut into
   tiles, runs of tiles per warp or block, per-run partials joined in a fixed order;
@@ -36,6 +36,9 @@ from linred.backends.nvrtc.kernels import (
     long_unroll,
     long_wrapper,
     rows_aligned,
+    staged_shared_bytes,
+    staged_threads,
+    staged_wrapper,
     tile_shared_bytes,
     tile_wrapper,
     vec,
@@ -141,14 +144,15 @@ class _OneLaunch:
         """Threads per block of the executor's kernel."""
         return self._tuning.threads
 
-    def _bind(self, wrapper: str, name: str, grid: int, *args: Any) -> Any:
-        """``go`` for kernel ``name`` of ``wrapper``: ``(x, out, *args)`` on ``grid`` blocks."""
+    def _bind(self, wrapper: str, name: str, grid: int, *args: Any, shared: int = 0) -> Any:
+        """``go`` for kernel ``name`` of ``wrapper``: ``(x, out, *args)`` on ``grid`` blocks with
+        ``shared`` bytes of dynamic shared memory."""
         (kernel,) = get_kernels(self._launch.device, wrapper, (name,))
         launch = PackedLaunch(kernel, 2 + len(args), name, self._launch.device)
         grid, block = max(1, min(grid, INT32_MAX)), self._threads()
 
         def go(stream: int, xp: int, op: int) -> None:
-            launch(stream, grid, block, 0, xp, op, *args)
+            launch(stream, grid, block, shared, xp, op, *args)
 
         self._go = go
         return go
@@ -170,6 +174,21 @@ class _FixedExecutor(_OneLaunch):
         # One chunk per block: the block scheduler overlaps finishing blocks with new ones.
         blocks = -(-nvec // (tuning.threads * unroll))
         return self._bind(fixed_wrapper(problem, tuning), "linred_fixed", blocks, nvec)
+
+
+class _StagedExecutor(_OneLaunch):
+    """Short fixed lengths that are not powers of two on contiguous data: ``fixed_staged``."""
+
+    def _threads(self) -> int:
+        return staged_threads(self._problem)
+
+    def _compile(self, stream: int) -> Any:
+        problem = self._problem
+        m = problem.batch * problem.num_segments
+        tiles = -(-m // self._threads())
+        # Grid-stride over tiles: enough blocks to fill the device many times over, no more.
+        grid = min(tiles, 64 * self._launch.sms)
+        return self._bind(staged_wrapper(problem), "linred_staged", grid, m, shared=staged_shared_bytes(problem))
 
 
 class _LongExecutor(_OneLaunch):
@@ -463,6 +482,7 @@ SPLIT_SHARED_LIMIT = 48 * 1024
 #: the executor of each route of :func:`linred.backends.nvrtc.route`
 EXECUTORS = {
     "fixed": _FixedExecutor,
+    "staged": _StagedExecutor,
     "long": _LongExecutor,
     "features": _FeaturesExecutor,
     "warp": _WarpExecutor,

@@ -5,7 +5,8 @@ No GPU and no CUDA library is needed here, so the choices can be tested anywhere
 - the accumulator and vector width of a problem (:func:`acc_dtype`, :func:`vec`), and
   whether rows can be read as whole 16-byte vectors (:func:`rows_aligned`);
 - launch shapes: :func:`fixed_layout` (``fixed_small`` or ``fixed_rows`` and the
-  vectors per thread), :func:`long_threads` and :func:`long_unroll` (``fixed_long``),
+  vectors per thread), :func:`staged_threads` and :func:`staged_shared_bytes`
+  (``fixed_staged``), :func:`long_threads` and :func:`long_unroll` (``fixed_long``),
   :func:`warp_items` (``warp_reduce``'s elements per lane), and the dynamic shared
   memory of the tile and warp kernels (:func:`tile_shared_bytes`,
   :func:`warp_shared_bytes`; each wrapper has the compiler check them against the
@@ -97,6 +98,22 @@ def fixed_layout(problem: Problem, tuning: NvrtcOptions) -> tuple[str, int]:
     return "fixed_rows", max(tuning.unroll, rows)
 
 
+#: the longest segment fixed_staged serves, in bytes (a tile of 128 such segments is 32 KiB of
+#: shared memory, under the 48 KiB every GPU grants a block without opting in)
+STAGED_MAX_BYTES = 256
+
+
+def staged_threads(problem: Problem) -> int:
+    """Threads per block of fixed_staged, one per segment of a tile: 256, or 128 for segments
+    longer than 128 bytes (a tile's shared memory stays at 32 KiB at most)."""
+    return 256 if problem.segment_length * itemsize(problem.dtype) <= 128 else 128
+
+
+def staged_shared_bytes(problem: Problem) -> int:
+    """Dynamic shared memory of linred_staged: a tile of whole segments."""
+    return staged_threads(problem) * problem.segment_length * itemsize(problem.dtype)
+
+
 def long_threads(problem: Problem, tuning: NvrtcOptions) -> int:
     """Threads per block of fixed_long: up to ``tuning.long_threads``, halved (to 64 at least)
     until every thread has at least 2 of a segment's vectors to load.  One vector per thread
@@ -165,6 +182,13 @@ def fixed_wrapper(problem: Problem, tuning: NvrtcOptions) -> str:
     kernel, unroll = fixed_layout(problem, tuning)
     L, threads = problem.segment_length, tuning.threads
     return f'#include "fixed.cuh"\nLINRED_FIXED({kernel}, {t}, {a}, {o}, {op}, {L}, {mean}, {threads}, {unroll})\n'
+
+
+def staged_wrapper(problem: Problem) -> str:
+    """``linred_staged``: ``fixed_staged`` (fixed.cuh)."""
+    t, o, a, op, mean = kernel_types(problem)
+    L, threads = problem.segment_length, staged_threads(problem)
+    return f'#include "fixed.cuh"\nLINRED_STAGED({t}, {a}, {o}, {op}, {L}, {mean}, {threads})\n'
 
 
 def long_wrapper(problem: Problem, tuning: NvrtcOptions) -> str:
