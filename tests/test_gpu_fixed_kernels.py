@@ -202,11 +202,13 @@ STAGED_CASES = [(dtype, L) for dtype in STAGED for L in _staged_lengths(dtype)]
 @pytest.mark.parametrize(("dtype", "L"), STAGED_CASES, ids=[f"{d}-L={L}" for d, L in STAGED_CASES])
 @pytest.mark.parametrize("reduction", ["sum", "mean", "max", "min"])
 def test_fixed_staged(dtype, L, reduction, rng):
-    """Segment counts at a tile's boundary (one segment per thread: 256, or 128 past 128 bytes):
-    the last tile short by one, full, and one segment into the next."""
-    threads = 256 if L * np.dtype(dtype).itemsize <= 128 else 128
+    """Segment counts at a tile's boundary (threads x segments per thread: 256 or 128 threads,
+    max(1, 64 // segment bytes) segments each): the last tile short by one, full, and one segment
+    into the next."""
+    size = L * np.dtype(dtype).itemsize
+    tile = (256 if size <= 128 else 128) * max(1, 64 // size)
     fn = linred.__dict__[f"segmented_{reduction}"]
-    for m in (threads - 1, threads, threads + 1, 3 * threads + 7):
+    for m in (tile - 1, tile, tile + 1, 3 * tile + 7):
         x_np = make_data(dtype, m * L, rng)
         x = cupy.asarray(x_np)
         for _ in range(2):

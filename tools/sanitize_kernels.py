@@ -418,8 +418,9 @@ def _fixed_rows_sets(sets: list[ShapeSet], c: Constants) -> None:
 
 
 def _fixed_staged_sets(sets: list[ShapeSet]) -> None:
-    # (dtype, reduction, kind, L, k): a tile is one segment per thread (256 threads, or 128 for
-    # segments over 128 bytes); m crosses the tile (the last one short, loaded element by element)
+    # (dtype, reduction, kind, L, k): a tile is threads (256, or 128 for segments over 128 bytes)
+    # times max(1, 64 // segment bytes) segments; m crosses it (the last tile short, loaded
+    # element by element)
     specs = [
         ("float32", "sum", "cupy", 3, 1),
         ("float16", "mean", "torch", 7, 2),
@@ -428,10 +429,11 @@ def _fixed_staged_sets(sets: list[ShapeSet]) -> None:
         ("uint8", "min", "torch", 6, 1),
     ]
     for dtype, red, kind, L, k in specs:
-        threads = 256 if L * _itemsize(dtype) <= 128 else 128
+        size = L * _itemsize(dtype)
+        threads, spt = (256 if size <= 128 else 128), max(1, 64 // size)
         _triple(
-            sets, f"fixed_staged/{dtype}-{red}-L{L}", "linred_staged", "m", threads, k,
-            f"segments per tile = threads = {threads}",
+            sets, f"fixed_staged/{dtype}-{red}-L{L}", "linred_staged", "m", threads * spt, k,
+            f"segments per tile = threads*segments per thread = {threads}*{spt}",
             lambda name, m, dtype=dtype, red=red, kind=kind, L=L: Case(name, red, dtype, kind, (m * L,), 0, L=L),
         )  # fmt: skip
     _singles(sets, "fixed_staged/other", "linred_staged", [

@@ -140,29 +140,32 @@ __device__ __forceinline__ void fixed_rows(const T* __restrict__ x, O* __restric
 
 // ---- fixed_staged -----------------------------------------------------------------
 // Short fixed lengths that are not powers of two (a segment of at most 256 bytes) on
-// contiguous, 16-byte aligned data: a block stages a tile of S = THREADS whole segments
-// (S * L elements, a multiple of 16 bytes) in shared memory with coalesced 16-byte loads,
-// then thread t reduces segment t of the tile from shared memory and stores its result
-// (the block's stores are consecutive).  A segment never crosses a tile, so there are no
-// partials; the last tile, shorter, is loaded element by element.  Grid-stride over tiles.
-// (warp_reduce serves these lengths too, but marks and scans every segment: float16 at L = 3
-// ran at 37% of copy there on an H100.)
-template <class T, class A, class O, class OP, int L, bool MEAN, int THREADS>
+// contiguous, 16-byte aligned data: a block stages a tile of S = THREADS * SPT whole
+// segments (S * L elements, a multiple of 16 bytes) in shared memory with coalesced 16-byte
+// loads, then thread t reduces segments t, t + THREADS, ... of the tile from shared memory
+// and stores their results (each round's stores are consecutive).  A segment never crosses
+// a tile, so there are no partials; the last tile, shorter, is loaded element by element.
+// SPT > 1 for the shortest segments keeps a tile near 16 KiB, so each block has enough
+// bytes in flight per barrier.  Grid-stride over tiles.  (warp_reduce serves these lengths
+// too, but marks and scans every segment: float16 at L = 3 ran at 37% of copy there on an
+// H100.)
+template <class T, class A, class O, class OP, int L, bool MEAN, int THREADS, int SPT>
 __device__ __forceinline__ void fixed_staged(const T* __restrict__ x, O* __restrict__ out, i64 m) {
     typedef typename VecOf<T>::type V;
     constexpr int VEC = VecOf<T>::N;
-    constexpr int E = THREADS * L;  // elements per tile
+    constexpr int S = THREADS * SPT;  // segments per tile
+    constexpr int E = S * L;          // elements per tile
     static_assert(E % VEC == 0, "a tile must be whole 16-byte vectors");
     constexpr int EV = E / VEC;
     constexpr int PER = (EV + THREADS - 1) / THREADS;  // vectors each thread loads
     extern __shared__ __align__(16) unsigned char staged_shared[];
     T* tile = reinterpret_cast<T*>(staged_shared);
     V* tile_v = reinterpret_cast<V*>(staged_shared);
-    for (i64 t = blockIdx.x; t * THREADS < m; t += gridDim.x) {
-        const i64 first = t * THREADS;
-        const int count = (int)min((i64)THREADS, m - first);  // segments in this tile
+    for (i64 t = blockIdx.x; t * S < m; t += gridDim.x) {
+        const i64 first = t * S;
+        const int count = (int)min((i64)S, m - first);  // segments in this tile
         const T* src = x + first * L;
-        if (count == THREADS) {
+        if (count == S) {
             const V* sv = reinterpret_cast<const V*>(src);
             V buf[PER];
 #pragma unroll
@@ -179,12 +182,16 @@ __device__ __forceinline__ void fixed_staged(const T* __restrict__ x, O* __restr
             for (int i = threadIdx.x; i < count * L; i += THREADS) tile[i] = src[i];
         }
         __syncthreads();
-        if ((int)threadIdx.x < count) {
-            const T* p = tile + threadIdx.x * L;
-            A acc = to_acc<A>(p[0]);
 #pragma unroll
-            for (int i = 1; i < L; ++i) acc = OP::combine(acc, to_acc<A>(p[i]));
-            out[first + threadIdx.x] = finish<O, MEAN>(acc, L);
+        for (int j = 0; j < SPT; ++j) {
+            const int seg = j * THREADS + (int)threadIdx.x;
+            if (seg < count) {
+                const T* p = tile + seg * L;
+                A acc = to_acc<A>(p[0]);
+#pragma unroll
+                for (int i = 1; i < L; ++i) acc = OP::combine(acc, to_acc<A>(p[i]));
+                out[first + seg] = finish<O, MEAN>(acc, L);
+            }
         }
         __syncthreads();  // the tile is read before the next one overwrites it
     }
@@ -259,9 +266,9 @@ __device__ __forceinline__ void fixed_long(const T* __restrict__ x, O* __restric
     }
 
 // linred_long: fixed_long over m segments of lv vectors, chunks blocks per segment.
-#define LINRED_STAGED(T, A, O, OP, LEN, MEAN, THREADS)                                                         \
+#define LINRED_STAGED(T, A, O, OP, LEN, MEAN, THREADS, SPT)                                                    \
     extern "C" __global__ void __launch_bounds__(THREADS) linred_staged(const T* x, O* out, long long m) {    \
-        fixed_staged<T, A, O, OP, LEN, MEAN, THREADS>(x, out, m);                                             \
+        fixed_staged<T, A, O, OP, LEN, MEAN, THREADS, SPT>(x, out, m);                                        \
     }
 
 #define LINRED_LONG(T, A, O, OP, MEAN, THREADS, UNROLL)                                                        \

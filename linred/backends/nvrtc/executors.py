@@ -36,6 +36,7 @@ from linred.backends.nvrtc.kernels import (
     long_unroll,
     long_wrapper,
     rows_aligned,
+    staged_segments_per_thread,
     staged_shared_bytes,
     staged_threads,
     staged_wrapper,
@@ -185,7 +186,7 @@ class _StagedExecutor(_OneLaunch):
     def _compile(self, stream: int) -> Any:
         problem = self._problem
         m = problem.batch * problem.num_segments
-        tiles = -(-m // self._threads())
+        tiles = -(-m // (self._threads() * staged_segments_per_thread(problem)))
         # Grid-stride over tiles: enough blocks to fill the device many times over, no more.
         grid = min(tiles, 64 * self._launch.sms)
         return self._bind(staged_wrapper(problem), "linred_staged", grid, m, shared=staged_shared_bytes(problem))
