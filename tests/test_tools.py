@@ -76,8 +76,8 @@ def test_shape_sets_hold_their_triples(tool):
 
 def test_each_kernel_family_has_a_boundary_set(tool):
     targets = {s.target for s in tool.build_sets() if s.T is not None}
-    expected = {"linred_fixed:fixed_small", "linred_fixed:fixed_rows", "linred_long", "linred_warp", "linred_tile",
-                "linred_tile:vecload", "linred_features"}  # fmt: skip
+    expected = {"linred_fixed:fixed_small", "linred_fixed:fixed_rows", "linred_staged", "linred_long", "linred_warp",
+                "linred_tile", "linred_tile:vecload", "linred_features"}  # fmt: skip
     assert expected <= targets
 
 
