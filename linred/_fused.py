@@ -17,8 +17,9 @@ The segments are validated once, by the first reduction (``check=``); the others
 ``check=False`` on the offsets it read.  For PyTorch, autograd records the elementwise
 operations and linred's reductions (whose backward is registered), and the gathers
 (``index_select``) are differentiable: gradients, double backward included, come out of the
-composition.  A fused kernel would read the data fewer times (see each function's Notes);
-these are the reference semantics such a kernel has to meet.
+composition.  On a GPU, logsumexp, softmax and log_softmax of arrays that need no gradient
+run as one kernel instead (:mod:`linred._softmax_kernel`), with the same results; the
+composition is the reference semantics that kernel meets.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from linred import _softmax_kernel
 from linred._dtypes import COMPLEX, HALF, REAL, SUPPORTED, dtype_name, numpy_dtype
 from linred._frontend import normalize_axis
 from linred._functions import _remainder, segmented_max, segmented_mean, segmented_sum
@@ -274,6 +276,9 @@ def _run(
         for key in ("offsets", "lengths", "segment_ids"):  # on the device once, not once per reduction
             if segments.get(key) is not None:
                 segments[key] = adapter.index_array(segments[key], device, key)
+        if _softmax_kernel.serves(name, x, adapter, in_name, segments, backend, grad):
+            # One kernel on the GPU, with the composition's results (see linred._softmax_kernel).
+            return _softmax_kernel.run(name, x, adapter, axis, compute, result, segments, device, check, handle)
         c = _Call(name, None, adapter, xp, axis, compute, result, grad, backend, check, segments, device, shape=shape)
         c.x = _astype(c, x, compute)
         return body(c, **options)

@@ -12,7 +12,9 @@ the tests marked ``gpu``.
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -445,3 +447,122 @@ def test_std_gradient_of_a_zero_variance_segment_is_zero():
     c = torch.tensor([1.0, 1.0, 1.0, 2.0, 5.0], dtype=torch.float64, requires_grad=True)
     (g,) = torch.autograd.grad(linred.segmented_std(c, lengths=[2, 2, 1]).sum(), c)
     torch.testing.assert_close(g, torch.tensor([0.0, 0.0, -0.5, 0.5, 0.0], dtype=torch.float64))
+
+
+# --- the softmax family's kernel on the GPU (linred._softmax_kernel) ---
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts the calls the kernel computed (the others were composed)."""
+    from linred import _softmax_kernel
+
+    calls = []
+    real = _softmax_kernel.run
+    monkeypatch.setattr(_softmax_kernel, "run", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    return calls
+
+
+def _gpu_array(a: np.ndarray, kind: str, dtype: str | None = None) -> Any:
+    if kind == "torch-cuda":
+        t = torch.as_tensor(np.ascontiguousarray(a), device="cuda")
+        return t.to(getattr(torch, dtype)) if dtype else t
+    return cupy.asarray(np.ascontiguousarray(a))
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("name", SOFTMAX_FAMILY)
+@pytest.mark.parametrize("spec", ["fixed", "keep", "offsets", "offsets32", "lengths"])
+@pytest.mark.parametrize("layout", ["1d", "2d", "last"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_gpu_kernel_against_reference(kernel_calls, kind, name, spec, layout, dtype):
+    """Every segment specification, layout (one column: a warp per segment; feature rows: a thread
+    per feature) and dtype, with an all -inf segment, a NaN and a +inf, through the kernel."""
+    kwargs, groups, _ = SPECS[spec]
+    _, axis = LAYOUTS[layout]
+    x = make(layout, dtype, groups, special=True)
+    arrays = ("offsets", "lengths")
+    segs = {k: _gpu_array(np.asarray(v), kind) if k in arrays else v for k, v in kwargs.items()}
+    got = fn(name)(_gpu_array(x, kind), axis=axis, **segs)
+    check(got, reference(name, x, groups, axis), RESULT_DTYPE[dtype], TOLERANCE[dtype])
+    assert kernel_calls == [f"segmented_{name}"]
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("name", SOFTMAX_FAMILY)
+@pytest.mark.parametrize("shape, axis", [((70_001,), 0), ((5_003, 7), 0), ((3, 4_001, 2), 1)])
+def test_gpu_kernel_long_and_many_segments(kernel_calls, kind, name, shape, axis):
+    """Segments of 0 to 3000 elements (longer than a warp, many to a grid), float32 and float64
+    against float64 NumPy."""
+    rng = np.random.default_rng(len(shape))
+    n = shape[axis]
+    cuts = np.sort(rng.integers(0, n + 1, 40))
+    cuts[5] = cuts[6]  # an empty segment
+    offsets = np.concatenate([[0], cuts, [n]])
+    for dtype, tol in (("float32", 2e-5), ("float64", 1e-12)):
+        x = (rng.normal(size=shape) * 4).astype(dtype)
+        got = fn(name)(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind), axis=axis)
+        expected = _fast_reference(name, x, offsets, axis)
+        check(got, expected, dtype, tol)
+    assert kernel_calls == [f"segmented_{name}"] * 2
+
+
+def _fast_reference(name: str, x: np.ndarray, offsets: np.ndarray, axis: int) -> np.ndarray:
+    """The reference of :func:`reference` for finite data, vectorized per segment (float64)."""
+    xm = np.moveaxis(x.astype(np.float64), axis, 0)
+    parts = []
+    for a, b in itertools.pairwise(offsets):
+        seg = xm[a:b]
+        if name == "logsumexp":
+            if b == a:
+                parts.append(np.full((1, *xm.shape[1:]), -np.inf))
+                continue
+            mx = seg.max(axis=0)
+            parts.append((mx + np.log(np.exp(seg - mx).sum(axis=0)))[None])
+        else:
+            mx = seg.max(axis=0) if b > a else 0
+            e = np.exp(seg - mx)
+            s = e.sum(axis=0)
+            parts.append(seg - mx - np.log(s) if name == "log_softmax" else e / s)
+    return np.moveaxis(np.concatenate(parts, axis=0), 0, axis)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs PyTorch with CUDA")
+@pytest.mark.parametrize("name", SOFTMAX_FAMILY)
+def test_gpu_kernel_bfloat16_and_what_it_leaves_to_the_composition(kernel_calls, name):
+    kwargs, groups, _ = SPECS["offsets"]
+    x = make("2d", "float32", groups, special=False)
+    off = torch.tensor(kwargs["offsets"], device="cuda")
+    got = fn(name)(torch.as_tensor(x, device="cuda").bfloat16(), offsets=off)
+    assert got.dtype == torch.bfloat16
+    check(got.float(), reference(name, x.astype(ml_dtypes.bfloat16).astype(np.float64), groups, 0), "float32", 2e-2)
+    assert kernel_calls == [f"segmented_{name}"]
+    # composed: a tensor that requires grad, a strided view, segment ids, integer data
+    t = torch.as_tensor(x, device="cuda").requires_grad_()
+    fn(name)(t, offsets=off)
+    fn(name)(torch.as_tensor(np.ascontiguousarray(x.T), device="cuda").T, offsets=off)
+    fn(name)(torch.as_tensor(x, device="cuda"), segment_ids=torch.tensor(SORTED_IDS, device="cuda"))
+    fn(name)(torch.arange(12, device="cuda"), offsets=off)
+    assert kernel_calls == [f"segmented_{name}"]
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("name", SOFTMAX_FAMILY)
+def test_gpu_kernel_checks_the_offsets(kernel_calls, kind, name):
+    """check=True: broken offsets raise the host's message (the kernel checked them as it read
+    them, reading nothing outside the axis); a valid call after them is right."""
+    x = np.random.default_rng(3).normal(size=(50, 4)).astype(np.float32)
+    good = np.array([0, 10, 10, 30, 50])
+    for bad in ([1, 10, 10, 30, 50], [0, 10, 5, 30, 50], [0, 10, 10, 30, 49], [0, -4, 10, 30, 50],
+                [0, 10, 10, 2**40, 50]):  # fmt: skip
+        try:
+            fn(name)(x, offsets=np.array(bad))
+            raise AssertionError(f"the host accepts {bad}")
+        except ValueError as e:
+            expected = str(e)
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            fn(name)(_gpu_array(x, kind), offsets=_gpu_array(np.array(bad), kind))
+    got = fn(name)(_gpu_array(x, kind), offsets=_gpu_array(good, kind))
+    check(got, _fast_reference(name, x, good, 0), "float32", 2e-5)
+    assert len(kernel_calls) == 6

@@ -7,7 +7,7 @@ axis whatever the offsets hold.  This script makes such calls (CuPy and PyTorch,
 int64 offsets, the one-thread-per-segment and the split kernels, values far outside the
 axis, negative, decreasing, a wrong first or last offset) after a valid call has planned
 each layout, checks that each raises ValueError and that a valid call after it is right,
-and prints a count.  Run it under the sanitizer on a GPU machine::
+and prints a count; then the same for the softmax family's kernel.  Run it under the sanitizer on a GPU machine::
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python tools/sanitize_checked_offsets.py
 """
@@ -69,6 +69,32 @@ def main() -> int:
                             print(f"{kind} {shape} {dtype}: a valid call after a broken one is wrong")
                             return 1
     print(f"{calls} calls with changed offsets, {raised} broke a rule and raised ValueError as the host's check does")
+    return _softmax_family(kinds, rng)
+
+
+def _softmax_family(kinds: dict, rng: np.random.Generator) -> int:
+    """The same for segmented_logsumexp / softmax / log_softmax, whose kernel checks the offsets
+    as it reads them too (one column: a warp per segment; feature rows: a thread per feature)."""
+    calls = raised = 0
+    for kind, (to, _) in kinds.items():
+        for shape, m in (((2000,), 32), ((2000, 8), 32), ((300, 1), 1)):
+            n = shape[0]
+            x = rng.standard_normal(shape).astype(np.float32)
+            good = np.concatenate([[0], np.sort(rng.choice(np.arange(1, n), m - 1, replace=False)), [n]])
+            for name in ("logsumexp", "softmax", "log_softmax"):
+                fn = getattr(linred, f"segmented_{name}")
+                for at in sorted({0, m // 2, m}):
+                    for value in (-(2**40), -5, n + 1, 2**40):
+                        bad = good.copy()
+                        bad[at] = value
+                        calls += 1
+                        try:
+                            fn(to(x), offsets=to(bad))
+                            print(f"{kind} {name} {shape}: broken offsets passed")
+                            return 1
+                        except ValueError:
+                            raised += 1
+    print(f"{calls} softmax-family calls with broken offsets, {raised} raised ValueError")
     return 0
 
 

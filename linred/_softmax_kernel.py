@@ -1,0 +1,139 @@
+"""Segmented logsumexp, softmax and log_softmax of CUDA arrays as one NVRTC kernel.
+
+:mod:`linred._fused` composes these functions from linred's reductions and the array
+library's elementwise operations: four to six launches, an element -> segment index for
+variable segments, and the per-segment values gathered back to the elements.  On a GPU,
+where a call is mostly those launches, :func:`run` does the same in one kernel
+(``linred/kernels/softmax.cuh``): each (row of the batch, segment, feature) reads its
+segment for the maximum, again for the sum of ``exp(x - shift)``, and writes the result,
+with the composition's results for every value (NaN, infinities, empty segments).
+
+It serves what the composition would otherwise compute without a gradient to record:
+CuPy arrays and CUDA tensors (not requiring grad, or under ``torch.no_grad``), C-contiguous,
+float16, bfloat16, float32 or float64, segments given as ``segment_length``, ``offsets`` or
+``lengths``, with ``backend`` ``"auto"`` or ``"nvrtc"`` and the nvrtc backend available.
+Anything else (segment ids, autograd, strided views, integer data) is composed as before.
+``check=True`` is done by the kernel as it reads each segment's bounds (``checked_bounds``),
+with one wait for the stream after it, as for the feature-rows reductions.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from linred._dtypes import HALF, REAL
+from linred.kernels.compiler import CTYPES, get_kernels
+from linred.kernels.launch import PackedLaunch
+from linred.segments import FixedSegments, parse_lengths, parse_offsets, parse_segments, verify
+
+__all__ = ["run", "serves"]
+
+#: the kernel's MODE for each function (softmax.cuh)
+MODES = {"segmented_logsumexp": 0, "segmented_softmax": 1, "segmented_log_softmax": 2}
+THREADS = 256
+
+_local = threading.local()  # this thread's launches (PackedLaunch slots are rewritten per call)
+_sms: dict[int, int] = {}
+
+
+def serves(name: str, x: Any, adapter: Any, in_name: str, segments: dict[str, Any], backend: Any, grad: bool) -> bool:
+    """Whether :func:`run` computes ``name`` of ``x`` (see the module docstring)."""
+    if name not in MODES or grad or backend not in ("auto", "nvrtc") or in_name not in REAL:
+        return False
+    if adapter.kind not in ("cupy", "torch") or adapter.device_of(x) is None or not adapter.is_c_contiguous(x):
+        return False
+    if segments.get("segment_ids") is not None or segments.get("num_segments") is not None:
+        return False
+    from linred.backends import unavailable
+
+    return unavailable("nvrtc") is None
+
+
+def _pointer(kind: str, a: Any) -> int:
+    return a.data.ptr if kind == "cupy" else a.data_ptr()
+
+
+def _launch(device: int, key: tuple[str, ...], wrapper: str) -> PackedLaunch:
+    launches = getattr(_local, "launches", None)
+    if launches is None:
+        launches = _local.launches = {}
+    launch = launches.get((device, key))
+    if launch is None:
+        (kernel,) = get_kernels(device, wrapper, ("linred_softmax",))
+        launch = launches[(device, key)] = PackedLaunch(kernel, 9, "linred_softmax", device)
+    return launch
+
+
+def _multiprocessors(device: int) -> int:
+    count = _sms.get(device)
+    if count is None:
+        from cuda.core import Device
+
+        count = _sms[device] = Device(device).properties.multiprocessor_count
+    return count
+
+
+def run(
+    name: str,
+    x: Any,
+    adapter: Any,
+    axis: int,
+    compute: str,
+    result: str,
+    segments: dict[str, Any],
+    device: int,
+    check: bool,
+    stream: int,
+) -> Any:
+    """``name`` of ``x`` along ``axis`` in one kernel on ``stream`` (a raw handle), computing in
+    ``compute`` and returning ``result``; ``segments`` are the call's segment keywords (offsets
+    and lengths already on the device, checked here when ``check``)."""
+    from linred._dtypes import dtype_name
+
+    shape = tuple(x.shape)
+    n = shape[axis]
+    batch = 1
+    for v in shape[:axis]:
+        batch *= v
+    features = 1
+    for v in shape[axis + 1 :]:
+        features *= v
+    length, offsets, lengths = segments.get("segment_length"), segments.get("offsets"), segments.get("lengths")
+    # The kernel checks the offsets as it reads them, where it runs at all (no rows, no features:
+    # checked before, by the separate pass).
+    deferred = batch * features > 0
+    if length is not None:
+        seg = parse_segments(length, None, None, n=n, axis=axis, adapter=adapter, device=device, check=check)
+    elif offsets is not None:
+        seg = parse_offsets(offsets, n, axis, adapter, device, check, deferred)
+    else:
+        seg = parse_lengths(lengths, n, axis, adapter, device, check, deferred)
+    m = seg.count
+    per_element = name != "segmented_logsumexp"
+    out_shape = shape if per_element else (*shape[:axis], m, *shape[axis + 1 :])
+    out = adapter.allocator(result, device)(out_shape)
+    workers = batch * m * features
+    if workers:
+        fixed = isinstance(seg, FixedSegments)
+        index = "long long" if fixed else CTYPES[dtype_name(seg.offsets.dtype)]
+        group = 32 if features == 1 else 1  # a warp per segment of one column, else a thread per feature
+        t = CTYPES[dtype_name(x.dtype)]
+        a = CTYPES["float32" if compute in HALF else compute]
+        o = CTYPES[result]
+        bounds = "FixedOffsets{L}" if fixed else f"ArrayOffsets<{index}>{{offsets}}"
+        key = (t, a, o, str(MODES[name]), str(group), index, bounds)
+        wrapper = (
+            f'#include "softmax.cuh"\n'
+            f"LINRED_SOFTMAX({t}, {a}, {o}, {MODES[name]}, {group}, {THREADS}, {index}, {bounds})\n"
+        )
+        launch = _launch(device, key, wrapper)
+        grid = max(1, min(-(-workers * group // THREADS), 64 * _multiprocessors(device)))
+        kind = adapter.kind
+        off_ptr = 0 if fixed else _pointer(kind, seg.offsets)
+        word = 0 if fixed else seg.word
+        launch(stream, grid, THREADS, 0, _pointer(kind, x), _pointer(kind, out), off_ptr, word,
+               seg.length if fixed else 0, n, m, features, workers)  # fmt: skip
+    if not isinstance(seg, FixedSegments) and seg.word:
+        verify(seg, adapter, stream, lengths, n=n, axis=axis, device=device)
+    return out
