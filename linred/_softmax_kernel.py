@@ -4,9 +4,10 @@
 library's elementwise operations: four to six launches, an element -> segment index for
 variable segments, and the per-segment values gathered back to the elements.  On a GPU,
 where a call is mostly those launches, :func:`run` does the same in one kernel
-(``linred/kernels/softmax.cuh``): each (row of the batch, segment, feature) reads its
-segment for the maximum, again for the sum of ``exp(x - shift)``, and writes the result,
-with the composition's results for every value (NaN, infinities, empty segments).
+(``linred/kernels/softmax.cuh``): each (row of the batch, segment) reads its segment once
+for the maximum and the sum of ``exp(x - maximum)`` together (a running maximum that rescales
+the sum) and, for softmax and log_softmax, once more to write each element, with the
+composition's results for every value (NaN, infinities, empty segments).
 
 It serves what the composition would otherwise compute without a gradient to record:
 CuPy arrays and CUDA tensors (not requiring grad, or under ``torch.no_grad``), C-contiguous,
@@ -113,19 +114,23 @@ def run(
     per_element = name != "segmented_logsumexp"
     out_shape = shape if per_element else (*shape[:axis], m, *shape[axis + 1 :])
     out = adapter.allocator(result, device)(out_shape)
-    workers = batch * m * features
-    if workers:
+    # A warp per (row of the batch, segment) where the features are a power of two up to 32 (its
+    # lanes cover 32 / D rows of D features: every load is 32 consecutive elements), else a thread
+    # per (row of the batch, segment, feature).
+    warp = features <= 32 and features & (features - 1) == 0
+    group, width = (32, features) if warp else (1, 1)
+    workers = batch * m * (1 if warp else features)
+    if workers and features:
         fixed = isinstance(seg, FixedSegments)
         index = "long long" if fixed else CTYPES[dtype_name(seg.offsets.dtype)]
-        group = 32 if features == 1 else 1  # a warp per segment of one column, else a thread per feature
         t = CTYPES[dtype_name(x.dtype)]
         a = CTYPES["float32" if compute in HALF else compute]
         o = CTYPES[result]
         bounds = "FixedOffsets{L}" if fixed else f"ArrayOffsets<{index}>{{offsets}}"
-        key = (t, a, o, str(MODES[name]), str(group), index, bounds)
+        key = (t, a, o, str(MODES[name]), str(group), str(width), index, bounds)
         wrapper = (
             f'#include "softmax.cuh"\n'
-            f"LINRED_SOFTMAX({t}, {a}, {o}, {MODES[name]}, {group}, {THREADS}, {index}, {bounds})\n"
+            f"LINRED_SOFTMAX({t}, {a}, {o}, {MODES[name]}, {group}, {width}, {THREADS}, {index}, {bounds})\n"
         )
         launch = _launch(device, key, wrapper)
         grid = max(1, min(-(-workers * group // THREADS), 64 * _multiprocessors(device)))

@@ -490,10 +490,15 @@ def test_gpu_kernel_against_reference(kernel_calls, kind, name, spec, layout, dt
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
 @pytest.mark.parametrize("name", SOFTMAX_FAMILY)
-@pytest.mark.parametrize("shape, axis", [((70_001,), 0), ((5_003, 7), 0), ((3, 4_001, 2), 1)])
+@pytest.mark.parametrize(
+    "shape, axis",
+    [((70_001,), 0), ((5_003, 7), 0), ((3, 4_001, 2), 1), ((3_001, 4), 0), ((2_001, 8), 0), ((999, 16), 0),
+     ((1_001, 32), 0), ((777, 40), 0)],
+)  # fmt: skip
 def test_gpu_kernel_long_and_many_segments(kernel_calls, kind, name, shape, axis):
-    """Segments of 0 to 3000 elements (longer than a warp, many to a grid), float32 and float64
-    against float64 NumPy."""
+    """Segments of 0 to thousands of rows (longer than a warp's step, many to a grid), one column
+    (a warp per segment), 2 to 32 features (a warp over rows and features) and 7 or 40 (a thread
+    per feature), float32 and float64 against float64 NumPy."""
     rng = np.random.default_rng(len(shape))
     n = shape[axis]
     cuts = np.sort(rng.integers(0, n + 1, 40))

@@ -1,20 +1,22 @@
 // softmax_family: segmented logsumexp, softmax and log_softmax in one kernel.
 //
 // Holds:
-//  - softmax_family: each (row of the batch, segment, feature) is one worker of G lanes
-//    (G = 32, a warp, for one feature column; G = 1, a thread, for feature rows, whose
-//    neighbouring threads read neighbouring features of a row); a worker reads its segment
-//    for the maximum, again for the sum of exp(x - shift), and (softmax, log_softmax) a third
-//    time to write each element, the later reads mostly from L1/L2;
+//  - Running: a running maximum and sum of exp(x - maximum) (the "online" softmax), updated
+//    value by value and merged across lanes;
+//  - softmax_family: each (row of the batch, segment) is one worker: a warp (G = 32) where the
+//    features D are a power of two up to 32 (the lanes cover 32 / D rows of D features: every
+//    load is 32 consecutive elements), else one thread per (row of the batch, segment,
+//    feature) (G = 1: neighbouring threads read neighbouring features of a row).  A worker
+//    reads its segment once for the maximum and the sum together and, for softmax and
+//    log_softmax, once more to write each element (that read mostly from L1/L2);
 //  - its entry point: LINRED_SOFTMAX (linred_softmax).
 //
-// The results are those of linred's composition (linred/_fused.py), value for value:
-//  - the shift is the segment's maximum, or 0 where that is not finite (logsumexp) or is -inf
-//    (softmax, log_softmax), so that NaN, +inf and all -inf segments give what
-//    torch.logsumexp / torch.softmax give (NaN; +inf for logsumexp, NaN for softmax; -inf for
-//    logsumexp, NaN for softmax);
-//  - sums in A (float32 for 16-bit and float32 data, float64 for float64), lanes' partials
-//    added by a fixed shuffle tree: the same bits every run.
+// The results are those of linred's composition (linred/_fused.py): a segment holding NaN
+// gives NaN; one whose maximum is +inf gives +inf (logsumexp) or NaN (softmax, log_softmax);
+// an all -inf or empty segment gives -inf (logsumexp) or NaN; otherwise
+// logsumexp = max + log(sum), softmax = exp(x - max) / sum, log_softmax = (x - max) - log(sum),
+// with sum = the sum of exp(x - max).  Sums in A (float32 for 16-bit and float32 data, float64
+// for float64); lanes are merged by a fixed shuffle tree: the same bits every run.
 
 #pragma once
 
@@ -22,53 +24,113 @@
 
 enum { SOFTMAX_LOGSUMEXP = 0, SOFTMAX_SOFTMAX = 1, SOFTMAX_LOG_SOFTMAX = 2 };
 
-template <int G, class A> __device__ __forceinline__ A group_max(A v) {
+template <class A> struct Running {
+    A mx;      // the largest value that is not NaN (-inf: none yet)
+    A sum;     // the sum of exp(v - mx) over the values so far (meaningless where mx is +-inf)
+    bool nan;  // a NaN was seen
+
+    __device__ __forceinline__ Running() : mx(Limits<A>::lowest()), sum(0), nan(false) {}
+
+    __device__ __forceinline__ void add(A v) {
+        if (v > mx) {  // (false for NaN)
+            sum = (mx == Limits<A>::lowest() ? (A)0 : sum * exp(mx - v)) + (A)1;
+            mx = v;
+        } else if (v > Limits<A>::lowest()) {  // (-inf adds exp(-inf) = 0; skipped: -inf - -inf is NaN)
+            sum += exp(v - mx);
+        } else {
+            nan |= v != v;
+        }
+    }
+
+    // Merged with another lane's: the same as if this lane had seen that lane's values too
+    // (up to rounding).
+    __device__ __forceinline__ void merge(A omx, A osum, bool onan) {
+        nan |= onan;
+        const A m = omx > mx ? omx : mx;
+        if (m == Limits<A>::lowest() || m == Limits<A>::highest()) {
+            sum = 0;  // (not used: the result is fixed by the maximum)
+        } else {
+            sum = sum * exp(mx - m) + osum * exp(omx - m);
+        }
+        mx = m;
+    }
+
+    // 0: a finite maximum (the results follow from mx and sum), 1: NaN or a maximum of +inf,
+    // 2: all -inf or empty.
+    __device__ __forceinline__ int special() const {
+        return nan || mx == Limits<A>::highest() ? 1 : mx == Limits<A>::lowest() ? 2 : 0;
+    }
+};
+
+// Merges the running values of the lanes that share a feature (lanes lane ^ o for o >= DW).
+template <int DW, class A> __device__ __forceinline__ void merge_lanes(Running<A>& r) {
 #pragma unroll
-    for (int o = G / 2; o > 0; o /= 2) v = OpMax::combine(v, shfl_xor(v, o));
-    return v;
-}
-template <int G, class A> __device__ __forceinline__ A group_sum(A v) {
-#pragma unroll
-    for (int o = G / 2; o > 0; o /= 2) v += shfl_xor(v, o);
-    return v;
+    for (int o = 16; o >= DW; o /= 2) {
+        const A omx = shfl_xor(r.mx, o), osum = shfl_xor(r.sum, o);
+        const bool onan = __shfl_xor_sync(0xffffffffu, (int)r.nan, o) != 0;
+        r.merge(omx, osum, onan);
+    }
 }
 
 // x: (batch, n, D) C-contiguous; out: like x (softmax, log_softmax) or (batch, m, D) (logsumexp).
-// workers = batch * m * D; every lane of a worker runs the same loops (the shuffles need them all).
-// bad: checked_bounds's word (offsets.cuh), or nullptr where the offsets need no check.
-template <class T, class A, class O, int MODE, int G, class Off>
+// G = 32: a worker is a warp, DW = D (a power of two up to 32); G = 1: a worker is a thread and
+// one feature (DW = 1).  workers = batch * m (G = 32) or batch * m * D (G = 1).  Every lane of a
+// worker runs the same loops (the shuffles need them all).  bad: checked_bounds's word
+// (offsets.cuh), or nullptr where the offsets need no check.
+template <class T, class A, class O, int MODE, int G, int DW, int UNROLL, class Off>
 __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __restrict__ out, Off off, int* bad, i64 n,
                                                i64 m, i64 D, i64 workers) {
+    constexpr int RS = G / DW;  // rows a worker's lanes cover per step
     const int lane = G == 1 ? 0 : (int)(threadIdx.x % G);
+    const int r0 = lane / DW;                      // the lane's first row in a step
     const i64 stride = (i64)gridDim.x * (blockDim.x / G);
     for (i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / G; w < workers; w += stride) {
-        const i64 d = w % D, bs = w / D;  // bs: row of the batch * m + segment
+        i64 d, bs;  // the lane's feature; row of the batch * m + segment
+        if (G == 1) {
+            d = w % D;
+            bs = w / D;
+        } else {
+            d = lane % DW;
+            bs = w;
+        }
         const i64 b = bs / m, s = bs - b * m;
         i64 begin = off(s), end = off(s + 1);
         checked_bounds(s, m, n, bad, begin, end);
         const T* p = x + b * n * D + d;
-        A mx = Limits<A>::lowest();
-        for (i64 i = begin + lane; i < end; i += G) mx = OpMax::combine(mx, to_acc<A>(p[i * D]));
-        mx = group_max<G>(mx);
-        const bool finite = mx - mx == (A)0;  // (false for +-inf and NaN)
-        const A shift =
-            MODE == SOFTMAX_LOGSUMEXP ? (finite ? mx : (A)0) : (mx == Limits<A>::lowest() ? (A)0 : mx);
-        A sum = 0;
-        for (i64 i = begin + lane; i < end; i += G) sum += exp(to_acc<A>(p[i * D]) - shift);
-        sum = group_sum<G>(sum);
+        Running<A> r;
+        i64 i = begin + r0;
+        for (; i + (UNROLL - 1) * RS < end; i += UNROLL * RS) {
+            A v[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) v[u] = to_acc<A>(p[(i + u * RS) * D]);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) r.add(v[u]);
+        }
+        for (; i < end; i += RS) r.add(to_acc<A>(p[i * D]));
+        if (G > 1) merge_lanes<DW>(r);
+        const int special = r.special();
         if constexpr (MODE == SOFTMAX_LOGSUMEXP) {
-            if (lane == 0) out[bs * D + d] = finish<O, false>(log(sum) + shift, 1);
+            if (r0 == 0) {
+                const A nan = Limits<A>::highest() - Limits<A>::highest();
+                const A v = special == 0 ? r.mx + log(r.sum) : special == 2 ? Limits<A>::lowest()
+                                                             : (r.nan ? nan : Limits<A>::highest());
+                out[bs * D + d] = finish<O, false>(v, 1);
+            }
         } else {
             O* q = out + b * n * D + d;
-            if constexpr (MODE == SOFTMAX_SOFTMAX) {
-                for (i64 i = begin + lane; i < end; i += G) {
-                    q[i * D] = finish<O, false>(exp(to_acc<A>(p[i * D]) - shift) / sum, 1);
+            const A ls = log(r.sum);
+            const A nan = Limits<A>::highest() - Limits<A>::highest();
+            for (i = begin + r0; i < end; i += RS) {
+                const A v = to_acc<A>(p[i * D]);
+                A y;
+                if (special != 0) {
+                    y = nan;
+                } else if (MODE == SOFTMAX_SOFTMAX) {
+                    y = exp(v - r.mx) / r.sum;
+                } else {
+                    y = (v - r.mx) - ls;
                 }
-            } else {
-                const A ls = log(sum);
-                for (i64 i = begin + lane; i < end; i += G) {
-                    q[i * D] = finish<O, false>((to_acc<A>(p[i * D]) - shift) - ls, 1);
-                }
+                q[i * D] = finish<O, false>(y, 1);
             }
         }
     }
@@ -76,9 +138,9 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
 
 // ---- entry point --------------------------------------------------------------------
 // linred_softmax: softmax_family; OFFSETS is FixedOffsets{L} or ArrayOffsets<I>{offsets}.
-#define LINRED_SOFTMAX(T, A, O, MODE, G, THREADS, I, OFFSETS)                                                   \
+#define LINRED_SOFTMAX(T, A, O, MODE, G, DW, THREADS, I, OFFSETS)                                               \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
         linred_softmax(const T* x, O* out, const I* offsets, int* bad, long long L, long long n, long long m,  \
                        long long d, long long workers) {                                                       \
-        softmax_family<T, A, O, MODE, G>(x, out, OFFSETS, bad, n, m, d, workers);                              \
+        softmax_family<T, A, O, MODE, G, DW, 4>(x, out, OFFSETS, bad, n, m, d, workers);                       \
     }
