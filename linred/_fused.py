@@ -585,16 +585,24 @@ Computed stably: each segment's maximum is subtracted before ``exp`` (where the
 maximum is -inf, 0 is subtracted instead), so that ``exp`` never overflows and the
 largest term of each segment's sum is 1.
 
-Composed from linred's reductions and elementwise operations of the array library
-(NumPy, CuPy, PyTorch) today, in {passes}
+On a GPU (CuPy arrays, CUDA tensors), C-contiguous float16, bfloat16, float32 or
+float64 data with ``segment_length``, ``offsets`` or ``lengths`` and no gradient to
+record (a tensor that does not require grad, or ``torch.no_grad``) is computed by one
+NVRTC kernel with the same results: each segment is read for its maximum, again for
+the sum of ``exp`` (mostly from the cache){write}.
+A warp serves a segment, over its rows and features where the features are a power
+of two up to 32, a thread a segment's feature otherwise.  ``check=True`` is done by
+that kernel as it reads each segment's bounds.
+
+Everything else is composed from linred's reductions and elementwise operations of
+the array library (NumPy, CuPy, PyTorch), in {passes}
 A per-segment value goes back to the elements through a view for
 ``segment_length`` and, for ``offsets`` and ``lengths``, a gather through an int64
 element -> segment index made once per call on the data's device, without a
 synchronization (NumPy data: repeated by the lengths; for ``segment_ids``, the ids
 themselves, and each reduction by unsorted ids also sorts them and gathers its
 input).  float16 and bfloat16 data cost a pass to convert to float32 and
-one back.  A fused kernel (an online maximum and sum in one read) would read the
-data {fused}.
+one back.
 
 For PyTorch tensors that require grad the result has a ``grad_fn``: the
 elementwise operations and linred's sum have their backward, and the maximum is
@@ -655,7 +663,7 @@ segmented_logsumexp.__doc__ = _fused_doc(
     "segmented_max : The maximum of each segment.",
     _SOFTMAX_NOTES.format(
         passes="three passes over the data: the maximum, ``exp(x - max)``\nwritten to a temporary, its sum.",
-        fused="once",
+        write=",\nits logarithm written per segment",
     ),
     """\
 >>> import numpy as np
@@ -688,7 +696,7 @@ segmented_softmax.__doc__ = _fused_doc(
     _SOFTMAX_NOTES.format(
         passes="four passes over the data: the maximum, ``exp(x - max)``\n"
         "written to a temporary, its sum, the division written in place.",
-        fused="twice and write the result once",
+        write=",\nonce more, to write each element",
     ),
     """\
 >>> import numpy as np
@@ -729,7 +737,7 @@ segmented_log_softmax.__doc__ = _fused_doc(
     _SOFTMAX_NOTES.format(
         passes="five passes over the data: the maximum, ``x - max`` written to\n"
         "a temporary, its ``exp`` written to another, their sum, the subtraction of the\nlog written in place.",
-        fused="twice and write the result once",
+        write=",\nonce more, to write each element",
     ),
     """\
 >>> import numpy as np
