@@ -104,9 +104,10 @@ def parse_offsets(
 ) -> VariableSegments:
     """``offsets=`` of a call on an axis of length ``n``, as segments on ``device`` (checked if ``check``).
 
-    With ``deferred`` (the plan's executor ``checks_offsets``), offsets on a device are
-    not checked here: the segments carry the ``word`` the executor's kernel sets, and the
-    caller passes them to :func:`verify` after the call.
+    With ``deferred`` (the kernel that will read them checks them too: a plan's executor
+    whose ``checks_offsets`` is set, or the softmax family's kernel), offsets on a device
+    are not checked here: the segments carry the ``word`` that kernel sets, and the caller
+    passes them to :func:`verify` after the call.
     """
     off = adapter.index_array(value, device, "offsets")
     _one_dimensional(off, "offsets")
