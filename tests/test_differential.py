@@ -21,6 +21,7 @@ were checked.
 
 from __future__ import annotations
 
+import itertools
 import os
 import zlib
 
@@ -423,3 +424,128 @@ def test_gpu_hypothesis(shard, backend, dtype, reduction, spec, m, length, style
     out, check = flags
     case = Case("hypothesis", backend, kind, dtype, reduction, spec, lengths, 0, layout, out, check)
     _run_all([case], seed)
+
+
+# ---------------------------------------------------------------------------
+# The composed functions: logsumexp, softmax, log_softmax (one kernel on a GPU), var and std
+# ---------------------------------------------------------------------------
+
+COMPOSED = ("logsumexp", "softmax", "log_softmax", "var", "std")
+
+
+def _composed_reference(name: str, x: np.ndarray, offsets: np.ndarray, ddof: int = 0) -> np.ndarray:
+    """``segmented_<name>`` of ``x`` (n, D) along axis 0, in float64, written without linred's
+    code: the rules of tests/test_fused.py's reference, vectorized per segment."""
+    x = x.astype(np.float64)
+    per_element = name in ("softmax", "log_softmax")
+    out = np.empty_like(x) if per_element else np.empty((len(offsets) - 1, x.shape[1]))
+    with np.errstate(all="ignore"):
+        for s, (a, b) in enumerate(itertools.pairwise(offsets)):
+            seg = x[a:b]
+            nan = np.isnan(seg).any(axis=0)
+            mx = np.where(np.isnan(seg), -np.inf, seg).max(axis=0, initial=-np.inf)
+            finite = np.isfinite(mx)
+            safe = np.where(finite, mx, 0.0)
+            total = np.exp(seg - safe).sum(axis=0)
+            if name == "logsumexp":
+                out[s] = np.where(nan, np.nan, np.where(finite, safe + np.log(total), mx))
+            elif per_element:
+                bad = nan | ~finite
+                r = np.exp(seg - safe) / total if name == "softmax" else seg - safe - np.log(total)
+                out[a:b] = np.where(bad, np.nan, r)
+            else:
+                k = b - a
+                broken = ~np.isfinite(seg).all(axis=0) | (k <= ddof)
+                mean = seg.mean(axis=0) if k else np.zeros(x.shape[1])
+                var = ((seg - mean) ** 2).sum(axis=0) / max(k - ddof, 1)
+                var = np.where(broken, np.nan, var)
+                out[s] = np.sqrt(var) if name == "std" else var
+    return out
+
+
+def _composed_shapes() -> list[tuple[int, tuple[int, ...]]]:
+    """(features D, segment lengths) crossing the softmax kernel's steps: a warp covers 32 / D rows
+    of D features per step (D a power of two up to 32) with 4 loads in flight, so lengths at
+    k * 4 * 32 / D - 1, k * 4 * 32 / D and + 1; a thread per feature for other D; with empty and
+    length-1 segments, and (for D = 1) more segments than one grid pass."""
+    shapes = []
+    for d in (1, 2, 4, 8, 16, 32, 3, 33):
+        step = 4 * (32 // d) if d <= 32 and d & (d - 1) == 0 else 4
+        lengths = [0, 1, *around(step, 2 * step), 5]
+        shapes.append((d, tuple(lengths * 3)))
+    shapes.append((1, (7,) * 20_000 + (0, 300, 1)))  # 20,003 segments
+    return shapes
+
+
+def _composed_cases(kinds: list[str]) -> list[tuple]:
+    cases = []
+    for kind in kinds:
+        for name in COMPOSED:
+            for i, (d, lengths) in enumerate(_composed_shapes()):
+                dtype = ("float32", "float64", "float16")[i % 3]
+                spec = ("offsets", "lengths", "fixed")[i % 3]
+                if spec == "fixed":  # the same lengths as one fixed length (their maximum)
+                    lengths = (max(max(lengths), 1),) * (len(lengths) // 3)
+                cases.append((kind, name, d, lengths, dtype, spec, i))
+    return cases
+
+
+def _run_composed(cases: list[tuple]) -> None:
+    from support import to_kind, to_numpy
+
+    import linred
+
+    failures = []
+    for kind, name, d, lengths, dtype, spec, seed in cases:
+        rng = np.random.default_rng(seed)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        n = int(offsets[-1])
+        x = (rng.normal(size=(n, d)) * 4).astype(dtype)
+        if n > 8 and name not in ("var", "std"):  # special values in the first column
+            x[1, 0], x[min(5, n - 1), 0] = np.inf, np.nan
+            first = next((int(a) for a, b in itertools.pairwise(offsets) if b - a > 1), None)
+            if first is not None:
+                x[first : first + 2, 0] = -np.inf
+        kw = (
+            {"segment_length": lengths[0]}
+            if spec == "fixed"
+            else {spec: to_kind(np.diff(offsets) if spec == "lengths" else offsets, kind)}
+        )
+        xd = to_kind(x if d > 1 else x[:, 0], kind)
+        got = to_numpy(getattr(linred, f"segmented_{name}")(xd, **kw)).astype(np.float64)
+        ref = _composed_reference(name, x, offsets)
+        if d == 1:
+            ref = ref[:, 0]
+        tol = {"float64": 1e-11, "float32": 2e-5, "float16": 1e-2}[dtype]
+        scale = np.maximum(1.0, np.abs(np.where(np.isfinite(ref), ref, 0.0)))
+        with np.errstate(invalid="ignore"):  # (inf - inf where both are inf: isclose decides those)
+            ok = np.isclose(got, ref, rtol=tol, atol=0, equal_nan=True) | (np.abs(got - ref) <= tol * scale)
+        DIFFERENTIAL["calls"] += 1
+        if not ok.all():
+            DIFFERENTIAL["failed"] += 1
+            at = np.argwhere(~ok)[0]
+            failures.append(f"{kind} {name} {dtype} {spec} D={d} m={len(lengths)}: at {tuple(at)} got "
+                            f"{got[tuple(at)]!r}, float64 {ref[tuple(at)]!r}")  # fmt: skip
+    assert not failures, "\n".join(failures[:20])
+
+
+def test_composed_functions_on_the_host():
+    """The composed functions of NumPy and CPU torch data against float64, at the softmax kernel's
+    step boundaries (on the host they are composed: the same shapes as the GPU test below)."""
+    _run_composed(_composed_cases(host_kinds()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+def test_composed_functions_on_the_gpu():
+    """The same on CuPy arrays and CUDA tensors: the softmax family through its kernel, var and
+    std composed."""
+    _run_composed(
+        _composed_cases(
+            [
+                k
+                for k in ("cupy", "torch-cuda")
+                if (k == "cupy" and HAS_CUPY_GPU) or (k == "torch-cuda" and HAS_TORCH_CUDA)
+            ]
+        )
+    )
