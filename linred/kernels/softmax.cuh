@@ -9,6 +9,7 @@
 //    and log_softmax, a third time to write each element (the later reads mostly from L1/L2:
 //    a single pass with a running maximum that rescales the sum was slower on an H100, its
 //    merge across lanes costing more exps than it saved reads);
+//  - lanes_max and lanes_sum: the maximum and the sum of the lanes that share a feature;
 //  - its entry point: LINRED_SOFTMAX (linred_softmax).
 //
 // The results are those of linred's composition (linred/_fused.py), by the same formulas: the
