@@ -245,6 +245,11 @@ def _run(
 ) -> Any:
     """The common path of the five functions: ``body`` on the prepared call."""
     name = function.__name__
+    from linred import dask as linred_dask  # (imports no Dask: the type's module is read)
+
+    if linred_dask.is_dask(x):  # (a Dask array: rechunked to whole segments, each chunk computed by this function)
+        return linred_dask.composed(name.removeprefix("segmented_"), x, segments, axis, dtype, backend, stream, check,
+                                    remainder, **options)  # fmt: skip
     if is_jax(x):
         return _call_jax(function, x, segments, stream, axis=axis, dtype=dtype, backend=backend, check=check,
                          remainder=remainder, **options)  # fmt: skip

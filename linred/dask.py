@@ -72,6 +72,9 @@ METHODS = ("auto", "blockwise", "carry", "rechunk")
 _PARTIAL = {"sum": "sum", "mean": "sum", "prod": "prod", "max": "max", "min": "min"}
 _COMBINE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 _ARG = {"argmax": "max", "argmin": "min"}
+#: linred's composed functions (linred._fused): those whose result is shaped like x, and the others
+_PER_ELEMENT = ("softmax", "log_softmax")
+_COMPOSED = ("logsumexp", *_PER_ELEMENT, "var", "std")
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -116,7 +119,8 @@ def _index(axis: int, index: Any) -> tuple:
 
 
 def _call(reduction: str, block: Any, axis: int, backend: str, *, segment_length: int | None = None,
-          offsets: np.ndarray | None = None, dtype: Any = None, cached: bool = True) -> Any:  # fmt: skip
+          offsets: np.ndarray | None = None, dtype: Any = None, cached: bool = True,
+          **options: Any) -> Any:  # fmt: skip
     """linred's ``segmented_<reduction>`` of one chunk (its segments already checked on the host).
 
     ``cached=False`` runs a plan made for this call alone and freed after it: for calls whose
@@ -125,26 +129,28 @@ def _call(reduction: str, block: Any, axis: int, backend: str, *, segment_length
     plans used once and push out the caller's own.  A plan costs what a cache miss costs (tens of
     microseconds on the host), less than a task's own overhead.
     """
-    if cached or reduction in _ARG or block.dtype.kind in "mM":  # (no plan object for these)
+    if cached or reduction in _ARG or reduction in _COMPOSED or block.dtype.kind in "mM":  # (no plan object)
         kwargs = {} if reduction in _ARG else {"dtype": dtype}
         function = getattr(linred, f"segmented_{reduction}")
-        return function(block, segment_length, offsets=offsets, axis=axis, backend=backend, check=False, **kwargs)
+        return function(block, segment_length, offsets=offsets, axis=axis, backend=backend, check=False, **kwargs,
+                        **options)  # fmt: skip
     with SegmentedReduction(block, segment_length, offsets=offsets, axis=axis, reduction=reduction, dtype=dtype,
                             backend=backend, check=False) as plan:  # fmt: skip
         return plan(block)
 
 
 def _blockwise_task(block: Any, params: np.ndarray, *, reduction: str, axis: int, as_dtype: Any, backend: str,
-                    segment_length: int | None, n: int) -> Any:  # fmt: skip
+                    segment_length: int | None, n: int, **options: Any) -> Any:  # fmt: skip
     """A chunk whose edges are segment edges: ``params`` is ``[start, size, *local offsets]`` (no
     offsets for a fixed length)."""
     start, size = int(params[0]), int(params[1])
     with _one_thread():
         if segment_length is not None:
             # Every chunk of a regular chunking has the same shape: the cached plan is reused.
-            result = _call(reduction, block, axis, backend, segment_length=segment_length, dtype=as_dtype)
+            result = _call(reduction, block, axis, backend, segment_length=segment_length, dtype=as_dtype, **options)
         else:
-            result = _call(reduction, block, axis, backend, offsets=params[2:], dtype=as_dtype, cached=False)
+            result = _call(reduction, block, axis, backend, offsets=params[2:], dtype=as_dtype, cached=False,
+                           **options)  # fmt: skip
     if reduction in _ARG:  # positions in the chunk (size for an empty segment) -> positions in x (n)
         xp = _xp(result)
         result = xp.where(result == size, n, result + start)
@@ -440,7 +446,7 @@ def _layout(segs: _Segments, bounds: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def _build_blockwise(reduction: str, x: Any, axis: int, segs: _Segments, dtype: Any, backend: str,
-                     meta: Any) -> dask.array.Array:  # fmt: skip
+                     meta: Any, **options: Any) -> dask.array.Array:  # fmt: skip
     bounds = np.cumsum((0, *x.chunks[axis]), dtype=np.int64)
     lay = _layout(segs, bounds)
     parts = []
@@ -451,9 +457,11 @@ def _build_blockwise(reduction: str, x: Any, axis: int, segs: _Segments, dtype: 
         else:
             local = segs.offsets[lay["lo"][i] : lay["hi"][i]] - a
             parts.append(np.concatenate([[a, c], local, [c]]))
+    # A per-element function's result chunks are the data's; a reduction's hold the segments that start in them.
+    out_chunks = lay["size"] if reduction in _PER_ELEMENT else lay["hi"] - lay["lo"]
     return _blockwise(_blockwise_task, f"linred-{reduction}", axis, x.ndim, [(x, True), (_params(parts), False)],
-                      lay["hi"] - lay["lo"], meta, reduction=reduction, axis=axis, as_dtype=dtype, backend=backend,
-                      segment_length=segs.length, n=segs.n)  # fmt: skip
+                      out_chunks, meta, reduction=reduction, axis=axis, as_dtype=dtype, backend=backend,
+                      segment_length=segs.length, n=segs.n, **options)  # fmt: skip
 
 
 def _carry_groups(lay: dict[str, np.ndarray], segs: _Segments, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -721,6 +729,43 @@ def segmented_reduce(
     if method == "blockwise":
         return _build_blockwise(reduction, x, axis, segs, dtype, backend, meta)
     return _build_carry(reduction, x, axis, segs, dtype, backend, meta, out_dtype)
+
+
+def composed(name: str, x: Any, segments: dict[str, Any], axis: Any, dtype: Any, backend: Any, stream: Any,
+             check: Any, remainder: Any, **options: Any) -> dask.array.Array:  # fmt: skip
+    """``linred.segmented_<name>`` of a Dask array for the composed functions (logsumexp, softmax,
+    log_softmax, var, std): the chunk edges along ``axis`` moved to segment edges (as
+    ``method="rechunk"``), then each chunk computed by linred's function; lazy, of ``x``'s chunk
+    type.  ``segments`` are the call's segment keywords; ``options`` the function's own (``ddof``)."""
+    from dask.array.utils import meta_from_array
+
+    from linred.backends import check_backend_name
+
+    if stream is not None:
+        raise TypeError("stream cannot be given for Dask arrays (each chunk's call runs on its array library's "
+                        "current stream)")  # fmt: skip
+    if segments.get("segment_ids") is not None or segments.get("num_segments") is not None:
+        raise TypeError(f"segmented_{name} of a Dask array takes segment_length, offsets or lengths, not segment ids")
+    if x.ndim == 0:
+        raise ValueError(f"segmented_{name}: x must have at least one dimension; got a 0-d array")
+    axis = normalize_axis(axis, x.ndim)
+    check_backend_name(backend)
+    if not isinstance(check, bool):
+        raise TypeError(f"check must be True or False; got {type(check).__name__} {check!r}")
+    chunk_meta = getattr(x, "_meta", None)
+    if chunk_meta is None:
+        chunk_meta = meta_from_array(x)
+    if not (type(chunk_meta) is np.ndarray or type(chunk_meta).__module__.partition(".")[0] == "cupy"):
+        raise TypeError(f"x must be a Dask array of NumPy or CuPy chunks; got chunks of "
+                        f"{type(chunk_meta).__module__}.{type(chunk_meta).__name__}")  # fmt: skip
+    if any(math.isnan(c) for c in x.chunks[axis]):
+        raise ValueError(f"x has unknown chunk sizes along axis {axis}; call x.compute_chunk_sizes() first")
+    sample = getattr(linred, f"segmented_{name}")(np.zeros(1, dtype=x.dtype), 1, dtype=dtype, **options)
+    x, segs = _segments(x, axis, segments.get("segment_length"), segments.get("offsets"), segments.get("lengths"),
+                        remainder)  # fmt: skip
+    meta = meta_from_array(chunk_meta, x.ndim, dtype=sample.dtype)
+    x = _rechunked(x, axis, segs)  # every segment whole in one chunk: the functions read a segment at once
+    return _build_blockwise(name, x, axis, segs, dtype, backend, meta, **options)
 
 
 def _from_function(reduction: str, x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: Any, dtype: Any,

@@ -692,3 +692,64 @@ def test_cupy_chunks_on_two_gpus():
 def test_docstring_examples():
     result = doctest.testmod(ldask, optionflags=doctest.NORMALIZE_WHITESPACE, verbose=False, report=True)
     assert result.failed == 0 and result.attempted > 0
+
+
+# --- the composed functions (logsumexp, softmax, log_softmax, var, std) ---
+
+COMPOSED = ("logsumexp", "softmax", "log_softmax", "var", "std")
+
+
+@pytest.mark.parametrize("name", COMPOSED)
+@pytest.mark.parametrize(
+    "spec",
+    [{"offsets": [0, 10, 10, 300, 301, 650, 1000]}, {"lengths": [1000]}, {"segment_length": 8},
+     {"segment_length": 7, "remainder": "keep"}, {"segment_length": 7, "remainder": "drop"}],
+)  # fmt: skip
+@pytest.mark.parametrize("layout", ["1d", "rows", "columns"])
+def test_composed_functions_match_the_single_call(name, spec, layout):
+    """Chunk edges moved to segment edges, each chunk computed by linred's function: the single
+    call's result (1-D, axis 0 of feature rows, and axis 1), lazily, with NaN and infinities."""
+    rng = np.random.default_rng(len(name))
+    x = rng.normal(size=(1000, 3)) * 3
+    x[5, 0], x[400, 1], x[20:40, 2] = np.nan, np.inf, -np.inf
+    if layout == "1d":
+        x, chunks, axis = x[:, 0], 128, 0
+    elif layout == "rows":
+        chunks, axis = (128, 3), 0
+    else:
+        x, chunks, axis = x.T.copy(), (3, 128), 1
+    kw = {"ddof": 1} if name in ("var", "std") else {}
+    fn = getattr(linred, f"segmented_{name}")
+    got = fn(da.from_array(x, chunks=chunks), axis=axis, **spec, **kw)
+    assert ldask.is_dask(got)
+    want = fn(x, axis=axis, **spec, **kw)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got.compute(), want, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
+def test_composed_functions_refuse_what_dask_does_not_serve():
+    x = da.from_array(np.ones(10), chunks=4)
+    with pytest.raises(TypeError, match="not segment ids"):
+        linred.segmented_softmax(x, segment_ids=np.zeros(10, dtype=np.int64))
+    with pytest.raises(TypeError, match="stream cannot be given"):
+        linred.segmented_logsumexp(x, 5, stream=0)
+    with pytest.raises(ValueError, match="offsets"):
+        linred.segmented_softmax(x, offsets=[0, 4, 3, 10])
+    with pytest.raises(ValueError, match="ddof"):
+        linred.segmented_var(x, 5, ddof=-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUPY_GPU, reason="needs CuPy with a GPU")
+@pytest.mark.parametrize("name", COMPOSED)
+def test_composed_functions_of_cupy_chunks(name):
+    import cupy
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(1000, 4)).astype(np.float32)
+    offsets = [0, 10, 10, 300, 301, 650, 1000]
+    got = getattr(linred, f"segmented_{name}")(da.from_array(cupy.asarray(x), chunks=(128, 4)), offsets=offsets)
+    result = got.compute()
+    assert isinstance(result, cupy.ndarray)
+    want = getattr(linred, f"segmented_{name}")(x, offsets=offsets)
+    np.testing.assert_allclose(cupy.asnumpy(result), want, rtol=2e-5, atol=2e-5)
