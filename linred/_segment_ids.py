@@ -143,9 +143,13 @@ def reduce_by_ids(
                         **ids_kwargs, **kwargs)  # fmt: skip
     from linred.dask import is_dask  # (linred.dask imports linred: not at this module's import)
 
-    if is_dask(x):
-        raise TypeError("segment_ids is not served for dask arrays yet; give offsets (searchsorted of the "
-                        "sorted ids) instead")  # fmt: skip
+    if is_dask(x):  # sorted ids, read on the host as offsets are, become offsets (linred.dask)
+        from linred.dask import sorted_ids_offsets
+
+        offsets = sorted_ids_offsets(x, segment_ids, ns, ids_sorted, axis)
+        if not positions:  # (the arg-reductions take no out=)
+            kwargs["out"] = out
+        return function(x, offsets=offsets, axis=axis, check=check, **kwargs)
     x, adapter = as_array(x)  # (refuses what the functions refuse: masked, sparse, other libraries' arrays)
     if not x.shape:
         raise ValueError("x must have at least one dimension; got a 0-d array")

@@ -731,6 +731,34 @@ def segmented_reduce(
     return _build_carry(reduction, x, axis, segs, dtype, backend, meta, out_dtype)
 
 
+def sorted_ids_offsets(x: Any, segment_ids: Any, num_segments: int | None, ids_sorted: Any, axis: Any) -> np.ndarray:
+    """The offsets that sorted ``segment_ids`` (one id per element along ``axis`` of Dask array
+    ``x``, read on the host as offsets are) name: ``num_segments`` segments (default: the largest
+    id + 1), id ``k`` the elements of segment ``k``.  Unsorted ids (which would gather the data
+    across chunks) and ids outside ``[0, num_segments)`` are refused, also with ``check=False``:
+    the graph is built from them."""
+    n = x.shape[normalize_axis(axis, x.ndim)]
+    if ids_sorted is False:
+        raise ValueError("segment_ids of a Dask array must be sorted (non-decreasing): sort the data by id first")
+    ids = np.asarray(_host_index(segment_ids, "segment_ids"))
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"segment_ids must be an array of integers; got dtype {ids.dtype}")
+    if ids.ndim != 1:
+        raise ValueError(f"segment_ids must be 1-D (one id per element along axis); got shape {ids.shape}")
+    if ids.shape[0] != n:
+        raise ValueError(f"segment_ids must have one id per element along axis {axis} ({n}); got {ids.shape[0]}")
+    ids = ids.astype(np.int64, copy=False)
+    if n and bool((ids[1:] < ids[:-1]).any()):
+        at = int(np.argmax(ids[1:] < ids[:-1]))
+        raise ValueError(f"segment_ids of a Dask array must be sorted (non-decreasing): segment_ids[{at + 1}] = "
+                         f"{ids[at + 1]} < segment_ids[{at}] = {ids[at]}; sort the data by id first")  # fmt: skip
+    ns = (int(ids[-1]) + 1 if n else 0) if num_segments is None else num_segments
+    if n and (ids[0] < 0 or ids[-1] >= ns):
+        i = 0 if ids[0] < 0 else int(np.argmax(ids >= ns))
+        raise ValueError(f"segment_ids must lie in [0, num_segments) = [0, {ns}); segment_ids[{i}] = {ids[i]}")
+    return np.searchsorted(ids, np.arange(ns + 1, dtype=np.int64), side="left").astype(np.int64)
+
+
 def composed(name: str, x: Any, segments: dict[str, Any], axis: Any, dtype: Any, backend: Any, stream: Any,
              check: Any, remainder: Any, **options: Any) -> dask.array.Array:  # fmt: skip
     """``linred.segmented_<name>`` of a Dask array for the composed functions (logsumexp, softmax,
@@ -744,10 +772,17 @@ def composed(name: str, x: Any, segments: dict[str, Any], axis: Any, dtype: Any,
     if stream is not None:
         raise TypeError("stream cannot be given for Dask arrays (each chunk's call runs on its array library's "
                         "current stream)")  # fmt: skip
-    if segments.get("segment_ids") is not None or segments.get("num_segments") is not None:
-        raise TypeError(f"segmented_{name} of a Dask array takes segment_length, offsets or lengths, not segment ids")
     if x.ndim == 0:
         raise ValueError(f"segmented_{name}: x must have at least one dimension; got a 0-d array")
+    if segments.get("segment_ids") is not None or segments.get("num_segments") is not None:
+        from linred._segment_ids import _num_segments
+
+        if segments.get("segment_ids") is None:
+            raise TypeError("num_segments applies to segment_ids only; give segment_ids as well")
+        ns = segments.get("num_segments")
+        offsets = sorted_ids_offsets(x, segments["segment_ids"], None if ns is None else _num_segments(ns),
+                                     segments.get("ids_sorted"), axis)  # fmt: skip
+        segments = {"offsets": offsets}
     axis = normalize_axis(axis, x.ndim)
     check_backend_name(backend)
     if not isinstance(check, bool):

@@ -727,10 +727,47 @@ def test_composed_functions_match_the_single_call(name, spec, layout):
     np.testing.assert_allclose(got.compute(), want, rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
+@pytest.mark.parametrize("name", [*VALUE_REDUCTIONS, *ARG_REDUCTIONS, "prod", *COMPOSED])
+@pytest.mark.parametrize("layout", ["1d", "rows"])
+def test_sorted_segment_ids(name, layout):
+    """Sorted ids (a batch vector, with empty segments and trailing empty ones from num_segments)
+    become offsets: the single call's result with the same ids."""
+    if not hasattr(linred, f"segmented_{name}"):
+        pytest.skip(f"no segmented_{name}")
+    rng = np.random.default_rng(1)
+    ids = np.sort(rng.integers(0, 30, 1000))
+    ids[ids == 7] = 8  # an empty segment
+    x = rng.normal(size=(1000, 3))
+    if layout == "1d":
+        x = x[:, 0]
+    fn = getattr(linred, f"segmented_{name}")
+    chunks = 128 if layout == "1d" else (128, 3)
+    got = fn(da.from_array(x, chunks=chunks), segment_ids=ids, num_segments=33)
+    assert ldask.is_dask(got)
+    want = fn(x, segment_ids=ids, num_segments=33)
+    np.testing.assert_allclose(got.compute(), want, rtol=1e-12, atol=1e-12, equal_nan=True)
+    got = fn(da.from_array(x, chunks=chunks), segment_ids=da.from_array(ids, chunks=100))  # ids as a Dask array
+    np.testing.assert_allclose(got.compute(), fn(x, segment_ids=ids), rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
+def test_segment_ids_dask_refuses():
+    x = da.from_array(np.ones(10), chunks=4)
+    unsorted = r"must be sorted \(non-decreasing\): segment_ids\[3\] = 0 < segment_ids\[2\] = 1"
+    with pytest.raises(ValueError, match=unsorted):
+        linred.segmented_sum(x, segment_ids=[0, 1, 1, 0, 2, 2, 2, 3, 3, 3])
+    with pytest.raises(ValueError, match="must be sorted"):
+        linred.segmented_softmax(x, segment_ids=np.zeros(10, dtype=np.int64), ids_sorted=False)
+    for check in (True, False):
+        with pytest.raises(ValueError, match=r"\[0, 2\); segment_ids\[8\] = 2"):
+            linred.segmented_max(x, segment_ids=[0] * 4 + [1] * 4 + [2] * 2, num_segments=2, check=check)
+    with pytest.raises(ValueError, match="one id per element"):
+        linred.segmented_logsumexp(x, segment_ids=[0, 1])
+    with pytest.raises(TypeError, match="array of integers"):
+        linred.segmented_sum(x, segment_ids=np.zeros(10))
+
+
 def test_composed_functions_refuse_what_dask_does_not_serve():
     x = da.from_array(np.ones(10), chunks=4)
-    with pytest.raises(TypeError, match="not segment ids"):
-        linred.segmented_softmax(x, segment_ids=np.zeros(10, dtype=np.int64))
     with pytest.raises(TypeError, match="stream cannot be given"):
         linred.segmented_logsumexp(x, 5, stream=0)
     with pytest.raises(ValueError, match="offsets"):
