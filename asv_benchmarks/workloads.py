@@ -374,3 +374,79 @@ class GpuWindows(_Windows):
 
     gpu = True
     params = (["linred-auto", "torch-view"], _shapes(["L=60", "L=1440"], ("mean", "max"), ("fwd",)), ["float32"])
+
+
+# ---------------------------------------------------------------- graph attention (segment softmax)
+
+#: (E edge scores, heads, destination nodes): edges sorted by destination, random in-degrees
+ATTENTION_SIZES = {
+    "E=2M heads=8 nodes=62k": (2_000_000, 8, 62_500),
+    "E=64M heads=1 nodes=262k": (1 << 26, 1, 1 << 18),
+}
+ATTENTION_METHODS = ["linred-auto", "linred-nocheck", "torch-segment_reduce", "torch-scatter_reduce"]
+
+
+class _Attention(_Workload):
+    """The softmax of each node's incoming edge scores (GAT's attention), and logsumexp, forward:
+    ``linred.segmented_softmax`` / ``segmented_logsumexp`` (one kernel on the GPU), against the
+    compositions users write: ``torch.segment_reduce`` max and sum with ``repeat_interleave``,
+    and PyG's ``scatter_reduce`` + gather form."""
+
+    def build(self, method: str, size: str, reduction: str) -> tuple[Any, ...]:
+        torch, device = self.torch, self.device
+        e, heads, nodes = ATTENTION_SIZES[size]
+        e_capped = _shrink(e, heads, self.cap)
+        e, nodes = e_capped, max(1, min(e_capped - 1, round(nodes * e_capped / e)))  # the same mean in-degree
+        gen = torch.Generator(device=device).manual_seed(e + heads + nodes)
+        cuts = (torch.randperm(e - 1, generator=gen, device=device)[: nodes - 1] + 1).sort().values
+        ptr = torch.cat([torch.zeros(1, dtype=cuts.dtype, device=device), cuts, torch.full((1,), e, device=device)])
+        counts, batch = _batch(torch, ptr)
+        scores = torch.randn(e, heads, generator=gen, device=device) * 3
+        per_edge = reduction == "softmax"
+
+        def compose(t: Any, dtype: Any) -> Any:  # the torch.segment_reduce composition, in dtype
+            t = t.to(dtype)
+            mx = torch.segment_reduce(t, "max", offsets=ptr, axis=0)
+            ex = (t - mx.repeat_interleave(counts, dim=0, output_size=e)).exp()
+            total = torch.segment_reduce(ex, "sum", offsets=ptr, axis=0)
+            if per_edge:
+                return ex / total.repeat_interleave(counts, dim=0, output_size=e)
+            return total.log() + mx
+
+        def reference(backward: bool) -> tuple[Any, ...]:
+            return (compose(scores, torch.float64),)
+
+        if method.startswith("linred-"):
+            import linred
+
+            fn = getattr(linred, f"segmented_{reduction}", None)
+            if fn is None:
+                raise NotImplementedError(f"this linred has no segmented_{reduction}")
+            check_arg = {"check": False} if method == "linred-nocheck" else {}
+            forward = lambda t: fn(t, offsets=ptr, **check_arg)
+        elif method == "torch-segment_reduce":
+            forward = lambda t: compose(t, t.dtype)
+        elif method == "torch-scatter_reduce":
+            index = batch[:, None].expand(-1, heads)
+
+            def forward(t: Any) -> Any:
+                mx = torch.zeros(nodes, heads, device=device).scatter_reduce(0, index, t, "amax", include_self=False)
+                ex = (t - mx[batch]).exp()
+                total = torch.zeros(nodes, heads, device=device).index_add_(0, batch, ex)
+                return ex / total[batch] if per_edge else total.log() + mx
+        else:
+            raise ValueError(f"unknown method {method!r}")
+        return forward, scores, reference, None, 4 * heads * (2 * e if per_edge else e + nodes)
+
+
+class CpuAttention(_Attention):
+    """Segment softmax and logsumexp of edge scores on CPU tensors (composed from linred's reductions)."""
+
+    params = (ATTENTION_METHODS, _shapes(list(ATTENTION_SIZES), ("softmax", "logsumexp"), ("fwd",)), ["float32"])
+
+
+class GpuAttention(_Attention):
+    """Segment softmax and logsumexp of edge scores on CUDA tensors (linred: one kernel)."""
+
+    gpu = True
+    params = (ATTENTION_METHODS, _shapes(list(ATTENTION_SIZES), ("softmax", "logsumexp"), ("fwd",)), ["float32"])
