@@ -79,10 +79,11 @@ stream : optional
 check : bool, default True
     Validate ``offsets`` or ``lengths``; a call whose segments break a rule
     raises ``ValueError`` naming the index and values.  On a GPU this costs one
-    synchronization of the call's stream: for feature rows (``x`` of two or more
-    dimensions reduced along an axis with features after it) the reduction's kernel checks
-    the offsets as it reads them, the call then waits for it and, on an error,
-    ``out`` may have been written; otherwise one kernel over the offsets runs first.
+    synchronization of the call's stream.  Where the call's plan is cached and runs
+    nvrtc's feature-rows kernel (``x`` of two or more dimensions with features after
+    the axis: every call of a layout after its first), that kernel checks the offsets
+    as it reads them, the call then waits for it and, on an error, ``out`` may have
+    been written; otherwise one kernel over the offsets runs first.
     ``check=False`` skips it: the caller promises valid segments, and invalid ones
     give undefined results.
 remainder : {{"error", "drop", "keep"}}, default "error"

@@ -4,15 +4,16 @@
 library's elementwise operations: four to six launches, an element -> segment index for
 variable segments, and the per-segment values gathered back to the elements.  On a GPU,
 where a call is mostly those launches, :func:`run` does the same in one kernel
-(``linred/kernels/softmax.cuh``): each (row of the batch, segment) reads its segment once
-for the maximum and the sum of ``exp(x - maximum)`` together (a running maximum that rescales
-the sum) and, for softmax and log_softmax, once more to write each element, with the
-composition's results for every value (NaN, infinities, empty segments).
+(``linred/kernels/softmax.cuh``): each (row of the batch, segment) reads its segment for the
+maximum, again for the sum of ``exp(x - shift)`` (mostly from L1/L2) and, for softmax and
+log_softmax, a third time to write each element, with the composition's results for every
+value (NaN, infinities, empty segments).
 
 It serves what the composition would otherwise compute without a gradient to record:
 CuPy arrays and CUDA tensors (not requiring grad, or under ``torch.no_grad``), C-contiguous,
-float16, bfloat16, float32 or float64, segments given as ``segment_length``, ``offsets`` or
-``lengths``, with ``backend`` ``"auto"`` or ``"nvrtc"`` and the nvrtc backend available.
+float16, bfloat16 (on GPUs of compute capability 8.0 or more), float32 or float64, segments
+given as one of ``segment_length``, ``offsets`` or ``lengths``, ``check`` a bool, with
+``backend`` ``"auto"`` or ``"nvrtc"`` and the nvrtc backend available.
 Anything else (segment ids, autograd, strided views, integer data) is composed as before.
 ``check=True`` is done by the kernel as it reads each segment's bounds (``checked_bounds``),
 with one wait for the stream after it, as for the feature-rows reductions.
@@ -38,17 +39,30 @@ _local = threading.local()  # this thread's launches (PackedLaunch slots are rew
 _sms: dict[int, int] = {}
 
 
-def serves(name: str, x: Any, adapter: Any, in_name: str, segments: dict[str, Any], backend: Any, grad: bool) -> bool:
-    """Whether :func:`run` computes ``name`` of ``x`` (see the module docstring)."""
-    if name not in MODES or grad or backend not in ("auto", "nvrtc") or in_name not in REAL:
+def serves(
+    name: str, x: Any, adapter: Any, in_name: str, result: str, segments: dict[str, Any], backend: Any, grad: bool,
+    check: Any,
+) -> bool:  # fmt: skip
+    """Whether :func:`run` computes ``name`` of ``x`` (see the module docstring).  Calls it does
+    not serve go to the composition, which also raises the errors of bad arguments (two segment
+    arguments or none, a ``check`` that is not a bool)."""
+    if name not in MODES or grad or backend not in ("auto", "nvrtc") or in_name not in REAL or type(check) is not bool:
         return False
     if adapter.kind not in ("cupy", "torch") or adapter.device_of(x) is None or not adapter.is_c_contiguous(x):
         return False
-    if segments.get("segment_ids") is not None or segments.get("num_segments") is not None:
+    keys = ("segment_length", "offsets", "lengths", "segment_ids", "num_segments")
+    given = [k for k in keys if segments.get(k) is not None]
+    if len(given) != 1 or given[0] not in ("segment_length", "offsets", "lengths"):
         return False
     from linred.backends import unavailable
 
-    return unavailable("nvrtc") is None
+    if unavailable("nvrtc") is not None:
+        return False
+    if "bfloat16" in (in_name, result):  # (bfloat16 conversions need compute capability 8.0, as nvrtc's kernels)
+        from linred.backends.nvrtc import _compute_capability
+
+        return _compute_capability(adapter.device_of(x)) >= (8, 0)
+    return True
 
 
 def _pointer(kind: str, a: Any) -> int:

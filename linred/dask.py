@@ -738,9 +738,9 @@ def sorted_ids_offsets(x: Any, segment_ids: Any, num_segments: int | None, ids_s
     across chunks) and ids outside ``[0, num_segments)`` are refused, also with ``check=False``:
     the graph is built from them."""
     n = x.shape[normalize_axis(axis, x.ndim)]
-    if ids_sorted is False:
-        raise ValueError("segment_ids of a Dask array must be sorted (non-decreasing): sort the data by id first")
-    ids = np.asarray(_host_index(segment_ids, "segment_ids"))
+    if ids_sorted not in (None, True, False):
+        raise TypeError(f"ids_sorted must be None, True or False; got {ids_sorted!r}")
+    ids = np.asarray(_host_index(segment_ids, "segment_ids"))  # (read whatever ids_sorted says: they must be)
     if ids.dtype.kind not in "iu":
         raise TypeError(f"segment_ids must be an array of integers; got dtype {ids.dtype}")
     if ids.ndim != 1:
@@ -779,6 +779,10 @@ def composed(name: str, x: Any, segments: dict[str, Any], axis: Any, dtype: Any,
 
         if segments.get("segment_ids") is None:
             raise TypeError("num_segments applies to segment_ids only; give segment_ids as well")
+        others = [k for k in ("segment_length", "offsets", "lengths") if segments.get(k) is not None]
+        if others:
+            raise TypeError(f"give one of segment_length, offsets, lengths or segment_ids; got segment_ids and "
+                            f"{' and '.join(others)}")  # fmt: skip
         ns = segments.get("num_segments")
         offsets = sorted_ids_offsets(x, segments["segment_ids"], None if ns is None else _num_segments(ns),
                                      segments.get("ids_sorted"), axis)  # fmt: skip

@@ -756,7 +756,13 @@ def test_segment_ids_dask_refuses():
     with pytest.raises(ValueError, match=unsorted):
         linred.segmented_sum(x, segment_ids=[0, 1, 1, 0, 2, 2, 2, 3, 3, 3])
     with pytest.raises(ValueError, match="must be sorted"):
-        linred.segmented_softmax(x, segment_ids=np.zeros(10, dtype=np.int64), ids_sorted=False)
+        linred.segmented_softmax(x, segment_ids=[1] * 5 + [0] * 5, ids_sorted=False)
+    # ids_sorted=False only says not to assume it: sorted ids are served all the same
+    got = linred.segmented_softmax(x, segment_ids=[0] * 5 + [1] * 5, ids_sorted=False).compute()
+    np.testing.assert_allclose(got, np.full(10, 0.2))
+    for other in ({"segment_length": 5}, {"offsets": [0, 5, 10]}, {"lengths": [5, 5]}):
+        with pytest.raises(TypeError, match="give one of segment_length, offsets, lengths or segment_ids"):
+            linred.segmented_softmax(x, segment_ids=[0] * 5 + [1] * 5, **other)
     for check in (True, False):
         with pytest.raises(ValueError, match=r"\[0, 2\); segment_ids\[8\] = 2"):
             linred.segmented_max(x, segment_ids=[0] * 4 + [1] * 4 + [2] * 2, num_segments=2, check=check)

@@ -571,3 +571,41 @@ def test_gpu_kernel_checks_the_offsets(kernel_calls, kind, name):
     got = fn(name)(_gpu_array(x, kind), offsets=_gpu_array(good, kind))
     check(got, _fast_reference(name, x, good, 0), "float32", 2e-5)
     assert len(kernel_calls) == 6
+
+
+def test_what_the_gpu_kernel_serves(monkeypatch):
+    """(No GPU needed.) The kernel serves one segment argument of the three, a bool check, real
+    data, no gradient, C-contiguous device arrays, bfloat16 only from compute capability 8.0;
+    every other call is composed (which raises the errors of bad arguments)."""
+    from linred import _softmax_kernel
+    from linred.backends import nvrtc
+
+    class Device:
+        kind = "cupy"
+
+        def device_of(self, x):
+            return 0
+
+        def is_c_contiguous(self, x):
+            return True
+
+    monkeypatch.setattr(linred.backends, "unavailable", lambda name: None)
+    monkeypatch.setattr(nvrtc, "_compute_capability", lambda device: (7, 5))
+
+    def serves(segments, in_name="float32", result="float32", check=True, grad=False, backend="auto"):
+        return _softmax_kernel.serves("segmented_softmax", None, Device(), in_name, result, segments, backend, grad,
+                                      check)  # fmt: skip
+
+    offsets = {"offsets": [0, 2]}
+    assert serves(offsets) and serves({"segment_length": 2}) and serves({"lengths": [2]})
+    assert not serves({"offsets": [0, 2], "segment_length": 2})  # two: composed, which raises
+    assert not serves({})
+    assert not serves({"segment_ids": [0, 0]}) and not serves({"offsets": [0, 2], "num_segments": 1})
+    assert not serves(offsets, check=None) and not serves(offsets, check=1)
+    assert not serves(offsets, grad=True) and not serves(offsets, backend="cub")
+    assert not serves(offsets, in_name="int64")
+    assert not serves(offsets, in_name="bfloat16", result="bfloat16") and not serves(offsets, result="bfloat16")
+    monkeypatch.setattr(nvrtc, "_compute_capability", lambda device: (8, 0))
+    assert serves(offsets, in_name="bfloat16", result="bfloat16")
+    monkeypatch.setattr(linred.backends, "unavailable", lambda name: "no GPU")
+    assert not serves(offsets)
