@@ -1175,3 +1175,51 @@ def test_offsets_check_falls_back_where_its_kernel_cannot_run(monkeypatch, caplo
         assert _device_checks.offsets_ok(0, True, 3, 12, 7, 0, lambda: (None, 0)) is None
         assert _device_checks.offsets_ok(0, True, 3, 12, 7, 0, lambda: (None, 0)) is None  # remembered
     assert sum("cannot run there" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_packed_launch_hands_the_driver_its_values_in_order(monkeypatch):
+    """(No GPU needed.) PackedLaunch writes a call's values into its 8-byte slots and hands the
+    driver the array of their addresses, on the stream, grid, block and shared memory given;
+    a failed launch raises naming the kernel."""
+    import contextlib
+    import ctypes
+
+    from linred.kernels import launch as launch_module
+
+    seen = []
+
+    class Results:
+        CUDA_SUCCESS = 0
+        CUDA_ERROR_LAUNCH_FAILED = 719
+
+    class FakeDriver:
+        CUresult = Results
+        fail = False
+
+        @staticmethod
+        def cuKernelGetFunction(handle):
+            return (Results.CUDA_SUCCESS, f"function of {handle}")
+
+        def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+            pointers = (ctypes.c_void_p * 3).from_address(params)
+            values = [ctypes.c_int64.from_address(p).value for p in pointers]
+            seen.append((f, gx, gy, gz, bx, by, bz, shared, stream, values, extra))
+            return (Results.CUDA_ERROR_LAUNCH_FAILED if self.fail else Results.CUDA_SUCCESS,)
+
+    driver = FakeDriver()
+    monkeypatch.setattr(launch_module, "_driver", driver)
+    monkeypatch.setattr(launch_module, "on_device", lambda device: contextlib.nullcontext())
+
+    class Kernel:
+        handle = 42
+
+    packed = launch_module.PackedLaunch(Kernel(), 3, "linred_test", 0)
+    packed(7, 100, 256, 1024, 1 << 40, -5, 3)
+    packed(0, 1, 32, 0, 9, 8, 7)  # the slots are rewritten by the next call
+    assert seen == [
+        ("function of 42", 100, 1, 1, 256, 1, 1, 1024, 7, [1 << 40, -5, 3], 0),
+        ("function of 42", 1, 1, 1, 32, 1, 1, 0, 0, [9, 8, 7], 0),
+    ]
+    driver.fail = True
+    with pytest.raises(RuntimeError, match="launching linred_test failed"):
+        packed(0, 1, 32, 0, 1, 2, 3)
