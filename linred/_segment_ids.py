@@ -108,6 +108,20 @@ def _num_segments(num_segments: Any) -> int:
     return ns
 
 
+def ids_arguments(segment_ids: Any, num_segments: Any, ids_sorted: Any, segments_given: list[str]) -> int | None:
+    """The ``num_segments`` of a call naming its segments by ids (None: not given), once the ids
+    arguments are checked: ``segment_ids`` given, and alone (``segments_given`` names the other
+    segment arguments the caller passed), ``ids_sorted`` None or a bool."""
+    if segment_ids is None:
+        raise TypeError("num_segments applies to segment_ids only; give segment_ids as well")
+    if segments_given:
+        raise TypeError(f"give one of segment_length, offsets, lengths or segment_ids; got segment_ids and "
+                        f"{' and '.join(segments_given)}")  # fmt: skip
+    if ids_sorted not in (None, True, False):
+        raise TypeError(f"ids_sorted must be None, True or False; got {ids_sorted!r}")
+    return None if num_segments is None else _num_segments(num_segments)
+
+
 def reduce_by_ids(
     function: Any,
     x: Any,
@@ -127,16 +141,9 @@ def reduce_by_ids(
     ``positions`` says that the results are positions along the axis (argmax, argmin), which
     are mapped back through the sort of unsorted ids.  ``kwargs`` go to ``function``.
     """
-    if segment_ids is None:
-        raise TypeError("num_segments applies to segment_ids only; give segment_ids as well")
-    if segments_given:
-        raise TypeError(f"give one of segment_length, offsets, lengths or segment_ids; got segment_ids and "
-                        f"{' and '.join(segments_given)}")  # fmt: skip
-    if ids_sorted not in (None, True, False):
-        raise TypeError(f"ids_sorted must be None, True or False; got {ids_sorted!r}")
+    ns = ids_arguments(segment_ids, num_segments, ids_sorted, segments_given)
     if not isinstance(check, bool):
         raise TypeError(f"check must be a bool; got {type(check).__name__}")
-    ns = None if num_segments is None else _num_segments(num_segments)
     if is_jax(x):  # reduced where it lies, ids and all (linred._jax)
         ids_kwargs = {"segment_ids": segment_ids, "num_segments": num_segments, "ids_sorted": ids_sorted}
         return call_jax(function, x, None, offsets=None, lengths=None, out=out, axis=axis, check=check,
@@ -146,7 +153,7 @@ def reduce_by_ids(
     if is_dask(x):  # sorted ids, read on the host as offsets are, become offsets (linred.dask)
         from linred.dask import sorted_ids_offsets
 
-        offsets = sorted_ids_offsets(x, segment_ids, ns, ids_sorted, axis)
+        offsets = sorted_ids_offsets(x, segment_ids, ns, axis)
         if not positions:  # (the arg-reductions take no out=)
             kwargs["out"] = out
         return function(x, offsets=offsets, axis=axis, check=check, **kwargs)

@@ -593,6 +593,29 @@ def _probe(reduction: str, x: Any, dtype: Any) -> np.dtype:
     return function(sample, 1, dtype=dtype).dtype
 
 
+def _checked_input(x: Any, axis: Any, backend: Any, check: Any) -> tuple[int, Any]:
+    """``(axis, chunk_meta)`` of a Dask array ``x`` of at least one dimension, with the functions'
+    errors for a bad ``axis``, ``backend`` or ``check``, chunks that are neither NumPy nor CuPy
+    arrays, or unknown chunk sizes along the axis."""
+    from dask.array.utils import meta_from_array
+
+    from linred.backends import check_backend_name
+
+    axis = normalize_axis(axis, x.ndim)
+    check_backend_name(backend)
+    if not isinstance(check, bool):
+        raise TypeError(f"check must be True or False; got {type(check).__name__} {check!r}")
+    chunk_meta = getattr(x, "_meta", None)
+    if chunk_meta is None:
+        chunk_meta = meta_from_array(x)
+    if not (type(chunk_meta) is np.ndarray or type(chunk_meta).__module__.partition(".")[0] == "cupy"):
+        raise TypeError(f"x must be a Dask array of NumPy or CuPy chunks; got chunks of "
+                        f"{type(chunk_meta).__module__}.{type(chunk_meta).__name__}")  # fmt: skip
+    if any(math.isnan(c) for c in x.chunks[axis]):
+        raise ValueError(f"x has unknown chunk sizes along axis {axis}; call x.compute_chunk_sizes() first")
+    return axis, chunk_meta
+
+
 def segmented_reduce(
     reduction: str,
     x: dask.array.Array,
@@ -684,8 +707,6 @@ def segmented_reduce(
     """
     from dask.array.utils import meta_from_array
 
-    from linred.backends import check_backend_name
-
     if not is_dask(x):
         raise TypeError(f"x must be a dask.array.Array; got {type(x).__module__}.{type(x).__name__}")
     if reduction not in (*_PARTIAL, *_ARG) or not hasattr(linred, f"segmented_{reduction}"):
@@ -696,19 +717,7 @@ def segmented_reduce(
         raise TypeError(f"dtype cannot be given for segmented_{reduction} (its result is int64 positions)")
     if x.ndim == 0:
         raise ValueError("x must have at least one dimension; got a 0-d array")
-    axis = normalize_axis(axis, x.ndim)
-    check_backend_name(backend)
-    if not isinstance(check, bool):
-        raise TypeError(f"check must be True or False; got {type(check).__name__} {check!r}")
-    chunk_meta = getattr(x, "_meta", None)
-    if chunk_meta is None:
-        chunk_meta = meta_from_array(x)
-    kind = type(chunk_meta).__module__.partition(".")[0]
-    if not (type(chunk_meta) is np.ndarray or kind == "cupy"):
-        raise TypeError(f"x must be a Dask array of NumPy or CuPy chunks; got chunks of "
-                        f"{type(chunk_meta).__module__}.{type(chunk_meta).__name__}")  # fmt: skip
-    if any(math.isnan(c) for c in x.chunks[axis]):
-        raise ValueError(f"x has unknown chunk sizes along axis {axis}; call x.compute_chunk_sizes() first")
+    axis, chunk_meta = _checked_input(x, axis, backend, check)
     out_dtype = _probe(reduction, x, dtype)
     x, segs = _segments(x, axis, segment_length, offsets, lengths, remainder)
     meta = meta_from_array(chunk_meta, x.ndim, dtype=out_dtype)
@@ -731,16 +740,15 @@ def segmented_reduce(
     return _build_carry(reduction, x, axis, segs, dtype, backend, meta, out_dtype)
 
 
-def sorted_ids_offsets(x: Any, segment_ids: Any, num_segments: int | None, ids_sorted: Any, axis: Any) -> np.ndarray:
+def sorted_ids_offsets(x: Any, segment_ids: Any, num_segments: int | None, axis: Any) -> np.ndarray:
     """The offsets that sorted ``segment_ids`` (one id per element along ``axis`` of Dask array
     ``x``, read on the host as offsets are) name: ``num_segments`` segments (default: the largest
     id + 1), id ``k`` the elements of segment ``k``.  Unsorted ids (which would gather the data
     across chunks) and ids outside ``[0, num_segments)`` are refused, also with ``check=False``:
-    the graph is built from them."""
+    the graph is built from them.  (``ids_sorted`` is the caller's to check: the ids are read
+    whatever it says.)"""
     n = x.shape[normalize_axis(axis, x.ndim)]
-    if ids_sorted not in (None, True, False):
-        raise TypeError(f"ids_sorted must be None, True or False; got {ids_sorted!r}")
-    ids = np.asarray(_host_index(segment_ids, "segment_ids"))  # (read whatever ids_sorted says: they must be)
+    ids = np.asarray(_host_index(segment_ids, "segment_ids"))  # (read whatever ids_sorted says: they must be sorted)
     if ids.dtype.kind not in "iu":
         raise TypeError(f"segment_ids must be an array of integers; got dtype {ids.dtype}")
     if ids.ndim != 1:
@@ -767,38 +775,19 @@ def composed(name: str, x: Any, segments: dict[str, Any], axis: Any, dtype: Any,
     type.  ``segments`` are the call's segment keywords; ``options`` the function's own (``ddof``)."""
     from dask.array.utils import meta_from_array
 
-    from linred.backends import check_backend_name
-
     if stream is not None:
         raise TypeError("stream cannot be given for Dask arrays (each chunk's call runs on its array library's "
                         "current stream)")  # fmt: skip
     if x.ndim == 0:
         raise ValueError(f"segmented_{name}: x must have at least one dimension; got a 0-d array")
     if segments.get("segment_ids") is not None or segments.get("num_segments") is not None:
-        from linred._segment_ids import _num_segments
+        from linred._segment_ids import ids_arguments
 
-        if segments.get("segment_ids") is None:
-            raise TypeError("num_segments applies to segment_ids only; give segment_ids as well")
         others = [k for k in ("segment_length", "offsets", "lengths") if segments.get(k) is not None]
-        if others:
-            raise TypeError(f"give one of segment_length, offsets, lengths or segment_ids; got segment_ids and "
-                            f"{' and '.join(others)}")  # fmt: skip
-        ns = segments.get("num_segments")
-        offsets = sorted_ids_offsets(x, segments["segment_ids"], None if ns is None else _num_segments(ns),
-                                     segments.get("ids_sorted"), axis)  # fmt: skip
-        segments = {"offsets": offsets}
-    axis = normalize_axis(axis, x.ndim)
-    check_backend_name(backend)
-    if not isinstance(check, bool):
-        raise TypeError(f"check must be True or False; got {type(check).__name__} {check!r}")
-    chunk_meta = getattr(x, "_meta", None)
-    if chunk_meta is None:
-        chunk_meta = meta_from_array(x)
-    if not (type(chunk_meta) is np.ndarray or type(chunk_meta).__module__.partition(".")[0] == "cupy"):
-        raise TypeError(f"x must be a Dask array of NumPy or CuPy chunks; got chunks of "
-                        f"{type(chunk_meta).__module__}.{type(chunk_meta).__name__}")  # fmt: skip
-    if any(math.isnan(c) for c in x.chunks[axis]):
-        raise ValueError(f"x has unknown chunk sizes along axis {axis}; call x.compute_chunk_sizes() first")
+        ns = ids_arguments(segments.get("segment_ids"), segments.get("num_segments"), segments.get("ids_sorted"),
+                           others)  # fmt: skip
+        segments = {"offsets": sorted_ids_offsets(x, segments["segment_ids"], ns, axis)}
+    axis, chunk_meta = _checked_input(x, axis, backend, check)
     sample = getattr(linred, f"segmented_{name}")(np.zeros(1, dtype=x.dtype), 1, dtype=dtype, **options)
     x, segs = _segments(x, axis, segments.get("segment_length"), segments.get("offsets"), segments.get("lengths"),
                         remainder)  # fmt: skip
