@@ -21,6 +21,7 @@ with one wait for the stream after it, as for the feature-rows reductions.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -107,13 +108,7 @@ def run(
     from linred._dtypes import dtype_name
 
     shape = tuple(x.shape)
-    n = shape[axis]
-    batch = 1
-    for v in shape[:axis]:
-        batch *= v
-    features = 1
-    for v in shape[axis + 1 :]:
-        features *= v
+    n, batch, features = shape[axis], math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
     length, offsets, lengths = segments.get("segment_length"), segments.get("offsets"), segments.get("lengths")
     # The kernel checks the offsets as it reads them, where it runs at all (no rows, no features:
     # checked before, by the separate pass).

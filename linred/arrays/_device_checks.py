@@ -118,13 +118,10 @@ def offsets_ok(
         functions = _functions[device] = _load(device)
     if isinstance(functions, str):
         return None
-    state = _state
-    if state.word is None:
-        _thread_state(pinned_int32)
-    driver = _driver
+    _clear(pinned_int32)  # (this thread's word, whose address is the fourth argument)
+    state, driver = _state, _driver
     args = state.args
     args[0], args[1], args[2] = pointer, m, n
-    state.word.value = 0
     blocks = min(m // _THREADS + 1, _MAX_BLOCKS)
     with on_device(device):
         (err,) = driver.cuLaunchKernel(functions[wide], blocks, 1, 1, _THREADS, 1, 1, 0, stream, state.params, 0)
@@ -135,14 +132,19 @@ def offsets_ok(
     return state.word.value == 0
 
 
-def arm(pinned_int32: Callable[[], tuple[Any, int]]) -> int:
-    """This thread's word, cleared, for a kernel that checks offsets as it reads them: its
-    address (the kernel sets it to 1 when a rule is broken; :func:`passed` reads it)."""
+def _clear(pinned_int32: Callable[[], tuple[Any, int]]) -> int:
+    """This thread's word (allocated on the thread's first check), set to 0; its address."""
     state = _state
     if state.word is None:
         _thread_state(pinned_int32)
     state.word.value = 0
     return state.args[3]
+
+
+def arm(pinned_int32: Callable[[], tuple[Any, int]]) -> int:
+    """This thread's word, cleared, for a kernel that checks offsets as it reads them: its
+    address (the kernel sets it to 1 when a rule is broken; :func:`passed` reads it)."""
+    return _clear(pinned_int32)
 
 
 def passed(stream: int, device: int) -> bool:
