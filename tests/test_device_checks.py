@@ -143,27 +143,32 @@ def test_check_runs_on_the_calls_stream():
 
 
 @pytest.mark.skipif("cupy" not in GPU_KINDS, reason="needs CuPy")
-def test_threads_check_their_own_offsets():
+@pytest.mark.parametrize(
+    "shape, backend",
+    [((1 << 16,), "auto"), ((1 << 14, 8), "nvrtc")],
+    ids=["one column: the check kernel", "feature rows: checked by the reduction kernel (test_kernel_checks)"],
+)
+def test_threads_check_their_own_offsets(shape, backend):
     """Each thread has its own verdict word: concurrent valid and broken calls get their own answers."""
     import cupy
 
-    n = 1 << 16
+    n = shape[0]
     errors: list[str] = []
 
     def work(seed: int) -> None:
         stream = cupy.cuda.Stream(non_blocking=True)
         with stream:
-            x = cupy.ones(n, cupy.float32)
+            x = cupy.ones(shape, cupy.float32)
             good = cupy.linspace(0, n, 65).astype(cupy.int64)
             bad = good.copy()
             bad[10] = n + 1
             for i in range(100):
                 broken = (i + seed) % 3 == 0
                 try:
-                    r = linred.segmented_sum(x, offsets=bad if broken else good)
+                    r = linred.segmented_sum(x, offsets=bad if broken else good, backend=backend)
                     if broken:
                         errors.append(f"thread {seed}: broken offsets passed")
-                    elif float(r.sum()) != n:
+                    elif float(r.sum()) != x.size:
                         errors.append(f"thread {seed}: wrong sum")
                 except ValueError:
                     if not broken:
