@@ -1,9 +1,13 @@
-"""check=True on feature rows: the offsets checked by the reduction kernel that reads them.
+"""check=True with offsets on the GPU: the offsets checked by the reduction kernel that reads them.
 
-A cached plan whose executor ``checks_offsets`` (the nvrtc feature-rows kernels) runs a
-checked call without the offsets' own pass: the kernel tests every segment's bounds as it
-reads them (``checked_bounds`` in ``offsets.cuh``), reads nothing outside the axis whatever
-the offsets hold, and the call waits for the stream once and reads the verdict.  Every
+A cached plan whose executor ``checks_offsets`` (the nvrtc feature-rows kernels, and
+``warp_reduce`` for one column) runs a checked call without the offsets' own pass: the
+feature-rows kernels test every segment's bounds as they read them (``checked_bounds`` in
+``offsets.cuh``), ``warp_reduce`` every pair of offsets its warps walk (walks that join up
+into all of them: see ``warp.cuh``); neither reads nor writes outside the data, the result
+or shared memory whatever the offsets hold, and the call waits for the stream once and
+reads the verdict.  Layouts ``warp_reduce`` hands to ``tile_reduce`` (rows not 16-byte
+aligned) are checked by the one-kernel check into the same word, just before.  Every
 verdict here is compared with the host check of the same values (the exact message), every
 valid result with a float64 reference, and each test asserts that the kernel's check, not
 the separate pass, gave the verdict.
@@ -80,6 +84,15 @@ def _broken(good: np.ndarray, n: int, dtype: str) -> list[np.ndarray]:
         bad = good.copy()
         bad[1], bad[2] = -7, -3  # a segment inside [-7, -3): increasing, but outside the axis
         out.append(bad)
+    if m >= 8:
+        # Decreasing runs that a search for a run's first segment may jump over: a quarter of
+        # the offsets reversed, and two far apart swapped.
+        bad = good.copy()
+        bad[m // 4 : m // 2] = bad[m // 4 : m // 2][::-1].copy()
+        out.append(bad)
+        bad = good.copy()
+        bad[1], bad[m - 1] = bad[m - 1], bad[1]
+        out.append(bad)
     return out
 
 
@@ -88,7 +101,18 @@ def _broken(good: np.ndarray, n: int, dtype: str) -> list[np.ndarray]:
 @pytest.mark.parametrize("reduction", ["sum", "mean", "max"])
 @pytest.mark.parametrize(
     "shape, axis, m",
-    [((2000, 64), 0, 32), ((2000, 64), 0, 1), ((513, 4), 0, 300), ((3, 400, 16), 1, 7), ((50_000, 128), 0, 256)],
+    [
+        ((2000, 64), 0, 32),
+        ((2000, 64), 0, 1),
+        ((513, 4), 0, 300),
+        ((3, 400, 16), 1, 7),
+        ((50_000, 128), 0, 256),
+        # one column: warp_reduce (runs of warp tiles; several rows sharing the offsets)
+        ((100_000,), 0, 5000),
+        ((100_000,), 0, 1),
+        ((3 * 4096 + 5,), 0, 40),
+        ((3, 20_000), 1, 300),
+    ],
 )
 def test_kernel_checked_offsets(kernel_checked, kind, dtype, reduction, shape, axis, m):
     rng = np.random.default_rng(m + shape[axis])
@@ -204,11 +228,86 @@ def test_kernel_checked_offsets_with_autograd():
         linred.segmented_mean(x, offsets=bad)
 
 
-def test_only_the_feature_rows_kernels_check_offsets():
-    """The executors that claim ``checks_offsets`` are those whose kernels call ``checked_bounds``
-    on every segment: the nvrtc feature-rows executor, and no other."""
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("reduction", ["sum", "max"])
+def test_kernel_checked_rows_not_aligned(kernel_checked, kind, reduction):
+    """One column whose data is not 16-byte aligned (a view one element in): warp_reduce hands it
+    to tile_reduce, which does not check offsets; they are checked first into the same word."""
+    rng = np.random.default_rng(3)
+    n = 50_001
+    fn = getattr(linred, f"segmented_{reduction}")
+    x = rng.standard_normal(n + 1).astype(np.float32)
+    good = _offsets(700, n, rng)
+    xd = to_kind(x, kind)[1:]
+    fn(xd, offsets=to_kind(good, kind), backend="nvrtc")  # plans
+    kernel_checked.update({"kernel": 0, "pass": 0})
+    for bad in _broken(good, n, "int64"):
+        expected = _host_message(fn, x[1:], offsets=bad)
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            fn(xd, offsets=to_kind(bad, kind), backend="nvrtc")
+        got = fn(xd, offsets=to_kind(good, kind), backend="nvrtc")
+        np.testing.assert_allclose(
+            to_numpy(got).astype(np.float64), _reference(reduction, x[1:], good, 0), rtol=2e-5, atol=2e-5
+        )
+    assert kernel_checked["kernel"] == 2 * len(_broken(good, n, "int64"))
+    assert kernel_checked["pass"] == 0
+
+
+def test_which_executors_check_offsets():
+    """The executors that claim ``checks_offsets`` are those whose kernels check every offset they
+    read: the nvrtc feature-rows executor (``checked_bounds`` on every segment) and the
+    one-column ``warp_reduce`` executor (every pair its warps walk), and no other."""
     from linred.backends.nvrtc import executors
 
     claims = {name for name, cls in executors.EXECUTORS.items() if getattr(cls, "checks_offsets", False)}
-    assert claims == {"features"}
+    assert claims == {"features", "warp"}
     assert not getattr(executors._TileExecutor, "checks_offsets", False)
+
+
+def _valid_offsets(layout: str, n: int, tile: int, rng: np.random.Generator) -> np.ndarray:
+    """Valid offsets of ``n`` elements that stress warp_reduce's walks: random cuts with empty
+    segments, boundaries on every tile edge (each repeated: empty segments there), one segment."""
+    if layout == "random":
+        m = max(1, n // 7)
+        cuts = np.sort(rng.integers(0, n + 1, m - 1))  # repeats: empty segments, at 0 and n too
+        return np.concatenate([[0], cuts, [n]]).astype(np.int64)
+    if layout == "tile-edges":
+        edges = np.arange(0, n + 1, tile)
+        return np.concatenate([[0], np.repeat(edges, 2), [n, n]]).astype(np.int64)
+    return np.array([0, n], np.int64)
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32"])
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max"])
+def test_kernel_checked_valid_offsets_across_tiles(kernel_checked, kind, dtype, reduction):
+    """Valid offsets are never refused by warp_reduce's check, and its checked variant gives
+    the unchecked variant's exact results: around one warp tile (n at k * T - 1, k * T,
+    k * T + 1 for the tile T of the dtype), many runs, a ragged last tile, empty segments at
+    0, at n and on every tile edge, one segment; results against a float64 reference too."""
+    from linred.backends.nvrtc.kernels import warp_items
+    from linred.problem import Problem
+
+    rng = np.random.default_rng(11)
+    fn = getattr(linred, f"segmented_{reduction}")
+    probe = Problem(reduction, "cupy", 0, dtype, dtype, dtype, 1, 1, 1, (1, 1, 1), 1, None, "int64")
+    tile = 32 * warp_items(probe)
+    sizes = sorted({tile - 1, tile, tile + 1, 3 * tile + 1, 64 * tile - 1, 64 * tile, 1000 * tile + 1})
+    for n in sizes:
+        x = rng.integers(-8, 9, n).astype(dtype) if dtype == "int32" else rng.standard_normal(n).astype(dtype)
+        xd = to_kind(x, kind)
+        for layout in ("random", "tile-edges", "one"):
+            good = _valid_offsets(layout, n, tile, rng)
+            if reduction != "sum" and (np.diff(good) == 0).any():
+                good = np.unique(good)  # (mean and max of an empty segment: compared apart below)
+            off = to_kind(good, kind)
+            unchecked = to_numpy(fn(xd, offsets=off, check=False, backend="nvrtc"))
+            fn(xd, offsets=off, backend="nvrtc")  # planned (the first call's own check)
+            before = kernel_checked["kernel"]
+            checked = to_numpy(fn(xd, offsets=off, backend="nvrtc"))
+            assert kernel_checked["kernel"] == before + 1, (n, layout)
+            np.testing.assert_array_equal(checked, unchecked, err_msg=f"n={n} {layout}")
+            want = _reference(reduction, x, good, 0)
+            tol = {"float16": 2e-2, "float32": 1e-4}.get(dtype, 1e-9)
+            np.testing.assert_allclose(checked.astype(np.float64), want, rtol=tol, atol=tol * np.sqrt(n))
+    assert kernel_checked["pass"] == 0

@@ -32,7 +32,7 @@ from typing import Any
 from linred.arrays._context import on_device
 from linred.kernels.compiler import get_kernels
 
-__all__ = ["arm", "offsets_ok", "passed"]
+__all__ = ["arm", "check_armed", "offsets_ok", "passed"]
 
 logger = logging.getLogger("linred")
 
@@ -119,6 +119,27 @@ def offsets_ok(
     if isinstance(functions, str):
         return None
     _clear(pinned_int32)  # (this thread's word, whose address is the fourth argument)
+    return _check_and_wait(functions, pointer, wide, m, n, device, stream)
+
+
+def check_armed(pointer: int, wide: bool, m: int, n: int, device: int, stream: int) -> bool:
+    """:func:`offsets_ok` into this thread's word as :func:`arm` left it: for a reduction handed
+    that word whose kernel cannot check the offsets as it reads them (a layout it hands to
+    another kernel), which then checks them first and reduces only if they pass.  Raises
+    RuntimeError if the check cannot run on ``device`` (the reduction kernels could not either)."""
+    functions = _functions.get(device)
+    if functions is None:
+        functions = _functions[device] = _load(device)
+    if isinstance(functions, str):
+        raise RuntimeError(f"cannot check offsets on CUDA device {device}: {functions}")
+    return _check_and_wait(functions, pointer, wide, m, n, device, stream)
+
+
+def _check_and_wait(
+    functions: tuple[Any, Any], pointer: int, wide: bool, m: int, n: int, device: int, stream: int
+) -> bool:
+    """Launch the check of the offsets at ``pointer`` into this thread's word, wait for
+    ``stream`` and read the word."""
     state, driver = _state, _driver
     args = state.args
     args[0], args[1], args[2] = pointer, m, n

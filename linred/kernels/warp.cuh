@@ -8,6 +8,9 @@
 //  - WarpShared (its dynamic shared memory per warp) and WarpState;
 //  - its entry point: LINRED_WARP (linred_warp, with check_warp_shared: a compile-time
 //    check of the tile size and shared memory the backend launches it with).
+//
+// With CHECKED, warp_reduce also checks the offsets it reads (check=True without a pass of
+// its own): see "Offsets checked as they are read" below.
 
 #pragma once
 
@@ -32,6 +35,21 @@
 // and a warp reduction; the tile before it knows (where the next segment starts),
 // so its offsets are not read.  Each warp finds its run's first segment itself
 // (warp_segment_at_or_after).
+//
+// Offsets checked as they are read (CHECKED; bad is the word the host reads after the
+// call, set to 1 when a rule is broken).  Every pair offsets[s], offsets[s + 1] a warp
+// reads (its walk: the segments from its run's first through the first one past the run)
+// must satisfy t0 <= offsets[s] <= offsets[s + 1] <= n, where t0 is the tile being walked
+// (a segment at or after the tile's first segment cannot start before the tile), with
+// offsets[0] == 0 and offsets[m] == n.  The walks cover every pair: a warp's walk ends at
+// the segment where the next warp's begins, because the warp recomputes that segment with
+// the next warp's own search (warp_segment_at_or_after is a function of the offsets, so
+// both get the same index whatever the offsets hold) and the walk must end there; the
+// first run's walk must begin at 0 and the last run's ends at m.  So the walks join up
+// into [0, m] and every rule linred_check_offsets tests is tested.  A batch of offsets
+// that breaks a rule is not used: the warp stops there (its partials say nothing is
+// carried), so no mark, load or store leaves the tile, the row or [0, m) whatever the
+// offsets hold; the results are then undefined and the host raises.
 template <class T, class A> struct WarpShared {
     static const int VEC = VecOf<T>::N;
     static const int ITEMS = VEC > (sizeof(A) == 8 ? 8 : 16) ? VEC : (sizeof(A) == 8 ? 8 : 16);
@@ -54,11 +72,11 @@ struct WarpState {
     i64 open_begin;   // and its first element
 };
 
-template <class T, class A, class O, class OP, bool MEAN, int THREADS, int K, class Off>
+template <class T, class A, class O, class OP, bool MEAN, int THREADS, int K, bool CHECKED, class Off>
 __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, TileArgs a,
                                             A* __restrict__ head, A* __restrict__ tail,
                                             i64* __restrict__ tail_seg, A* __restrict__ group_head,
-                                            unsigned char* __restrict__ smem) {
+                                            int* __restrict__ bad, unsigned char* __restrict__ smem) {
     typedef WarpShared<T, A> S;
     typedef typename VecOf<T>::type V;
     constexpr int VEC = S::VEC, ITEMS = S::ITEMS, NVL = ITEMS / VEC, WT = S::WT, PAD = S::PAD;
@@ -118,7 +136,9 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
     int mode = CARRY_NONE;
     A carry = identity;
     i64 s_first = active ? warp_segment_at_or_after(off, a.m, j0 * (i64)WT, lane) : 0;  // first segment at or after t0
-    const int tiles = (int)(j1 - j0);  // K at most: an int counter, two registers fewer than an i64
+    // CHECKED: whether the offsets broke a rule (the row's first walk must begin at 0).
+    bool broken = CHECKED && active && j0 == 0 && s_first != 0;
+    const int tiles = broken ? 0 : (int)(j1 - j0);  // K at most: an int counter, two registers fewer than an i64
     for (int jt = 0; jt < tiles; ++jt) {
         const i64 j = j0 + jt;
         const i64 t0 = j * (i64)WT;
@@ -165,6 +185,17 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
                         ends[u] = off(s + 1);
                     }
                 }
+                if (CHECKED) {  // the batch is used only if every pair read keeps the rules
+                    bool ok = true;
+#pragma unroll
+                    for (int u = 0; u < WB; ++u) {
+                        const i64 s = s_first + owned + u * 32 + lane;
+                        const i64 b = begins[u], e = ends[u];
+                        ok &= s >= a.m || (t0 <= b && b <= e && e <= a.n && (s != 0 || b == 0) && (s != a.m - 1 || e == a.n));
+                    }
+                    broken = !__all_sync(0xffffffffu, ok);
+                    if (broken) break;
+                }
                 unsigned ball[WB];
                 int got = 0;
 #pragma unroll
@@ -191,6 +222,7 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
                 owned += got;
                 if (got < 32 * WB) break;
             }
+            if (CHECKED && broken) break;  // (before any mark of the batch is read)
             // The next tile's offsets, into L2: as many as this tile had.
             if (!last) off.prefetch(s_first + owned, lane, owned);
             // Past the end of a ragged tile: a mark, so that what lies there joins no segment.
@@ -263,6 +295,15 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
         s_first += owned;
         __syncwarp();  // the tile's marks and pieces are read
     }
+    if (CHECKED && active) {
+        // The walk must end where the next run's begins (the row's last run: at m).
+        const i64 next = j1 < a.tiles_per_row ? warp_segment_at_or_after(off, a.m, j1 * (i64)WT, lane) : a.m;
+        broken |= s_first != next;
+        if (broken) {
+            mode = CARRY_NONE;  // nothing of this run for the fix-up
+            if (lane == 0) *bad = 1;  // every writer writes the same value
+        }
+    }
     __shared__ A run_head[WARPS];
     if (lane == 0) {
         if (active) {
@@ -297,12 +338,13 @@ __device__ __forceinline__ void check_warp_shared() {
 
 // linred_warp: warp_reduce; OFFSETS is FixedOffsets{L} or ArrayOffsets<I>{offsets}.
 // WARP_TILE and SHARED: the elements per warp tile and the bytes of dynamic shared memory the
-// backend launches it with.
-#define LINRED_WARP(T, A, O, OP, MEAN, THREADS, MIN_BLOCKS, K, I, OFFSETS, WARP_TILE, SHARED)                 \
-    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                                          \
-        linred_warp(const T* x, O* out, LINRED_TILE_PARAMS(I), A* head, A* tail, long long* ts, A* gh) {       \
+// backend launches it with.  CHECKED: the offsets are checked as they are read, into *bad
+// (which the other variant ignores).
+#define LINRED_WARP(T, A, O, OP, MEAN, THREADS, MIN_BLOCKS, K, I, OFFSETS, WARP_TILE, SHARED, CHECKED)        \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) linred_warp(                             \
+        const T* x, O* out, LINRED_TILE_PARAMS(I), A* head, A* tail, long long* ts, A* gh, int* bad) {         \
         extern __shared__ __align__(16) unsigned char smem[];                                                  \
         LINRED_TILE_ARGS                                                                                       \
-        warp_reduce<T, A, O, OP, MEAN, THREADS, K>(x, out, OFFSETS, a, head, tail, ts, gh, smem);              \
+        warp_reduce<T, A, O, OP, MEAN, THREADS, K, CHECKED>(x, out, OFFSETS, a, head, tail, ts, gh, bad, smem); \
         check_warp_shared<T, A, THREADS, WARP_TILE, SHARED>();                                                 \
     }

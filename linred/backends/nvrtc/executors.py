@@ -291,14 +291,18 @@ class _Runs:
         kernels = tuple(get_kernels(self._launch.device, wrapper, names))
         self._launch.allow_shared_memory(kernels[0], shared)
         # (x, out, the 11 tiling arguments, 4 partials), (out, 11, 4), (11)
-        counts = {"linred_tile": 17, "linred_warp": 17, "linred_fixup": 16, "linred_bounds": 11}
+        # (linred_warp: and the check word)
+        counts = {"linred_tile": 17, "linred_warp": 18, "linred_fixup": 16, "linred_bounds": 11}
         device = self._launch.device
         launches = tuple(PackedLaunch(k, counts[name], name, device) for k, name in zip(kernels, names, strict=True))
         return launches + (None,) * (3 - len(launches)), shared
 
-    def _run(self, xp: int, out: Any, segments: Segments, stream: Any, kernels: tuple, shared: int) -> None:
-        """Launch the bounds (for offsets), the reduction ``kernels[0]`` and the fix-up
-        ``kernels[1]``; both take the group heads' pointer (0 without them; tile_reduce ignores it)."""
+    def _run(
+        self, xp: int, out: Any, segments: Segments, stream: Any, kernels: tuple, shared: int, extra: tuple = ()
+    ) -> None:
+        """Launch the bounds (for offsets), the reduction ``kernels[0]`` (its arguments then
+        ``extra``) and the fix-up ``kernels[1]``; both take the group heads' pointer (0 without
+        them; tile_reduce ignores it)."""
         problem, launch = self._problem, self._launch
         kernel, fixup, bounds_kernel = kernels
         _, n, _ = problem.in_shape
@@ -314,7 +318,7 @@ class _Runs:
         self._order.begin(stream)
         if self._bounds is not None:
             bounds_kernel(stream, self._bounds_grid, threads, 0, *common)
-        kernel(stream, self._grid, threads, shared, xp, out_ptr, *common, *partials)
+        kernel(stream, self._grid, threads, shared, xp, out_ptr, *common, *partials, *extra)
         if self._needs_fixup:
             fixup(stream, self._fixup_grid, threads, 0, out_ptr, *common, *partials)
         self._order.end(stream)
@@ -360,7 +364,14 @@ class _TileExecutor(_Runs):
 class _WarpExecutor(_Runs):
     """Any segments (fixed or offsets) of contiguous, 16-byte aligned rows with one feature
     column: ``warp_reduce``, every warp a run of tiles of its own, partials of segments that
-    span runs joined by the fix-up.  Other layouts go to ``tile_reduce``."""
+    span runs joined by the fix-up.  Other layouts go to ``tile_reduce``.
+
+    Offsets with a check word are checked by ``warp_reduce`` as it reads them (its CHECKED
+    variant); a layout handed to ``tile_reduce`` has them checked first by the one-kernel
+    check, into the same word, and is reduced only if they pass."""
+
+    #: the offsets are checked as they are read (or, for layouts tile_reduce takes, just before)
+    checks_offsets = True
 
     def __init__(self, problem: Problem, options: NvrtcOptions, launch: _Launcher | None = None) -> None:
         tuning = options
@@ -372,31 +383,47 @@ class _WarpExecutor(_Runs):
         # segment that ends exactly where a run ends (every run's last one, when a fixed length
         # divides the run) is left open as the run's tail and written by the fix-up.
         self._tiles: _TileExecutor | None = None
-        self._compiled: tuple[tuple[Any, Any, Any], int] | None = None
+        # Per variant (checking the offsets or not): the kernels and the shared memory.
+        self._compiled: dict[bool, tuple[tuple[Any, Any, Any], int]] = {}
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
         problem, tuning = self._problem, self._tuning
         xp = self._launch.ptr(x)
+        word = segments.word if segments.__class__ is VariableSegments else 0
         # Whole 16-byte vectors of every row (and segment indices that fit the int of its
         # per-tile table), else tile_reduce.
         if not self._rows_aligned(xp) or problem.num_segments > INT32_MAX:
+            if word and not self._checked_first(segments, stream):
+                return  # (the word is set: the caller raises)
             if self._tiles is None:
                 self._tiles = _TileExecutor(problem, tuning, self._launch)
             self._tiles(x, out, segments, stream)
             return
-        if self._compiled is None:
-            self._compiled = self._compile_kernels(
-                warp_wrapper(problem, index_ctype(problem), tuning, self._k),
+        checked = word != 0
+        compiled = self._compiled.get(checked)
+        if compiled is None:
+            compiled = self._compiled[checked] = self._compile_kernels(
+                warp_wrapper(problem, index_ctype(problem), tuning, self._k, checked),
                 ("linred_warp", "linred_fixup"),
                 warp_shared_bytes(problem, tuning),
             )
-        self._run(xp, out, segments, stream, *self._compiled)
+        self._run(xp, out, segments, stream, *compiled, (word,))
+
+    def _checked_first(self, segments: VariableSegments, stream: Any) -> bool:
+        """Whether ``segments``' offsets keep every rule, checked into their word by the
+        one-kernel check (waited for) before ``tile_reduce``, which does not check them."""
+        from linred.arrays._device_checks import check_armed
+
+        offsets, problem = segments.offsets, self._problem
+        wide = offsets.dtype.itemsize == 8
+        return check_armed(self._launch.ptr(offsets), wide, segments.count, problem.n, self._launch.device, stream)
 
     def free(self) -> None:
         super().free()
         if self._tiles is not None:
             self._tiles.free()
-        self._compiled = self._tiles = None
+        self._compiled.clear()
+        self._tiles = None
 
 
 class _FeaturesExecutor:

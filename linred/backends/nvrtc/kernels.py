@@ -225,9 +225,9 @@ def tile_wrapper(problem: Problem, vecload: bool, index_ctype: str, tuning: Nvrt
     )
 
 
-def warp_wrapper(problem: Problem, index_ctype: str, tuning: NvrtcOptions, k: int) -> str:
-    """``linred_warp`` (``warp_reduce``, ``k`` tiles per warp) and ``linred_fixup``, whose runs
-    are a block's warps (warp.cuh, fixup.cuh)."""
+def warp_wrapper(problem: Problem, index_ctype: str, tuning: NvrtcOptions, k: int, checked: bool = False) -> str:
+    """``linred_warp`` (``warp_reduce``, ``k`` tiles per warp; with ``checked``, checking the
+    offsets it reads) and ``linred_fixup``, whose runs are a block's warps (warp.cuh, fixup.cuh)."""
     t, o, a, op, mean = kernel_types(problem)
     threads, min_blocks = tuning.threads, tuning.min_blocks_warp
     offsets = _offsets(problem, index_ctype)
@@ -236,7 +236,7 @@ def warp_wrapper(problem: Problem, index_ctype: str, tuning: NvrtcOptions, k: in
     return (
         '#include "warp.cuh"\n#include "fixup.cuh"\n'
         f"LINRED_WARP({t}, {a}, {o}, {op}, {mean}, {threads}, {min_blocks}, {k}, {index_ctype}, {offsets}, {wt}, "
-        f"{smem})\n"
+        f"{smem}, {'true' if checked else 'false'})\n"
         f"LINRED_FIXUP({t}, {a}, {o}, {op}, {mean}, {threads}, {wt}, {group}, {index_ctype}, {offsets})\n"
     )
 
