@@ -5,6 +5,8 @@
 //    sums that segment's partials in a fixed order (deterministic) and writes the
 //    result;
 //  - warp_range: a warp adds a range of partials, a fixed order;
+//  - with CHECKED (after warp_reduce's checked variant), the test that every run's walk of
+//    the offsets ends where the next run's begins (see warp.cuh);
 //  - its entry point: LINRED_FIXUP (linred_fixup).
 
 #pragma once
@@ -35,13 +37,18 @@ __device__ __forceinline__ A warp_range(const A* __restrict__ h, i64 lo, i64 hi,
 // head[g * G .. g * G + G - 1], valid where those runs lie inside one segment,
 // which is where it is read: a segment spanning thousands of runs reads G times
 // fewer partials.
-template <class T, class A, class O, class OP, bool MEAN, int TILE, int G, class Off>
+template <class T, class A, class O, class OP, bool MEAN, int TILE, int G, bool CHECKED, class Off>
 __device__ __forceinline__ void tile_fixup(O* __restrict__ out, Off off, TileArgs a, const A* __restrict__ head,
                                            const A* __restrict__ tail, const i64* __restrict__ tail_seg,
-                                           const A* __restrict__ group_head) {
+                                           const A* __restrict__ group_head, const i64* __restrict__ walks,
+                                           int* __restrict__ bad) {
     constexpr int SHORT = 4;
     const int lane = threadIdx.x & 31;
     const i64 b = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    // Run b's walk of the offsets must end where run b + 1's begins (the row's last: checked
+    // by its warp).
+    if (CHECKED && b + 1 < a.num_blocks && (b + 1) % a.blocks_per_row != 0 && walks[2 * b + 1] != walks[2 * b + 2])
+        *bad = 1;  // every writer writes the same value
     const A identity = OP::template identity<O, A>();
     const i64 s = b < a.num_blocks ? tail_seg[b] : -1;
     i64 lo = 0, hi = 0, len = 0, at = 0;
@@ -85,10 +92,12 @@ __device__ __forceinline__ void tile_fixup(O* __restrict__ out, Off off, TileArg
 }
 
 // ---- entry points -----------------------------------------------------------------
-// linred_fixup: tile_fixup for runs of tiles of TILE elements, heads joined G runs at a time.
-#define LINRED_FIXUP(T, A, O, OP, MEAN, THREADS, TILE, G, I, OFFSETS)                                          \
+// linred_fixup: tile_fixup for runs of tiles of TILE elements, heads joined G runs at a time;
+// CHECKED: the runs' walks tested into *bad (the other variant ignores walks and bad).
+#define LINRED_FIXUP(T, A, O, OP, MEAN, THREADS, TILE, G, I, OFFSETS, CHECKED)                                 \
     extern "C" __global__ void __launch_bounds__(THREADS) linred_fixup(                                        \
-        O* out, LINRED_TILE_PARAMS(I), const A* head, const A* tail, const long long* ts, const A* gh) {       \
+        O* out, LINRED_TILE_PARAMS(I), const A* head, const A* tail, const long long* ts, const A* gh,         \
+        const long long* walks, int* bad) {                                                                    \
         LINRED_TILE_ARGS                                                                                       \
-        tile_fixup<T, A, O, OP, MEAN, TILE, G>(out, OFFSETS, a, head, tail, ts, gh);                           \
+        tile_fixup<T, A, O, OP, MEAN, TILE, G, CHECKED>(out, OFFSETS, a, head, tail, ts, gh, walks, bad);      \
     }

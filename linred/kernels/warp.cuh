@@ -37,19 +37,20 @@
 // (warp_segment_at_or_after).
 //
 // Offsets checked as they are read (CHECKED; bad is the word the host reads after the
-// call, set to 1 when a rule is broken).  Every pair offsets[s], offsets[s + 1] a warp
-// reads (its walk: the segments from its run's first through the first one past the run)
-// must satisfy t0 <= offsets[s] <= offsets[s + 1] <= n, where t0 is the tile being walked
-// (a segment at or after the tile's first segment cannot start before the tile), with
-// offsets[0] == 0 and offsets[m] == n.  The walks cover every pair: a warp's walk ends at
-// the segment where the next warp's begins, because the warp recomputes that segment with
-// the next warp's own search (warp_segment_at_or_after is a function of the offsets, so
-// both get the same index whatever the offsets hold) and the walk must end there; the
-// first run's walk must begin at 0 and the last run's ends at m.  So the walks join up
-// into [0, m] and every rule linred_check_offsets tests is tested.  A batch of offsets
-// that breaks a rule is not used: the warp stops there (its partials say nothing is
-// carried), so no mark, load or store leaves the tile, the row or [0, m) whatever the
-// offsets hold; the results are then undefined and the host raises.
+// call, set to 1 when a rule is broken).  A warp's walk is the segments it reads the
+// offsets of: from its run's first (found by warp_segment_at_or_after) through the first
+// one past the run.  A batch of 64 is a chain (lane i reads offsets[s + 1] where lane i + 1
+// reads offsets[s + 1], and the next batch begins where this one ends), so it keeps
+// t0 <= offsets[s] <= offsets[s + 1] <= n for every pair it reads (t0: the tile being
+// walked; no segment at or after the tile's first one starts before the tile) when each
+// lane's pair does not decrease, its first offset is at least t0 and its last at most n.
+// Each warp records where its walk began and ended (walks[2c], walks[2c + 1]); tile_fixup
+// checks that every walk ends where the next run's begins, the warp itself that the row's
+// first walk begins at segment 0 with offsets[0] == 0 and its last ends at m with
+// offsets[m] == n.  So the walks join up into [0, m] and every rule linred_check_offsets
+// tests is tested.  A batch that breaks a rule is not used: the warp stops there (its
+// partials say nothing is carried), so no mark, load or store leaves the tile, the row or
+// [0, m) whatever the offsets hold; the results are then undefined and the host raises.
 template <class T, class A> struct WarpShared {
     static const int VEC = VecOf<T>::N;
     static const int ITEMS = VEC > (sizeof(A) == 8 ? 8 : 16) ? VEC : (sizeof(A) == 8 ? 8 : 16);
@@ -76,7 +77,8 @@ template <class T, class A, class O, class OP, bool MEAN, int THREADS, int K, bo
 __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, TileArgs a,
                                             A* __restrict__ head, A* __restrict__ tail,
                                             i64* __restrict__ tail_seg, A* __restrict__ group_head,
-                                            int* __restrict__ bad, unsigned char* __restrict__ smem) {
+                                            i64* __restrict__ walks, int* __restrict__ bad,
+                                            unsigned char* __restrict__ smem) {
     typedef WarpShared<T, A> S;
     typedef typename VecOf<T>::type V;
     constexpr int VEC = S::VEC, ITEMS = S::ITEMS, NVL = ITEMS / VEC, WT = S::WT, PAD = S::PAD;
@@ -137,7 +139,11 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
     A carry = identity;
     i64 s_first = active ? warp_segment_at_or_after(off, a.m, j0 * (i64)WT, lane) : 0;  // first segment at or after t0
     // CHECKED: whether the offsets broke a rule (the row's first walk must begin at 0).
-    bool broken = CHECKED && active && j0 == 0 && s_first != 0;
+    bool broken = false;
+    if (CHECKED && active) {
+        if (lane == 0) walks[2 * c] = s_first;
+        broken = j0 == 0 && (s_first != 0 || off(0) != 0);
+    }
     const int tiles = broken ? 0 : (int)(j1 - j0);  // K at most: an int counter, two registers fewer than an i64
     for (int jt = 0; jt < tiles; ++jt) {
         const i64 j = j0 + jt;
@@ -185,14 +191,11 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
                         ends[u] = off(s + 1);
                     }
                 }
-                if (CHECKED) {  // the batch is used only if every pair read keeps the rules
-                    bool ok = true;
+                if (CHECKED) {  // the batch is used only if its chain keeps the rules
+                    bool ok = lane != 0 || begins[0] >= t0;
+                    ok &= lane != 31 || ends[WB - 1] <= a.n;
 #pragma unroll
-                    for (int u = 0; u < WB; ++u) {
-                        const i64 s = s_first + owned + u * 32 + lane;
-                        const i64 b = begins[u], e = ends[u];
-                        ok &= s >= a.m || (t0 <= b && b <= e && e <= a.n && (s != 0 || b == 0) && (s != a.m - 1 || e == a.n));
-                    }
+                    for (int u = 0; u < WB; ++u) ok &= begins[u] <= ends[u];  // (past m: n, n)
                     broken = !__all_sync(0xffffffffu, ok);
                     if (broken) break;
                 }
@@ -296,9 +299,10 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
         __syncwarp();  // the tile's marks and pieces are read
     }
     if (CHECKED && active) {
-        // The walk must end where the next run's begins (the row's last run: at m).
-        const i64 next = j1 < a.tiles_per_row ? warp_segment_at_or_after(off, a.m, j1 * (i64)WT, lane) : a.m;
-        broken |= s_first != next;
+        // The row's last walk ends at m, with offsets[m] == n; where the others end, tile_fixup
+        // compares with where the next run's begins.
+        if (!broken && j1 == a.tiles_per_row) broken = s_first != a.m || off(a.m) != a.n;
+        if (lane == 0) walks[2 * c + 1] = s_first;
         if (broken) {
             mode = CARRY_NONE;  // nothing of this run for the fix-up
             if (lane == 0) *bad = 1;  // every writer writes the same value
@@ -338,13 +342,15 @@ __device__ __forceinline__ void check_warp_shared() {
 
 // linred_warp: warp_reduce; OFFSETS is FixedOffsets{L} or ArrayOffsets<I>{offsets}.
 // WARP_TILE and SHARED: the elements per warp tile and the bytes of dynamic shared memory the
-// backend launches it with.  CHECKED: the offsets are checked as they are read, into *bad
-// (which the other variant ignores).
+// backend launches it with.  CHECKED: the offsets are checked as they are read, into *bad,
+// with two words per run in walks (the other variant ignores both).
 #define LINRED_WARP(T, A, O, OP, MEAN, THREADS, MIN_BLOCKS, K, I, OFFSETS, WARP_TILE, SHARED, CHECKED)        \
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) linred_warp(                             \
-        const T* x, O* out, LINRED_TILE_PARAMS(I), A* head, A* tail, long long* ts, A* gh, int* bad) {         \
+        const T* x, O* out, LINRED_TILE_PARAMS(I), A* head, A* tail, long long* ts, A* gh, long long* walks,   \
+        int* bad) {                                                                                             \
         extern __shared__ __align__(16) unsigned char smem[];                                                  \
         LINRED_TILE_ARGS                                                                                       \
-        warp_reduce<T, A, O, OP, MEAN, THREADS, K, CHECKED>(x, out, OFFSETS, a, head, tail, ts, gh, bad, smem); \
+        warp_reduce<T, A, O, OP, MEAN, THREADS, K, CHECKED>(x, out, OFFSETS, a, head, tail, ts, gh, walks, bad, \
+                                                             smem);                                           \
         check_warp_shared<T, A, THREADS, WARP_TILE, SHARED>();                                                 \
     }

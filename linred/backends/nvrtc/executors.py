@@ -291,8 +291,8 @@ class _Runs:
         kernels = tuple(get_kernels(self._launch.device, wrapper, names))
         self._launch.allow_shared_memory(kernels[0], shared)
         # (x, out, the 11 tiling arguments, 4 partials), (out, 11, 4), (11)
-        # (linred_warp: and the check word)
-        counts = {"linred_tile": 17, "linred_warp": 18, "linred_fixup": 16, "linred_bounds": 11}
+        # (linred_warp and linred_fixup: and the walks and the check word)
+        counts = {"linred_tile": 17, "linred_warp": 19, "linred_fixup": 18, "linred_bounds": 11}
         device = self._launch.device
         launches = tuple(PackedLaunch(k, counts[name], name, device) for k, name in zip(kernels, names, strict=True))
         return launches + (None,) * (3 - len(launches)), shared
@@ -300,9 +300,10 @@ class _Runs:
     def _run(
         self, xp: int, out: Any, segments: Segments, stream: Any, kernels: tuple, shared: int, extra: tuple = ()
     ) -> None:
-        """Launch the bounds (for offsets), the reduction ``kernels[0]`` (its arguments then
-        ``extra``) and the fix-up ``kernels[1]``; both take the group heads' pointer (0 without
-        them; tile_reduce ignores it)."""
+        """Launch the bounds (for offsets), the reduction ``kernels[0]`` and the fix-up
+        ``kernels[1]``; both take the group heads' pointer (0 without them; tile_reduce ignores
+        it), then ``extra`` (warp_reduce: the walks and the check word; the fix-up takes them
+        too, 0 and 0 after tile_reduce)."""
         problem, launch = self._problem, self._launch
         kernel, fixup, bounds_kernel = kernels
         _, n, _ = problem.in_shape
@@ -320,7 +321,7 @@ class _Runs:
             bounds_kernel(stream, self._bounds_grid, threads, 0, *common)
         kernel(stream, self._grid, threads, shared, xp, out_ptr, *common, *partials, *extra)
         if self._needs_fixup:
-            fixup(stream, self._fixup_grid, threads, 0, out_ptr, *common, *partials)
+            fixup(stream, self._fixup_grid, threads, 0, out_ptr, *common, *partials, *(extra or (0, 0)))
         self._order.end(stream)
 
     def free(self) -> None:
@@ -385,6 +386,8 @@ class _WarpExecutor(_Runs):
         self._tiles: _TileExecutor | None = None
         # Per variant (checking the offsets or not): the kernels and the shared memory.
         self._compiled: dict[bool, tuple[tuple[Any, Any, Any], int]] = {}
+        #: where each run's walk of the offsets began and ended (the checked variant's)
+        self._walks: Any = None
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
         problem, tuning = self._problem, self._tuning
@@ -407,7 +410,9 @@ class _WarpExecutor(_Runs):
                 ("linred_warp", "linred_fixup"),
                 warp_shared_bytes(problem, tuning),
             )
-        self._run(xp, out, segments, stream, *compiled, (word,))
+        if checked and self._walks is None:
+            self._walks = self._launch.empty(2 * self._runs, "int64")
+        self._run(xp, out, segments, stream, *compiled, (self._launch.ptr(self._walks) if checked else 0, word))
 
     def _checked_first(self, segments: VariableSegments, stream: Any) -> bool:
         """Whether ``segments``' offsets keep every rule, checked into their word by the
@@ -423,7 +428,7 @@ class _WarpExecutor(_Runs):
         if self._tiles is not None:
             self._tiles.free()
         self._compiled.clear()
-        self._tiles = None
+        self._tiles = self._walks = None
 
 
 class _FeaturesExecutor:

@@ -220,7 +220,7 @@ def tile_wrapper(problem: Problem, vecload: bool, index_ctype: str, tuning: Nvrt
         '#include "tile.cuh"\n#include "fixup.cuh"\n'
         f"LINRED_TILE({t}, {a}, {o}, {op}, {mean}, {threads}, {min_blocks}, {tile}, {k}, {vl}, {index_ctype}, "
         f"{offsets}, {smem})\n"
-        f"LINRED_FIXUP({t}, {a}, {o}, {op}, {mean}, {threads}, {tile}, 1, {index_ctype}, {offsets})\n"
+        f"LINRED_FIXUP({t}, {a}, {o}, {op}, {mean}, {threads}, {tile}, 1, {index_ctype}, {offsets}, false)\n"
         f"LINRED_BOUNDS({threads}, {tile}, {index_ctype}, {offsets})\n"
     )
 
@@ -237,7 +237,8 @@ def warp_wrapper(problem: Problem, index_ctype: str, tuning: NvrtcOptions, k: in
         '#include "warp.cuh"\n#include "fixup.cuh"\n'
         f"LINRED_WARP({t}, {a}, {o}, {op}, {mean}, {threads}, {min_blocks}, {k}, {index_ctype}, {offsets}, {wt}, "
         f"{smem}, {'true' if checked else 'false'})\n"
-        f"LINRED_FIXUP({t}, {a}, {o}, {op}, {mean}, {threads}, {wt}, {group}, {index_ctype}, {offsets})\n"
+        f"LINRED_FIXUP({t}, {a}, {o}, {op}, {mean}, {threads}, {wt}, {group}, {index_ctype}, {offsets}, "
+        f"{'true' if checked else 'false'})\n"
     )
 
 
