@@ -61,6 +61,8 @@ __device__ __forceinline__ void tile_fixup(O* __restrict__ out, Off off, TileArg
         // The heads of runs b + 1 .. b + last - bj, by their index over all rows.
         lo = b + 1;
         hi = b + 1 + (last - bj);
+        // (Checked offsets keep end <= n, so hi stays in the row; the row's end bounds it anyway.)
+        if (CHECKED) hi = min(hi, b + 1 + (a.blocks_per_row - 1 - bj));
         len = end - begin;
         at = row * a.m + s;
         acc = tail[b];

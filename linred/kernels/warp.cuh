@@ -40,7 +40,8 @@
 // call, set to 1 when a rule is broken).  A warp's walk is the segments it reads the
 // offsets of: from its run's first (found by warp_segment_at_or_after) through the first
 // one past the run.  A batch of 64 is a chain (lane i reads offsets[s + 1] where lane i + 1
-// reads offsets[s + 1], and the next batch begins where this one ends), so it keeps
+// reads offsets[s + 1], and the next batch begins where this one ends; past m it goes on
+// through offsets[m], then n), so it keeps
 // t0 <= offsets[s] <= offsets[s + 1] <= n for every pair it reads (t0: the tile being
 // walked; no segment at or after the tile's first one starts before the tile) when each
 // lane's pair does not decrease, its first offset is at least t0 and its last at most n.
@@ -189,6 +190,8 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
                     if (s < a.m) {
                         begins[u] = off(s);
                         ends[u] = off(s + 1);
+                    } else if (CHECKED && s == a.m) {
+                        begins[u] = off(s);  // (the chain goes on through offsets[m], checked <= n)
                     }
                 }
                 if (CHECKED) {  // the batch is used only if its chain keeps the rules
