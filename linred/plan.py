@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Any
 
+from linred._dtypes import itemsize
 from linred._frontend import FillExecutor, Request, check_out, check_reduction, check_x, request
 from linred.backends.base import Executor, FunctionExecutor
 from linred.backends.select import select
@@ -190,6 +192,14 @@ class SegmentedReduction:
         self._current_stream = None if problem.device is None else adapter.current_stream(problem.device)
         self._describe_out = adapter.key_out
         self._overlaps = adapter.overlaps
+        # Device data: where an array of x's layout lies from its pointer, and the bytes of a
+        # result, so that a call tells whether out overlaps x from three pointers.
+        self._pointer = adapter.pointer
+        if self._pointer is not None:
+            first, last = adapter.span(x)
+            start = self._pointer(x)
+            self._x_span = (first - start, last - start)
+            self._out_bytes = math.prod(req.out_shape) * itemsize(problem.out_dtype)
         # (an executor that takes the caller's arrays cannot take one whose 3-D view is a copy)
         self._views = getattr(self._executor, "views", True) or not req.viewed
         # A function executor is called as its function (one Python call less per call).
@@ -216,8 +226,11 @@ class SegmentedReduction:
             if (
                 type(out) is self._type
                 and self._describe_out(out) == self._out_key  # (also says it is writeable)
-                and not self._overlaps(out, x)
-                and (self._fixed or not self._overlaps(out, segments.offsets))
+                and (
+                    not self._overlaps(out, x) and (self._fixed or not self._overlaps(out, segments.offsets))
+                    if self._pointer is None
+                    else self._apart(out, x, segments)
+                )
             ):
                 direct = True
             else:
@@ -234,6 +247,24 @@ class SegmentedReduction:
         if copy_back:
             self._request.adapter.copy(out, target, handle)
         return result
+
+    def _apart(self, out: Any, x: Any, segments: Segments) -> bool:
+        """Whether ``out`` (of the plan's result layout, on its device) shares no memory with ``x``
+        (of the plan's layout) or the offsets (device data: the adapter has a ``pointer``)."""
+        pointer = self._pointer
+        first = pointer(out)
+        end = first + self._out_bytes
+        if first == end:
+            return True
+        start = pointer(x)
+        low, high = self._x_span
+        if low < high and start + low < end and first < start + high:
+            return False
+        if self._fixed:
+            return True
+        offsets = segments.offsets  # (contiguous, on the data's device)
+        begin = pointer(offsets)
+        return not (offsets.nbytes and begin < end and first < begin + offsets.nbytes)
 
     def execute(self, x: Any, *, out: Any = None, stream: Any = None) -> Any:
         """Reduce ``x``; calling the plan does the same.

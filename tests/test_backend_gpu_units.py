@@ -1158,8 +1158,12 @@ def test_on_device_pushes_the_primary_context_only_when_needed(monkeypatch, curr
     monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
     monkeypatch.setitem(sys.modules, "cuda.bindings.driver", fake)
     monkeypatch.setattr(_context, "_contexts", {})
+    monkeypatch.setattr(_context, "_driver", None)  # (imported on the first use: the fake)
     with _context.on_device(0):
-        pass
+        with _context.on_device(0):  # nested for the same device: no query, no push
+            pass
+        assert _context._current.device == 0
+    assert _context._current.device == -1
     if current == 0:
         assert fake.calls == []
     else:

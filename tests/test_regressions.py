@@ -6,6 +6,7 @@ covers the same families over whole shape spaces.
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -92,6 +93,28 @@ def test_out_overlapping_x(array_kind):
     x = to_kind(np.arange(1, 13, dtype=np.float32), array_kind)
     linred.segmented_sum(x, 4, out=x[1:4])
     np.testing.assert_array_equal(to_numpy(x)[:5], [1, 10, 26, 42, 5])
+
+
+def test_out_overlapping_the_inputs_of_a_cached_call(array_kind):
+    """A repeated call (its plan cached) tells from the pointers whether out overlaps x or the
+    offsets: out at either end of x, inside the offsets' memory, and apart from both."""
+    values = np.arange(1, 13, dtype=np.float64)
+    offsets = np.array([0, 4, 4, 12])
+    want = [2.5, np.nan, 8.5]
+    for _ in range(2):  # planned, then cached
+        got = linred.segmented_mean(to_kind(values, array_kind), offsets=to_kind(offsets, array_kind))
+        np.testing.assert_array_equal(to_numpy(got), want)
+    for where in ("start", "end", "offsets", "apart"):
+        x = to_kind(values, array_kind)
+        off = to_kind(offsets, array_kind)
+        if where == "offsets":  # the offsets' bytes, read as float64
+            torch = sys.modules.get("torch")
+            out = (off.view(torch.float64) if type(off).__module__.startswith("torch") else off.view("float64"))[:3]
+        else:
+            out = {"start": x[:3], "end": x[9:], "apart": to_kind(np.zeros(3), array_kind)}[where]
+        got = linred.segmented_mean(x, offsets=off, out=out)
+        assert got is out
+        np.testing.assert_array_equal(to_numpy(got), want, err_msg=where)
 
 
 def test_out_overlapping_x_from_threads():

@@ -48,6 +48,13 @@ class ArrayAdapter:
     type_name: str = ""
     #: whether :meth:`prepare` may return another array than it is given (else it is skipped)
     prepares: bool = False
+    #: device arrays: ``pointer(x)``, the address of ``x``'s first element (None on the host);
+    #: with :meth:`span`, a plan's per-call test of whether ``out`` overlaps its inputs
+    pointer: Any = None
+
+    def span(self, x: Any) -> tuple[int, int]:
+        """``[first, last)``: the addresses ``x`` touches (device arrays; empty for no element)."""
+        raise NotImplementedError
 
     def info(self, x: Any) -> ArrayInfo:
         raise NotImplementedError

@@ -9,44 +9,67 @@ device switches amount to.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 __all__ = ["on_device"]
 
 #: per device: its primary context (retained once, for the process)
 _contexts: dict[int, Any] = {}
+#: cuda.bindings.driver, imported on the first use (an import statement per call costs more
+#: than the driver query it guards)
+_driver: Any = None
+
+
+class _Current(threading.local):
+    """The device an enclosing ``on_device`` block of this thread made sure of (-1: none)."""
+
+    device = -1
+
+
+_current = _Current()
 
 
 class on_device:
     """Make ``device``'s primary context current for the block, unless it already is (the common
-    case costs one driver query), and restore the previous one after it."""
+    case costs one driver query, and a block inside another for the same device in the same
+    thread none), and restore the previous one after it."""
 
-    __slots__ = ("_device", "_pushed")
+    __slots__ = ("_device", "_outer", "_pushed")
 
     def __init__(self, device: int) -> None:
         self._device = device
         self._pushed = False
+        self._outer = -2  # (not entered)
 
     def __enter__(self) -> None:
-        from cuda.bindings import driver
-
-        err, current = driver.cuCtxGetDevice()
-        if err == driver.CUresult.CUDA_SUCCESS and int(current) == self._device:
-            return
-        context = _contexts.get(self._device)
-        if context is None:
-            err, context = driver.cuDevicePrimaryCtxRetain(self._device)
-            if err != driver.CUresult.CUDA_SUCCESS:
-                raise RuntimeError(f"cannot retain the primary context of CUDA device {self._device}: {err}")
-            _contexts[self._device] = context
-        (err,) = driver.cuCtxPushCurrent(context)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cannot make CUDA device {self._device} current: {err}")
-        self._pushed = True
-
-    def __exit__(self, *exc: object) -> None:
-        if self._pushed:
+        current = _current
+        outer = current.device
+        self._outer = outer
+        if outer == self._device:
+            return  # an enclosing block of this thread made it current
+        global _driver
+        driver = _driver
+        if driver is None:
             from cuda.bindings import driver
 
-            driver.cuCtxPopCurrent()
+            _driver = driver
+        err, device = driver.cuCtxGetDevice()
+        if not (err == driver.CUresult.CUDA_SUCCESS and int(device) == self._device):
+            context = _contexts.get(self._device)
+            if context is None:
+                err, context = driver.cuDevicePrimaryCtxRetain(self._device)
+                if err != driver.CUresult.CUDA_SUCCESS:
+                    raise RuntimeError(f"cannot retain the primary context of CUDA device {self._device}: {err}")
+                _contexts[self._device] = context
+            (err,) = driver.cuCtxPushCurrent(context)
+            if err != driver.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"cannot make CUDA device {self._device} current: {err}")
+            self._pushed = True
+        current.device = self._device
+
+    def __exit__(self, *exc: object) -> None:
+        _current.device = self._outer
+        if self._pushed:
+            _driver.cuCtxPopCurrent()
             self._pushed = False

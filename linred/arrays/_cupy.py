@@ -6,6 +6,7 @@ import contextlib
 from typing import Any
 
 import cupy
+import numpy
 
 from linred._dtypes import dtype_name
 from linred.arrays._base import ArrayAdapter, ArrayInfo, adapters, byte_range, ranges_overlap
@@ -38,9 +39,21 @@ def _range(a: cupy.ndarray) -> tuple[int, int]:
     return byte_range(a.data.ptr, a.shape, a.strides, a.dtype.itemsize)
 
 
+#: the dtypes the kernels read offsets as
+_OFFSET_DTYPES = (numpy.dtype(numpy.int32), numpy.dtype(numpy.int64))
+
+
+def _pointer(a: cupy.ndarray) -> int:
+    return a.data.ptr
+
+
 class CupyAdapter(ArrayAdapter):
     kind = "cupy"
     type_name = "cupy.ndarray"
+    pointer = staticmethod(_pointer)
+
+    def span(self, x: cupy.ndarray) -> tuple[int, int]:
+        return _range(x)
 
     def info(self, x: cupy.ndarray) -> ArrayInfo:
         itemsize = x.dtype.itemsize
@@ -82,6 +95,13 @@ class CupyAdapter(ArrayAdapter):
         return ranges_overlap(_range(a), _range(b))
 
     def index_array(self, obj: Any, device: int | None, name: str) -> cupy.ndarray:
+        if (
+            type(obj) is cupy.ndarray
+            and obj.dtype in _OFFSET_DTYPES
+            and obj.flags.c_contiguous
+            and obj.device.id == device
+        ):
+            return obj  # (the common case, as it comes: no device switch, no asarray)
         if isinstance(obj, cupy.ndarray):
             if obj.device.id != device:
                 raise ValueError(f"{name} is on CUDA device {obj.device.id} but x is on CUDA device {device}")

@@ -81,6 +81,10 @@ class TorchAdapter(ArrayAdapter):
     kind = "torch"
     type_name = "torch.Tensor"
     prepares = True
+    pointer = staticmethod(torch.Tensor.data_ptr)
+
+    def span(self, x: torch.Tensor) -> tuple[int, int]:
+        return _range(x)
 
     def info(self, x: torch.Tensor) -> ArrayInfo:
         return ArrayInfo(tuple(x.shape), tuple(x.stride()), dtype_name(x.dtype), self.device_of(x))

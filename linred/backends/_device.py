@@ -309,8 +309,7 @@ def ops_for(kind: str, device: int) -> CupyOps | TorchOps:
 
 def capturing(stream: int) -> bool:
     """Whether ``stream`` (a raw handle) is being captured into a CUDA graph."""
-    from cuda.bindings import driver
-
+    driver = _driver or _load_driver()
     err, status = driver.cuStreamIsCapturing(stream)
     if err == driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
         return True  # the legacy default stream, while another stream captures in global mode
@@ -400,12 +399,22 @@ class DriverEvent:
 
 
 def _checked(result: tuple, what: str) -> Any:
-    from cuda.bindings import driver
-
     err, *rest = result
-    if err != driver.CUresult.CUDA_SUCCESS:
+    if err:  # (CUDA_SUCCESS is 0)
         raise RuntimeError(f"cannot {what}: {err}")
     return rest[0] if rest else None
+
+
+#: cuda.bindings.driver, once imported (an import statement per call costs more than the call)
+_driver: Any = None
+
+
+def _load_driver() -> Any:
+    global _driver
+    from cuda.bindings import driver
+
+    _driver = driver
+    return driver
 
 
 # --- alignment -----------------------------------------------------------------------

@@ -66,10 +66,8 @@ class PackedLaunch:
     def __call__(self, stream: int, grid: int, block: int, shared: int, *values: int) -> None:
         """Launch on ``stream`` (a raw handle) with ``grid`` blocks of ``block`` threads and
         ``shared`` bytes of dynamic shared memory; ``values`` are the arguments, in order."""
-        args = self._args
-        for i, v in enumerate(values):
-            args[i] = v
-        with on_device(self.device):
+        self._args[: len(values)] = values
+        with on_device(self.device):  # (free inside the caller's own block for the device)
             (err,) = _driver.cuLaunchKernel(self._function, grid, 1, 1, block, 1, 1, shared, stream, self._params, 0)
-        if err != _driver.CUresult.CUDA_SUCCESS:
+        if err:  # (CUDA_SUCCESS is 0)
             raise RuntimeError(f"launching {self.name} failed: {err}")

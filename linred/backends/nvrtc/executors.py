@@ -22,6 +22,7 @@ from cuda.bindings import driver
 from cuda.core import Device
 
 from linred._dtypes import itemsize
+from linred.arrays._context import on_device
 from linred.backends._device import StreamOrder, ops_for
 from linred.backends.base import INT32_MAX
 from linred.backends.nvrtc.kernels import (
@@ -316,13 +317,14 @@ class _Runs:
         group = 0 if self._group_head is None else launch.ptr(self._group_head)
         partials = (launch.ptr(self._head), launch.ptr(self._tail), launch.ptr(self._tail_seg), group)
         out_ptr = launch.ptr(out)
-        self._order.begin(stream)
-        if self._bounds is not None:
-            bounds_kernel(stream, self._bounds_grid, threads, 0, *common)
-        kernel(stream, self._grid, threads, shared, xp, out_ptr, *common, *partials, *extra)
-        if self._needs_fixup:
-            fixup(stream, self._fixup_grid, threads, 0, out_ptr, *common, *partials, *(extra or (0, 0)))
-        self._order.end(stream)
+        with on_device(launch.device):  # (once for the launches and events inside)
+            self._order.begin(stream)
+            if self._bounds is not None:
+                bounds_kernel(stream, self._bounds_grid, threads, 0, *common)
+            kernel(stream, self._grid, threads, shared, xp, out_ptr, *common, *partials, *extra)
+            if self._needs_fixup:
+                fixup(stream, self._fixup_grid, threads, 0, out_ptr, *common, *partials, *(extra or (0, 0)))
+            self._order.end(stream)
 
     def free(self) -> None:
         self._order.wait_idle()  # the partials go back to the pool
