@@ -562,7 +562,9 @@ def test_array_expression_mode():
     since the mode is chosen when dask.array is first imported."""
     if not hasattr(da, "array_expr_enabled"):
         pytest.skip("this dask has no array-expression mode")
-    env = {**os.environ, "DASK_ARRAY__QUERY_PLANNING": "True", "PYTHONPATH": str(ROOT)}
+    # (linred's root first, then the caller's path: dask may be installed there, not in site-packages)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "DASK_ARRAY__QUERY_PLANNING": "True", "PYTHONPATH": path}
     proc = subprocess.run([sys.executable, "-c", _EXPR_SCRIPT], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "ok"
