@@ -150,13 +150,16 @@ def reduce_by_ids(
                         **ids_kwargs, **kwargs)  # fmt: skip
     from linred.dask import is_dask  # (linred.dask imports linred: not at this module's import)
 
-    if is_dask(x):  # sorted ids, read on the host as offsets are, become offsets (linred.dask)
-        from linred.dask import sorted_ids_offsets
+    if is_dask(x):  # ids read on the host as offsets are: offsets, the data moved into the ids' order if need be
+        from linred.dask import by_ids_order, ids_offsets, positions_back
 
-        offsets = sorted_ids_offsets(x, segment_ids, ns, axis)
+        offsets, order = ids_offsets(x, segment_ids, ns, axis)
         if not positions:  # (the arg-reductions take no out=)
             kwargs["out"] = out
-        return function(x, offsets=offsets, axis=axis, check=check, **kwargs)
+        if order is None:
+            return function(x, offsets=offsets, axis=axis, check=check, **kwargs)
+        result = function(by_ids_order(x, order, axis), offsets=offsets, axis=axis, check=check, **kwargs)
+        return positions_back(result, order, len(order)) if positions else result
     x, adapter = as_array(x)  # (refuses what the functions refuse: masked, sparse, other libraries' arrays)
     if not x.shape:
         raise ValueError("x must have at least one dimension; got a 0-d array")

@@ -28,7 +28,9 @@ lists are used as they are; a Dask array is computed (``.compute()``) and a CuPy
 array or PyTorch tensor copied to the host, once, when the call builds the graph.
 The segment description is always checked on the host (the graph's shape depends
 on it), with the same messages as the functions; the tasks then run with
-``check=False``.  See ``docs/scaling.md`` for the cost model and chunk sizes.
+``check=False``.  ``segment_ids`` are read on the host too and become offsets; unsorted
+ids move the data into their stable order first (:func:`by_ids_order`), and results
+shaped like the data, or positions, are moved back.  See ``docs/scaling.md`` for the cost model and chunk sizes.
 
 This module imports Dask only when it builds a graph: ``linred`` detects Dask arrays
 by their type's module, without importing it.
@@ -740,31 +742,53 @@ def segmented_reduce(
     return _build_carry(reduction, x, axis, segs, dtype, backend, meta, out_dtype)
 
 
-def sorted_ids_offsets(x: Any, segment_ids: Any, num_segments: int | None, axis: Any) -> np.ndarray:
-    """The offsets that sorted ``segment_ids`` (one id per element along ``axis`` of Dask array
-    ``x``, read on the host as offsets are) name: ``num_segments`` segments (default: the largest
-    id + 1), id ``k`` the elements of segment ``k``.  Unsorted ids (which would gather the data
-    across chunks) and ids outside ``[0, num_segments)`` are refused, also with ``check=False``:
-    the graph is built from them.  (``ids_sorted`` is the caller's to check: the ids are read
-    whatever it says.)"""
+def ids_offsets(x: Any, segment_ids: Any, num_segments: int | None, axis: Any) -> tuple[np.ndarray, Any]:
+    """The offsets that ``segment_ids`` (one id per element along ``axis`` of Dask array ``x``,
+    read on the host as offsets are) name once the elements are in the ids' order, and that
+    order: ``num_segments`` segments (default: the largest id + 1), id ``k`` the elements of
+    segment ``k``; the order is None for sorted ids (the elements are in it already), else the
+    stable sort of the ids (:func:`by_ids_order` moves the elements).  Ids outside
+    ``[0, num_segments)`` are refused, also with ``check=False``: the graph is built from them.
+    (``ids_sorted`` is not needed: the ids are read.)"""
     n = x.shape[normalize_axis(axis, x.ndim)]
-    ids = np.asarray(_host_index(segment_ids, "segment_ids"))  # (read whatever ids_sorted says: they must be sorted)
+    ids = np.asarray(_host_index(segment_ids, "segment_ids"))
     if ids.dtype.kind not in "iu":
         raise TypeError(f"segment_ids must be an array of integers; got dtype {ids.dtype}")
     if ids.ndim != 1:
         raise ValueError(f"segment_ids must be 1-D (one id per element along axis); got shape {ids.shape}")
     if ids.shape[0] != n:
         raise ValueError(f"segment_ids must have one id per element along axis {axis} ({n}); got {ids.shape[0]}")
-    ids = ids.astype(np.int64, copy=False)
+    given = ids = ids.astype(np.int64, copy=False)
+    order = None
     if n and bool((ids[1:] < ids[:-1]).any()):
-        at = int(np.argmax(ids[1:] < ids[:-1]))
-        raise ValueError(f"segment_ids of a Dask array must be sorted (non-decreasing): segment_ids[{at + 1}] = "
-                         f"{ids[at + 1]} < segment_ids[{at}] = {ids[at]}; sort the data by id first")  # fmt: skip
+        order = np.argsort(ids, kind="stable")  # (stable: a segment keeps its elements' order)
+        ids = ids[order]
     ns = (int(ids[-1]) + 1 if n else 0) if num_segments is None else num_segments
     if n and (ids[0] < 0 or ids[-1] >= ns):
-        i = 0 if ids[0] < 0 else int(np.argmax(ids >= ns))
-        raise ValueError(f"segment_ids must lie in [0, num_segments) = [0, {ns}); segment_ids[{i}] = {ids[i]}")
-    return np.searchsorted(ids, np.arange(ns + 1, dtype=np.int64), side="left").astype(np.int64)
+        i = int(np.argmax((given < 0) | (given >= ns)))  # (the first in the caller's order)
+        raise ValueError(f"segment_ids must lie in [0, num_segments) = [0, {ns}); segment_ids[{i}] = {given[i]}")
+    return np.searchsorted(ids, np.arange(ns + 1, dtype=np.int64), side="left").astype(np.int64), order
+
+
+def by_ids_order(x: Any, order: np.ndarray, axis: int) -> Any:
+    """Dask array ``x`` with its elements along ``axis`` moved into ``order`` (a shuffle of the
+    data: each output chunk gathers from the input chunks its positions come from)."""
+    return x[(slice(None),) * normalize_axis(axis, x.ndim) + (order,)]
+
+
+def positions_back(result: Any, order: np.ndarray, n: int) -> Any:
+    """Positions along the axis of the data moved into ``order`` (:func:`by_ids_order`), as the
+    arg-reductions return them, made positions into the caller's data (``n``, an empty
+    segment's, stays ``n``).  The sort is stable, so the first of equal values in the moved
+    data is the first in the caller's: the tie rule holds."""
+    if n == 0:
+        return result
+    import dask.array as da
+
+    xp = _xp(result._meta)
+    index = da.from_array(order if xp is np else xp.asarray(order), chunks=max(1 << 20, -(-n // 64)))
+    mapped = index[da.minimum(result, n - 1).ravel()].reshape(result.shape)
+    return da.where(result < n, mapped, result)
 
 
 def composed(name: str, x: Any, segments: dict[str, Any], axis: Any, dtype: Any, backend: Any, stream: Any,
@@ -786,7 +810,15 @@ def composed(name: str, x: Any, segments: dict[str, Any], axis: Any, dtype: Any,
         others = [k for k in ("segment_length", "offsets", "lengths") if segments.get(k) is not None]
         ns = ids_arguments(segments.get("segment_ids"), segments.get("num_segments"), segments.get("ids_sorted"),
                            others)  # fmt: skip
-        segments = {"offsets": sorted_ids_offsets(x, segments["segment_ids"], ns, axis)}
+        offsets, order = ids_offsets(x, segments["segment_ids"], ns, axis)
+        if order is not None:  # unsorted ids: the data moved into their order, the result moved back
+            _checked_input(x, axis, backend, check)
+            result = composed(name, by_ids_order(x, order, axis), {"offsets": offsets}, axis, dtype, backend, None,
+                              check, remainder, **options)  # fmt: skip
+            if name in _PER_ELEMENT:
+                result = by_ids_order(result, np.argsort(order), axis)
+            return result
+        segments = {"offsets": offsets}
     axis, chunk_meta = _checked_input(x, axis, backend, check)
     sample = getattr(linred, f"segmented_{name}")(np.zeros(1, dtype=x.dtype), 1, dtype=dtype, **options)
     x, segs = _segments(x, axis, segments.get("segment_length"), segments.get("offsets"), segments.get("lengths"),

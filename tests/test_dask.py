@@ -752,16 +752,48 @@ def test_sorted_segment_ids(name, layout):
     np.testing.assert_allclose(got.compute(), fn(x, segment_ids=ids), rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
+@pytest.mark.parametrize("name", [*VALUE_REDUCTIONS, *ARG_REDUCTIONS, "prod", *COMPOSED])
+@pytest.mark.parametrize("layout", ["1d", "rows", "columns"])
+def test_unsorted_segment_ids(name, layout):
+    """Unsorted ids (graph edges by target node): the data moved into the ids' stable order, the
+    sorted path, per-element results moved back and positions mapped back (ties: the first
+    occurrence, as the single call's); the single call's result, with empty segments, ties,
+    NaN and infinities, whatever ids_sorted says."""
+    if not hasattr(linred, f"segmented_{name}"):
+        pytest.skip(f"no segmented_{name}")
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, 30, 1000)
+    ids[ids == 7] = 8  # an empty segment; 30..32 are empty too (num_segments=33)
+    x = np.round(rng.normal(size=(1000, 3)), 1)  # (ties for the arg-reductions)
+    x[5, 0], x[400, 1], x[20:40, 2] = np.nan, np.inf, -np.inf
+    axis = 0
+    if layout == "1d":
+        x, chunks = x[:, 1], 128
+    elif layout == "rows":
+        chunks = (128, 3)
+    else:
+        x, chunks, axis = x.T.copy(), (3, 128), 1
+    kw = {"ddof": 1} if name in ("var", "std") else {}
+    fn = getattr(linred, f"segmented_{name}")
+    want = fn(x, segment_ids=ids, num_segments=33, axis=axis, **kw)
+    for ids_sorted in (None, False, True):  # (read on the host: the ids say whether they are sorted)
+        got = fn(da.from_array(x, chunks=chunks), segment_ids=ids, num_segments=33, axis=axis,
+                 ids_sorted=ids_sorted, **kw)  # fmt: skip
+        assert ldask.is_dask(got)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_allclose(got.compute(), want, rtol=1e-12, atol=1e-12, equal_nan=True)
+    got = fn(da.from_array(x, chunks=chunks), segment_ids=da.from_array(ids, chunks=300), axis=axis, **kw)
+    np.testing.assert_allclose(got.compute(), fn(x, segment_ids=ids, axis=axis, **kw), rtol=1e-12, atol=1e-12,
+                               equal_nan=True)  # fmt: skip
+
+
 def test_segment_ids_dask_refuses():
     x = da.from_array(np.ones(10), chunks=4)
-    unsorted = r"must be sorted \(non-decreasing\): segment_ids\[3\] = 0 < segment_ids\[2\] = 1"
-    with pytest.raises(ValueError, match=unsorted):
-        linred.segmented_sum(x, segment_ids=[0, 1, 1, 0, 2, 2, 2, 3, 3, 3])
-    with pytest.raises(ValueError, match="must be sorted"):
-        linred.segmented_softmax(x, segment_ids=[1] * 5 + [0] * 5, ids_sorted=False)
     # ids_sorted=False only says not to assume it: sorted ids are served all the same
     got = linred.segmented_softmax(x, segment_ids=[0] * 5 + [1] * 5, ids_sorted=False).compute()
     np.testing.assert_allclose(got, np.full(10, 0.2))
+    with pytest.raises(ValueError, match=r"\[0, 2\); segment_ids\[3\] = 5"):  # unsorted: the caller's first
+        linred.segmented_sum(x, segment_ids=[1, 0, 1, 5, 0, 9, 0, 0, 1, 1], num_segments=2)
     for other in ({"segment_length": 5}, {"offsets": [0, 5, 10]}, {"lengths": [5, 5]}):
         with pytest.raises(TypeError, match="give one of segment_length, offsets, lengths or segment_ids"):
             linred.segmented_softmax(x, segment_ids=[0] * 5 + [1] * 5, **other)
@@ -782,6 +814,24 @@ def test_composed_functions_refuse_what_dask_does_not_serve():
         linred.segmented_softmax(x, offsets=[0, 4, 3, 10])
     with pytest.raises(ValueError, match="ddof"):
         linred.segmented_var(x, 5, ddof=-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUPY_GPU, reason="needs CuPy with a GPU")
+@pytest.mark.parametrize("name", COMPOSED)
+def test_unsorted_segment_ids_of_cupy_chunks(name):
+    """Unsorted ids with CuPy chunks: the data moved on the device, CuPy results (positions too)."""
+    import cupy
+
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, 20, 1000)
+    x = rng.normal(size=(1000, 4)).astype(np.float32)
+    for fn_name in (name, "sum", "argmax"):
+        fn = getattr(linred, f"segmented_{fn_name}")
+        result = fn(da.from_array(cupy.asarray(x), chunks=(128, 4)), segment_ids=ids, num_segments=22).compute()
+        assert isinstance(result, cupy.ndarray)
+        want = fn(x, segment_ids=ids, num_segments=22)
+        np.testing.assert_allclose(cupy.asnumpy(result), want, rtol=2e-5, atol=2e-5, equal_nan=True)
 
 
 @pytest.mark.gpu
