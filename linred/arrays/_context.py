@@ -33,7 +33,12 @@ _current = _Current()
 class on_device:
     """Make ``device``'s primary context current for the block, unless it already is (the common
     case costs one driver query, and a block inside another for the same device in the same
-    thread none), and restore the previous one after it."""
+    thread none), and restore the previous one after it.
+
+    A nested block for the same device trusts the enclosing one: code inside a block must leave
+    the context it found current when it returns (as CuPy's and PyTorch's device switches,
+    context managers both, do).
+    """
 
     __slots__ = ("_device", "_outer", "_pushed")
 
