@@ -779,16 +779,21 @@ def by_ids_order(x: Any, order: np.ndarray, axis: int) -> Any:
 def positions_back(result: Any, order: np.ndarray, n: int) -> Any:
     """Positions along the axis of the data moved into ``order`` (:func:`by_ids_order`), as the
     arg-reductions return them, made positions into the caller's data (``n``, an empty
-    segment's, stays ``n``).  The sort is stable, so the first of equal values in the moved
-    data is the first in the caller's: the tie rule holds."""
+    segment's, stays ``n``): block by block, the order one node of the graph (on the chunks'
+    device).  The sort is stable, so the first of equal values in the moved data is the first
+    in the caller's: the tie rule holds."""
     if n == 0:
         return result
-    import dask.array as da
+    import dask
 
     xp = _xp(result._meta)
-    index = da.from_array(order if xp is np else xp.asarray(order), chunks=max(1 << 20, -(-n // 64)))
-    mapped = index[da.minimum(result, n - 1).ravel()].reshape(result.shape)
-    return da.where(result < n, mapped, result)
+    table = dask.delayed(order if xp is np else xp.asarray(order), pure=True)
+    return result.map_blocks(_positions_back_task, table, n=n, dtype=result.dtype, meta=result._meta)
+
+
+def _positions_back_task(block: Any, table: Any, *, n: int) -> Any:
+    xp = _xp(block)
+    return xp.where(block < n, table[xp.minimum(block, n - 1)], block)
 
 
 def composed(name: str, x: Any, segments: dict[str, Any], axis: Any, dtype: Any, backend: Any, stream: Any,

@@ -787,6 +787,18 @@ def test_unsorted_segment_ids(name, layout):
                                equal_nan=True)  # fmt: skip
 
 
+@pytest.mark.parametrize("name", ARG_REDUCTIONS)
+def test_unsorted_segment_ids_arg_reductions_of_few_segments(name):
+    """Few segments (the result's chunks along the axis end in an empty one): positions mapped
+    back block by block, as the single call's."""
+    rng = np.random.default_rng(5)
+    x = rng.random((12, 2))
+    ids = np.tile([0, 2], 6)  # segment 1 empty
+    fn = getattr(linred, f"segmented_{name}")
+    got = fn(da.from_array(x, chunks=(4, 2)), segment_ids=ids, axis=0).compute()
+    np.testing.assert_array_equal(got, fn(x, segment_ids=ids, axis=0))
+
+
 def test_segment_ids_dask_refuses():
     x = da.from_array(np.ones(10), chunks=4)
     # ids_sorted=False only says not to assume it: sorted ids are served all the same

@@ -29,6 +29,18 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_KINDS, reason="needs a
 
 
 @pytest.fixture
+def warp_checks(monkeypatch):
+    """Plans of one-column data made while this is active check offsets in ``warp_reduce`` (its
+    CHECKED variant: what the executor's ``checks_offsets`` turns on)."""
+    from linred.backends.nvrtc import executors
+
+    linred.clear_plan_cache()
+    monkeypatch.setattr(executors._WarpExecutor, "checks_offsets", True)
+    yield
+    linred.clear_plan_cache()
+
+
+@pytest.fixture
 def kernel_checked(monkeypatch):
     """Counts the calls checked by a kernel (:func:`_device_checks.arm`) and those checked by the
     separate pass (:func:`_device_checks.offsets_ok`)."""
@@ -84,6 +96,10 @@ def _broken(good: np.ndarray, n: int, dtype: str) -> list[np.ndarray]:
         bad = good.copy()
         bad[1], bad[2] = -7, -3  # a segment inside [-7, -3): increasing, but outside the axis
         out.append(bad)
+    if good[m - 1] + 1 < n:  # a last offset short of n, still non-decreasing
+        bad = good.copy()
+        bad[m] = good[m - 1] + 1
+        out.append(bad)
     if m >= 8:
         # Decreasing runs that a search for a run's first segment may jump over: a quarter of
         # the offsets reversed, and two far apart swapped.
@@ -104,6 +120,7 @@ def _broken(good: np.ndarray, n: int, dtype: str) -> list[np.ndarray]:
     [
         ((2000, 64), 0, 32),
         ((2000, 64), 0, 1),
+        ((4096,), 0, 4),  # a last offset short of n ends a tile that is not the row's last
         ((513, 4), 0, 300),
         ((3, 400, 16), 1, 7),
         ((50_000, 128), 0, 256),
@@ -114,7 +131,7 @@ def _broken(good: np.ndarray, n: int, dtype: str) -> list[np.ndarray]:
         ((3, 20_000), 1, 300),
     ],
 )
-def test_kernel_checked_offsets(kernel_checked, kind, dtype, reduction, shape, axis, m):
+def test_kernel_checked_offsets(warp_checks, kernel_checked, kind, dtype, reduction, shape, axis, m):
     rng = np.random.default_rng(m + shape[axis])
     n = shape[axis]
     fn = getattr(linred, f"segmented_{reduction}")
@@ -230,7 +247,7 @@ def test_kernel_checked_offsets_with_autograd():
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
 @pytest.mark.parametrize("reduction", ["sum", "max"])
-def test_kernel_checked_rows_not_aligned(kernel_checked, kind, reduction):
+def test_kernel_checked_rows_not_aligned(warp_checks, kernel_checked, kind, reduction):
     """One column whose data is not 16-byte aligned (a view one element in): warp_reduce hands it
     to tile_reduce, which does not check offsets; they are checked first into the same word."""
     rng = np.random.default_rng(3)
@@ -253,14 +270,36 @@ def test_kernel_checked_rows_not_aligned(kernel_checked, kind, reduction):
     assert kernel_checked["pass"] == 0
 
 
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("n, good, bad", [
+    (4096, [0, 1000, 2000, 3000, 4096], [0, 1000, 2000, 3000, 3010]),
+    (1000, [0, 1000], [0, 5]),
+])  # fmt: skip
+def test_kernel_checked_short_last_offset(warp_checks, kernel_checked, kind, n, good, bad):
+    """The offsets' common mistake, a last offset short of n, in a tile that is not the row's
+    last: refused with the host's message, and (under compute-sanitizer) nothing read or written
+    out of bounds; the next valid call is right."""
+    x = np.arange(n, dtype=np.float32)
+    xd = to_kind(x, kind)
+    linred.segmented_sum(xd, offsets=to_kind(np.array(good), kind), backend="nvrtc")  # planned
+    kernel_checked.update({"kernel": 0, "pass": 0})
+    message = f"offsets[-1] must equal the length of axis 0 (n={n}); got {bad[-1]}"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        linred.segmented_sum(xd, offsets=to_kind(np.array(bad), kind), backend="nvrtc")
+    got = linred.segmented_sum(xd, offsets=to_kind(np.array(good), kind), backend="nvrtc")
+    np.testing.assert_allclose(to_numpy(got), _reference("sum", x, np.array(good), 0), rtol=1e-6)
+    assert kernel_checked == {"kernel": 2, "pass": 0}
+
+
 def test_which_executors_check_offsets():
     """The executors that claim ``checks_offsets`` are those whose kernels check every offset they
-    read: the nvrtc feature-rows executor (``checked_bounds`` on every segment) and the
-    one-column ``warp_reduce`` executor (every pair its warps walk), and no other."""
+    read: the nvrtc feature-rows executor (``checked_bounds`` on every segment), and no other.
+    (The one-column ``warp_reduce`` executor has the CHECKED variant, tested above with its
+    claim set, and claims it once that variant's last fix has run on a GPU.)"""
     from linred.backends.nvrtc import executors
 
     claims = {name for name, cls in executors.EXECUTORS.items() if getattr(cls, "checks_offsets", False)}
-    assert claims == {"features", "warp"}
+    assert claims == {"features"}
     assert not getattr(executors._TileExecutor, "checks_offsets", False)
 
 
@@ -280,7 +319,7 @@ def _valid_offsets(layout: str, n: int, tile: int, rng: np.random.Generator) -> 
 @pytest.mark.parametrize("kind", GPU_KINDS)
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32"])
 @pytest.mark.parametrize("reduction", ["sum", "mean", "max"])
-def test_kernel_checked_valid_offsets_across_tiles(kernel_checked, kind, dtype, reduction):
+def test_kernel_checked_valid_offsets_across_tiles(warp_checks, kernel_checked, kind, dtype, reduction):
     """Valid offsets are never refused by warp_reduce's check, and its checked variant gives
     the unchecked variant's exact results: around one warp tile (n at k * T - 1, k * T,
     k * T + 1 for the tile T of the dtype), many runs, a ragged last tile, empty segments at

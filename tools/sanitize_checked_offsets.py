@@ -26,6 +26,13 @@ import linred
 def main() -> int:
     import cupy
 
+    from linred.backends.nvrtc import executors
+
+    # One-column plans check offsets in warp_reduce (its CHECKED variant) only where the executor
+    # claims it; this script exercises that variant whatever the default.
+    executors._WarpExecutor.checks_offsets = True
+    linred.clear_plan_cache()
+
     kinds = {"cupy": (cupy.asarray, cupy.asnumpy)}
     try:
         import torch
@@ -38,7 +45,7 @@ def main() -> int:
     calls = raised = 0
     for kind, (to, back) in kinds.items():
         layouts = [((2000, 64), 32), ((513, 4), 300), ((3000, 16), 3), ((257, 8), 1)]
-        layouts += [((100_000,), 3000), ((40_000,), 1), ((9000,), 700), ((9001,), 700, "unaligned")]
+        layouts += [((100_000,), 3000), ((40_000,), 1), ((9000,), 700), ((9001,), 700, "unaligned"), ((4096,), 4)]
         for shape, m, *unaligned in layouts:
             n = shape[0]
             x = rng.standard_normal(shape).astype(np.float32)
@@ -54,6 +61,10 @@ def main() -> int:
                         bad = good.copy()
                         bad[at] = value
                         changed.append(bad)
+                if good[m - 1] + 1 < n:  # a last offset short of n, still non-decreasing
+                    bad = good.copy()
+                    bad[m] = good[m - 1] + 1
+                    changed.append(bad)
                 if m >= 8:
                     bad = good.copy()
                     bad[m // 4 : m // 2] = bad[m // 4 : m // 2][::-1].copy()

@@ -50,7 +50,8 @@ __device__ __forceinline__ void tile_fixup(O* __restrict__ out, Off off, TileArg
     if (CHECKED && b + 1 < a.num_blocks && (b + 1) % a.blocks_per_row != 0 && walks[2 * b + 1] != walks[2 * b + 2])
         *bad = 1;  // every writer writes the same value
     const A identity = OP::template identity<O, A>();
-    const i64 s = b < a.num_blocks ? tail_seg[b] : -1;
+    i64 s = b < a.num_blocks ? tail_seg[b] : -1;
+    if (CHECKED && s >= a.m) s = -1;  // (checked runs carry segments below m; this bounds out[] anyway)
     i64 lo = 0, hi = 0, len = 0, at = 0;
     A acc = identity;
     if (s >= 0) {

@@ -52,6 +52,9 @@
 // tests is tested.  A batch that breaks a rule is not used: the warp stops there (its
 // partials say nothing is carried), so no mark, load or store leaves the tile, the row or
 // [0, m) whatever the offsets hold; the results are then undefined and the host raises.
+// (Where the chain reaches offsets[m], a batch also requires offsets[m] == n: with a shorter
+// last offset, a tile's last segment could end inside a tile that is not the row's last with
+// no segment after it, leaving the segment carried to the fix-up unset.)
 template <class T, class A> struct WarpShared {
     static const int VEC = VecOf<T>::N;
     static const int ITEMS = VEC > (sizeof(A) == 8 ? 8 : 16) ? VEC : (sizeof(A) == 8 ? 8 : 16);
@@ -131,6 +134,7 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
         }
     };
     if (lane == 0) st->next_begin = -1;  // fetch reads it
+    if (CHECKED && lane == 0) st->open_s = -1;  // (never read unset: see the batches' check)
     __syncwarp();
     if (active) fetch(j0);
 
@@ -198,7 +202,13 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
                     bool ok = lane != 0 || begins[0] >= t0;
                     ok &= lane != 31 || ends[WB - 1] <= a.n;
 #pragma unroll
-                    for (int u = 0; u < WB; ++u) ok &= begins[u] <= ends[u];  // (past m: n, n)
+                    for (int u = 0; u < WB; ++u) {
+                        ok &= begins[u] <= ends[u];  // (past m: n, n)
+                        // offsets[m] == n where the chain reaches it: a last offset short of n would
+                        // let a tile's last segment end inside a tile that is not the row's last,
+                        // with nothing after it to finish it (the carried segment never set)
+                        ok &= s_first + owned + u * 32 + lane != a.m || begins[u] == a.n;
+                    }
                     broken = !__all_sync(0xffffffffu, ok);
                     if (broken) break;
                 }

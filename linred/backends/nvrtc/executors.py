@@ -371,10 +371,15 @@ class _WarpExecutor(_Runs):
 
     Offsets with a check word are checked by ``warp_reduce`` as it reads them (its CHECKED
     variant); a layout handed to ``tile_reduce`` has them checked first by the one-kernel
-    check, into the same word, and is reduced only if they pass."""
+    check, into the same word, and is reduced only if they pass.  Plans take that route only
+    where the class claims ``checks_offsets``."""
 
-    #: the offsets are checked as they are read (or, for layouts tile_reduce takes, just before)
-    checks_offsets = True
+    #: Off: the plans of one-column data check offsets with the one-kernel pass.  The CHECKED
+    #: variant (checks as it reads, its device time within 1% of the unchecked one's on an H100)
+    #: had a defect found after its last GPU run (a last offset short of n could leave the
+    #: segment carried to the fix-up unset); its fix awaits the differential suite and
+    #: compute-sanitizer on a GPU.  The tests of the variant set this to True for their plans.
+    checks_offsets = False
 
     def __init__(self, problem: Problem, options: NvrtcOptions, launch: _Launcher | None = None) -> None:
         tuning = options
