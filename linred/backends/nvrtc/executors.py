@@ -317,7 +317,9 @@ class _Runs:
         group = 0 if self._group_head is None else launch.ptr(self._group_head)
         partials = (launch.ptr(self._head), launch.ptr(self._tail), launch.ptr(self._tail_seg), group)
         out_ptr = launch.ptr(out)
-        with on_device(launch.device):  # (once for the launches and events inside)
+        # Once for the launches and events inside; nothing inside may switch devices (nested
+        # blocks trust this one: compiling and allocating happen before it).
+        with on_device(launch.device):
             self._order.begin(stream)
             if self._bounds is not None:
                 bounds_kernel(stream, self._bounds_grid, threads, 0, *common)
