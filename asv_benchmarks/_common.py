@@ -181,11 +181,13 @@ def linred_sum(method: str, x: Any, segments: dict[str, Any]) -> tuple[Callable[
     here: absent from the linred measured, unavailable (not installed, no GPU), or
     refusing this problem (``BackendError``).  Variable lengths are summed with
     ``check=False``, the caller's promise that the offsets are valid, which every
-    peer assumes too.
+    peer assumes too; ``linred-auto-checked`` keeps the default ``check=True`` (what a
+    call with default arguments costs).
     """
     import linred
 
-    backend = method.removeprefix("linred-")
+    checked = method.endswith("-checked")
+    backend = method.removeprefix("linred-").removesuffix("-checked")
     if backend != "auto":
         available = getattr(linred, "available_backends", dict)()
         if backend not in available:
@@ -193,7 +195,7 @@ def linred_sum(method: str, x: Any, segments: dict[str, Any]) -> tuple[Callable[
         if available[backend] is not True:
             raise NotImplementedError(f"{method} is unavailable: {_one_line(available[backend])}")
     kwargs = dict(segments)
-    if "offsets" in kwargs and "check" in inspect.signature(linred.segmented_sum).parameters:
+    if "offsets" in kwargs and not checked and "check" in inspect.signature(linred.segmented_sum).parameters:
         kwargs["check"] = False
     segmented_sum = linred.segmented_sum
     fn = lambda: segmented_sum(x, **kwargs, backend=backend)

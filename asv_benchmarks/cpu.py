@@ -106,7 +106,7 @@ class CpuVariable(_HostSum):
     """Variable lengths from offsets: geometric lengths, and half of the segments empty."""
 
     params = (
-        [*LINRED, "numpy-reduceat", "torch-segment_reduce"],
+        [*LINRED, "linred-auto-checked", "numpy-reduceat", "torch-segment_reduce"],
         ["geom 16", "half empty"],
         ["float32", "float64"],
     )

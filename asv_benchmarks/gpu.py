@@ -149,7 +149,7 @@ class GpuVariable(_DeviceSum):
     """Variable lengths from offsets: geometric means 16/256/8192 and the skewed layouts."""
 
     params = (
-        [*LINRED, "cupy-csr-spmv", "torch-segment_reduce"],
+        [*LINRED, "linred-auto-checked", "cupy-csr-spmv", "torch-segment_reduce"],
         ["geom 16", "geom 256", "geom 8192", "half empty", "zipf 1.5", "one huge"],
         ["float32"],
     )
