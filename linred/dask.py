@@ -758,6 +758,8 @@ def ids_offsets(x: Any, segment_ids: Any, num_segments: int | None, axis: Any) -
         raise ValueError(f"segment_ids must be 1-D (one id per element along axis); got shape {ids.shape}")
     if ids.shape[0] != n:
         raise ValueError(f"segment_ids must have one id per element along axis {axis} ({n}); got {ids.shape[0]}")
+    if ids.dtype == np.uint64 and n and int(ids.max()) > np.iinfo(np.int64).max:  # (as the functions say it)
+        raise ValueError(f"segment_ids must fit in int64; got {int(ids.max())}")
     given = ids = ids.astype(np.int64, copy=False)
     order = None
     if n and bool((ids[1:] < ids[:-1]).any()):

@@ -806,6 +806,10 @@ def test_segment_ids_dask_refuses():
     np.testing.assert_allclose(got, np.full(10, 0.2))
     with pytest.raises(ValueError, match=r"\[0, 2\); segment_ids\[3\] = 5"):  # unsorted: the caller's first
         linred.segmented_sum(x, segment_ids=[1, 0, 1, 5, 0, 9, 0, 0, 1, 1], num_segments=2)
+    huge = np.zeros(10, np.uint64)
+    huge[4] = 2**63 + 5  # (not wrapped to a negative id in the message)
+    with pytest.raises(ValueError, match=r"segment_ids must fit in int64; got 9223372036854775813"):
+        linred.segmented_sum(x, segment_ids=huge, num_segments=3)
     for other in ({"segment_length": 5}, {"offsets": [0, 5, 10]}, {"lengths": [5, 5]}):
         with pytest.raises(TypeError, match="give one of segment_length, offsets, lengths or segment_ids"):
             linred.segmented_softmax(x, segment_ids=[0] * 5 + [1] * 5, **other)
