@@ -66,10 +66,6 @@ def serves(
     return True
 
 
-def _pointer(kind: str, a: Any) -> int:
-    return a.data.ptr if kind == "cupy" else a.data_ptr()
-
-
 def _launch(device: int, key: tuple[str, ...], wrapper: str) -> PackedLaunch:
     launches = getattr(_local, "launches", None)
     if launches is None:
@@ -143,10 +139,9 @@ def run(
         )
         launch = _launch(device, key, wrapper)
         grid = max(1, min(-(-workers * group // THREADS), 64 * _multiprocessors(device)))
-        kind = adapter.kind
-        off_ptr = 0 if fixed else _pointer(kind, seg.offsets)
+        off_ptr = 0 if fixed else adapter.pointer(seg.offsets)
         word = 0 if fixed else seg.word
-        launch(stream, grid, THREADS, 0, _pointer(kind, x), _pointer(kind, out), off_ptr, word,
+        launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(out), off_ptr, word,
                seg.length if fixed else 0, n, m, features, workers)  # fmt: skip
     if not isinstance(seg, FixedSegments) and seg.word:
         verify(seg, adapter, stream, lengths, n=n, axis=axis, device=device)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-__all__ = ["on_device"]
+__all__ = ["driver", "on_device"]
 
 #: per device: its primary context (retained once, for the process)
 _contexts: dict[int, Any] = {}
@@ -28,6 +28,17 @@ class _Current(threading.local):
 
 
 _current = _Current()
+
+
+def driver() -> Any:
+    """``cuda.bindings.driver``, imported on the first call (for the modules that call the
+    driver on hot paths)."""
+    global _driver
+    if _driver is None:
+        from cuda.bindings import driver as module
+
+        _driver = module
+    return _driver
 
 
 class on_device:
@@ -53,22 +64,17 @@ class on_device:
         self._outer = outer
         if outer == self._device:
             return  # an enclosing block of this thread made it current
-        global _driver
-        driver = _driver
-        if driver is None:
-            from cuda.bindings import driver
-
-            _driver = driver
-        err, device = driver.cuCtxGetDevice()
-        if not (err == driver.CUresult.CUDA_SUCCESS and int(device) == self._device):
+        cuda = _driver or driver()
+        err, device = cuda.cuCtxGetDevice()
+        if not (err == cuda.CUresult.CUDA_SUCCESS and int(device) == self._device):
             context = _contexts.get(self._device)
             if context is None:
-                err, context = driver.cuDevicePrimaryCtxRetain(self._device)
-                if err != driver.CUresult.CUDA_SUCCESS:
+                err, context = cuda.cuDevicePrimaryCtxRetain(self._device)
+                if err != cuda.CUresult.CUDA_SUCCESS:
                     raise RuntimeError(f"cannot retain the primary context of CUDA device {self._device}: {err}")
                 _contexts[self._device] = context
-            (err,) = driver.cuCtxPushCurrent(context)
-            if err != driver.CUresult.CUDA_SUCCESS:
+            (err,) = cuda.cuCtxPushCurrent(context)
+            if err != cuda.CUresult.CUDA_SUCCESS:
                 raise RuntimeError(f"cannot make CUDA device {self._device} current: {err}")
             self._pushed = True
         current.device = self._device

@@ -34,6 +34,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from linred.arrays._context import driver as cuda_driver
 from linred.arrays._context import on_device
 
 try:
@@ -309,7 +310,7 @@ def ops_for(kind: str, device: int) -> CupyOps | TorchOps:
 
 def capturing(stream: int) -> bool:
     """Whether ``stream`` (a raw handle) is being captured into a CUDA graph."""
-    driver = _driver or _load_driver()
+    driver = cuda_driver()
     err, status = driver.cuStreamIsCapturing(stream)
     if err == driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
         return True  # the legacy default stream, while another stream captures in global mode
@@ -403,18 +404,6 @@ def _checked(result: tuple, what: str) -> Any:
     if err:  # (CUDA_SUCCESS is 0)
         raise RuntimeError(f"cannot {what}: {err}")
     return rest[0] if rest else None
-
-
-#: cuda.bindings.driver, once imported (an import statement per call costs more than the call)
-_driver: Any = None
-
-
-def _load_driver() -> Any:
-    global _driver
-    from cuda.bindings import driver
-
-    _driver = driver
-    return driver
 
 
 # --- alignment -----------------------------------------------------------------------

@@ -57,14 +57,6 @@ if TYPE_CHECKING:
     from linred.backends.nvrtc import NvrtcOptions
 
 
-def _cupy_pointer(a: Any) -> int:
-    return a.data.ptr
-
-
-def _torch_pointer(a: Any) -> int:
-    return a.data_ptr()
-
-
 class _Launcher:
     """What every executor needs: the device, its SM count, device pointers and scratch."""
 
@@ -75,7 +67,7 @@ class _Launcher:
         self.sms = dev.properties.multiprocessor_count
         self.kind = problem.kind
         #: the device pointer of an array of the problem's library (chosen once: calls are hot)
-        self.ptr = _cupy_pointer if problem.kind == "cupy" else _torch_pointer
+        self.ptr = self._adapter().pointer
 
     def allow_shared_memory(self, kernel: Any, size: int) -> None:
         """Let ``kernel`` use ``size`` bytes of dynamic shared memory (past 48 KiB it must opt in)
