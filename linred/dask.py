@@ -818,21 +818,21 @@ def composed(name: str, x: Any, segments: dict[str, Any], axis: Any, dtype: Any,
         ns = ids_arguments(segments.get("segment_ids"), segments.get("num_segments"), segments.get("ids_sorted"),
                            others)  # fmt: skip
         offsets, order = ids_offsets(x, segments["segment_ids"], ns, axis)
-        if order is not None:  # unsorted ids: the data moved into their order, the result moved back
-            _checked_input(x, axis, backend, check)
-            result = composed(name, by_ids_order(x, order, axis), {"offsets": offsets}, axis, dtype, backend, None,
-                              check, remainder, **options)  # fmt: skip
-            if name in _PER_ELEMENT:
-                result = by_ids_order(result, np.argsort(order), axis)
-            return result
         segments = {"offsets": offsets}
+    else:
+        order = None
     axis, chunk_meta = _checked_input(x, axis, backend, check)
+    if order is not None:  # unsorted ids: the data moved into their order (the result moved back below)
+        x = by_ids_order(x, order, axis)
     sample = getattr(linred, f"segmented_{name}")(np.zeros(1, dtype=x.dtype), 1, dtype=dtype, **options)
     x, segs = _segments(x, axis, segments.get("segment_length"), segments.get("offsets"), segments.get("lengths"),
                         remainder)  # fmt: skip
     meta = meta_from_array(chunk_meta, x.ndim, dtype=sample.dtype)
     x = _rechunked(x, axis, segs)  # every segment whole in one chunk: the functions read a segment at once
-    return _build_blockwise(name, x, axis, segs, dtype, backend, meta, **options)
+    result = _build_blockwise(name, x, axis, segs, dtype, backend, meta, **options)
+    if order is not None and name in _PER_ELEMENT:
+        result = by_ids_order(result, np.argsort(order), axis)
+    return result
 
 
 def _from_function(reduction: str, x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: Any, dtype: Any,
