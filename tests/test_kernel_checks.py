@@ -28,16 +28,14 @@ from linred.arrays import _device_checks
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_KINDS, reason="needs a GPU (CuPy)")]
 
 
-@pytest.fixture(params=["fix-up kernel", "fix-up in last block"])
-def warp_checks(request, monkeypatch):
+@pytest.fixture
+def warp_checks(monkeypatch):
     """Plans of one-column data made while this is active check offsets in ``warp_reduce`` (its
-    CHECKED variant: what the executor's ``checks_offsets`` turns on), the runs' walks joined
-    by ``linred_fixup`` or by the reduction kernel's last block, whatever the number of runs."""
+    CHECKED variant: what the executor's ``checks_offsets`` turns on)."""
     from linred.backends.nvrtc import executors
 
     linred.clear_plan_cache()
     monkeypatch.setattr(executors._WarpExecutor, "checks_offsets", True)
-    monkeypatch.setattr(executors, "FUSED_FIXUP_PASSES", 0 if request.param == "fix-up kernel" else 1 << 40)
     yield
     linred.clear_plan_cache()
 

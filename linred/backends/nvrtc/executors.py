@@ -284,8 +284,8 @@ class _Runs:
         kernels = tuple(get_kernels(self._launch.device, wrapper, names))
         self._launch.allow_shared_memory(kernels[0], shared)
         # (x, out, the 11 tiling arguments, 4 partials), (out, 11, 4), (11)
-        # (linred_warp and linred_fixup: and the walks and the check word; linred_warp: the ticket)
-        counts = {"linred_tile": 17, "linred_warp": 20, "linred_fixup": 18, "linred_bounds": 11}
+        # (linred_warp and linred_fixup: and the walks and the check word)
+        counts = {"linred_tile": 17, "linred_warp": 19, "linred_fixup": 18, "linred_bounds": 11}
         device = self._launch.device
         launches = tuple(PackedLaunch(k, counts[name], name, device) for k, name in zip(kernels, names, strict=True))
         return launches + (None,) * (3 - len(launches)), shared
@@ -294,9 +294,9 @@ class _Runs:
         self, xp: int, out: Any, segments: Segments, stream: Any, kernels: tuple, shared: int, extra: tuple = ()
     ) -> None:
         """Launch the bounds (for offsets), the reduction ``kernels[0]`` and the fix-up
-        ``kernels[1]`` (where ``_needs_fixup``); both take the group heads' pointer (0 without
-        them; tile_reduce ignores it), then ``extra`` (warp_reduce: the walks, the check word and
-        the ticket; the fix-up takes the first two, 0 and 0 after tile_reduce)."""
+        ``kernels[1]``; both take the group heads' pointer (0 without them; tile_reduce ignores
+        it), then ``extra`` (warp_reduce: the walks and the check word; the fix-up takes them
+        too, 0 and 0 after tile_reduce)."""
         problem, launch = self._problem, self._launch
         kernel, fixup, bounds_kernel = kernels
         _, n, _ = problem.in_shape
@@ -317,7 +317,7 @@ class _Runs:
                 bounds_kernel(stream, self._bounds_grid, threads, 0, *common)
             kernel(stream, self._grid, threads, shared, xp, out_ptr, *common, *partials, *extra)
             if self._needs_fixup:
-                fixup(stream, self._fixup_grid, threads, 0, out_ptr, *common, *partials, *(extra[:2] or (0, 0)))
+                fixup(stream, self._fixup_grid, threads, 0, out_ptr, *common, *partials, *(extra or (0, 0)))
             self._order.end(stream)
 
     def free(self) -> None:
@@ -381,12 +381,7 @@ class _WarpExecutor(_Runs):
                          per_block=tuning.threads // 32, min_blocks=tuning.min_blocks_warp, bounds=False)  # fmt: skip
         # Always a fix-up: warp_reduce finishes a segment at the first mark after its end, so a
         # segment that ends exactly where a run ends (every run's last one, when a fixed length
-        # divides the run) is left open as the run's tail and written by the fix-up.  Where the
-        # runs are few, the reduction kernel's last block does it (one launch instead of two);
-        # its ticket is zeroed on the first call's stream, and every call leaves it at zero.
-        self._fused = self._runs <= FUSED_FIXUP_PASSES * tuning.threads
-        self._needs_fixup = not self._fused
-        self._ticket: Any = None
+        # divides the run) is left open as the run's tail and written by the fix-up.
         self._tiles: _TileExecutor | None = None
         # Per variant (checking the offsets or not): the kernels and the shared memory.
         self._compiled: dict[bool, tuple[tuple[Any, Any, Any], int]] = {}
@@ -410,18 +405,13 @@ class _WarpExecutor(_Runs):
         compiled = self._compiled.get(checked)
         if compiled is None:
             compiled = self._compiled[checked] = self._compile_kernels(
-                warp_wrapper(problem, index_ctype(problem), tuning, self._k, checked, self._fused),
+                warp_wrapper(problem, index_ctype(problem), tuning, self._k, checked),
                 ("linred_warp", "linred_fixup"),
                 warp_shared_bytes(problem, tuning),
             )
-            if self._fused and self._ticket is None:
-                self._ticket = self._launch.empty(1, "uint32")
-                self._launch.fill(self._ticket, 0, stream)
         if checked and self._walks is None:
             self._walks = self._launch.empty(2 * self._runs, "int64")
-        ptr = self._launch.ptr
-        extra = (ptr(self._walks) if checked else 0, word, ptr(self._ticket) if self._fused else 0)
-        self._run(xp, out, segments, stream, *compiled, extra)
+        self._run(xp, out, segments, stream, *compiled, (self._launch.ptr(self._walks) if checked else 0, word))
 
     def _checked_first(self, segments: VariableSegments, stream: Any) -> bool:
         """Whether ``segments``' offsets keep every rule, checked into their word by the
@@ -437,7 +427,7 @@ class _WarpExecutor(_Runs):
         if self._tiles is not None:
             self._tiles.free()
         self._compiled.clear()
-        self._tiles = self._walks = self._ticket = None
+        self._tiles = self._walks = None
 
 
 class _FeaturesExecutor:
@@ -514,12 +504,6 @@ class _FeaturesExecutor:
 
     def free(self) -> None:
         self._kernels.clear()
-
-
-#: warp_reduce's fix-up is done by its last block where that block goes through the runs in at
-#: most this many passes of its threads (one launch fewer); larger grids launch linred_fixup,
-#: whose threads cover all runs at once
-FUSED_FIXUP_PASSES = 2
 
 
 #: the most shared memory features_split asks for: the 48 KiB every GPU grants a block without
