@@ -223,6 +223,11 @@ def host_shapes(rng: np.random.Generator) -> list:
     shapes += _styles(rng, around(nb.THREAD_ELEMENTS // 64, 2 * nb.THREAD_ELEMENTS // 64), 64)
     shapes += _styles(rng, [1, 3, 17, 400], 10) + _styles(rng, [6, 40], 12, d=3)
     shapes += [_fixed(L, m) for L in (1, 2, 3, 7, 32, 33) for m in (1, 5, 64)]
+    # short segments of narrow feature rows as one product with a stacked identity: L * d * d
+    # across IDENTITY_PRODUCT_MAX (d = 4: L = 31, 32, 33) and the segments across its minimum
+    m0 = nb.IDENTITY_PRODUCT_MIN_SEGMENTS
+    shapes += [_fixed(L, m, 4) for L in around(nb.IDENTITY_PRODUCT_MAX // 16) for m in (m0,)]
+    shapes += [_fixed(2, m, d) for m in around(m0) for d in (2, 3)]
     return shapes
 
 
@@ -333,6 +338,11 @@ def test_boundaries_straddle_the_constants():
     lengths = {c[1][0] for c in host_shapes(rng) if c[0] == "fixed"}
     for T in (numpy_backend.BLAS_BLOCK, numpy_backend.BLAS_BLOCK_FEATURES, HOST_SPLIT_ABOVE):
         assert {T - 1, T, T + 1} <= lengths, T
+    narrow = [c for c in host_shapes(rng) if c[0] == "fixed" and c[2] in (2, 3, 4)]
+    T = numpy_backend.IDENTITY_PRODUCT_MAX
+    assert {T - 16, T, T + 16} <= {c[1][0] * 16 for c in narrow if c[2] == 4}
+    T = numpy_backend.IDENTITY_PRODUCT_MIN_SEGMENTS
+    assert {T - 1, T, T + 1} <= {len(c[1]) for c in narrow if c[1][0] == 2}
     fam = nvrtc_families("float32", 132)
     small = {(c[1][0], len(c[1])) for c in fam["fixed_small"]}
     per_chunk = TUNING.threads * TUNING.unroll * 4

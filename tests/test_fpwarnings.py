@@ -97,3 +97,21 @@ def test_pool_threads_follow_the_callers_modes(monkeypatch):
         linred.segmented_prod(x, offsets=offsets)
     assert caught and {w.filename for w in caught} == {__file__}
     linred.clear_plan_cache()
+
+
+def test_many_short_segments_of_feature_rows_warn_only_for_their_own_sums():
+    """The host sums many short segments of narrow rows as one product with a stacked identity;
+    its 0 * inf must not warn, a segment whose own sum is inf - inf must (at the caller's line)."""
+    x = np.ones((2 * 4096, 4))
+    x[10, 2] = np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = linred.segmented_sum(x, 2, axis=0)
+    assert np.isinf(result[5, 2]) and np.isfinite(np.delete(result.ravel(), 5 * 4 + 2)).all()
+    x[11, 2] = -np.inf
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = linred.segmented_sum(x, 2, axis=0)
+    assert np.isnan(result[5, 2]) and np.isfinite(np.delete(result.ravel(), 5 * 4 + 2)).all()
+    assert [(w.category, w.filename) for w in caught] == [(RuntimeWarning, __file__)]
+    assert "invalid value" in str(caught[0].message)

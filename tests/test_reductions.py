@@ -348,6 +348,34 @@ def test_nan_and_inf_stay_in_their_segment(array_kind, backend, reduction, dtype
     np.testing.assert_array_equal(nan_segments, expected_nan)
 
 
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize(("L", "d"), [(2, 4), (3, 3), (16, 2)])
+def test_nan_and_inf_stay_in_their_feature_of_many_short_segments(array_kind, backend, reduction, L, d):
+    """Many short segments of narrow feature rows (the host sums them as one product with a
+    stacked identity, whose zeros meet every value): an infinite or NaN value changes only its
+    own segment's own feature, and warns only where that sum itself is invalid."""
+    import warnings
+
+    m = 2100
+    x_np = np.random.default_rng(3).standard_normal((m * L, d)).astype(np.float32)
+    x_np[5, 1] = np.inf  # segment 5 // L, feature 1: inf
+    x_np[L * 40, 0] = np.nan  # segment 40, feature 0: NaN
+    x_np[L * 70 + L - 1, d - 1] = -np.inf
+    x = to_kind(x_np, array_kind)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = call(reduction, x, backend=backend, segment_length=L, axis=0)
+    assert_reduction(got, reduction, x_np, segments=segment_bounds(m * L, L), like=x)
+    expected = np.isfinite(x_np.reshape(m, L, d).sum(axis=1, dtype=np.float64))
+    np.testing.assert_array_equal(np.isfinite(to_numpy(got)), expected)
+    assert [w for w in caught if issubclass(w.category, RuntimeWarning)] == []
+    x_np[L * 90, 1], x_np[L * 90 + 1, 1] = np.inf, -np.inf  # one sum of inf and -inf: invalid
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = to_numpy(call(reduction, to_kind(x_np, array_kind), backend=backend, segment_length=L, axis=0))
+    assert np.isnan(got[90, 1]) and np.isfinite(got[90, 0]) and np.isfinite(got[91]).all()
+
+
 # ---------------------------------------------------------------------------
 # Integer exactness and widening
 # ---------------------------------------------------------------------------

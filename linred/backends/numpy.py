@@ -18,6 +18,7 @@ It serves NumPy arrays and CPU PyTorch tensors (viewed as NumPy arrays, no copy)
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -267,8 +268,46 @@ def _blocks_with_ones(x5: np.ndarray, ones: np.ndarray, out4: np.ndarray) -> Non
         np.matmul(ones, x5, out=out4)
 
 
+#: short segments of narrow feature rows are summed as one product with a stacked identity
+#: (``(B*m, L*D) @ [I_D; ...; I_D]``) where ``L * D * D`` is at most this: a batch of m tiny
+#: ``(1, L) @ (L, D)`` products costs about 30 ns each in NumPy.  2 cores, float32: (2.5M, 4)
+#: rows with L = 2 took 3.5 ms against 35.8; D = 16, L = 2: 4.5 against 14.2; D = 8, L = 16
+#: (1024): 3.8 against 2.6, D = 16, L = 8 (2048): 8.5 against 4.7.
+IDENTITY_PRODUCT_MAX = 512
+#: ... and where there are at least this many segments (its floating-point mode switch costs a
+#: few µs, more than the batch of products of a small call)
+IDENTITY_PRODUCT_MIN_SEGMENTS = 2048
+
+
+@functools.lru_cache(maxsize=32)
+def _stacked_identity(L: int, D: int, dtype: np.dtype) -> np.ndarray:
+    """``L`` copies of the ``D x D`` identity stacked: ``(L*D, D)``, read-only (shared by plans)."""
+    e = np.tile(np.eye(D, dtype=dtype), (L, 1))
+    e.flags.writeable = False
+    return e
+
+
 def _product_with_ones(x4: np.ndarray, ones: np.ndarray, out3: np.ndarray) -> None:
-    B, m, _, D = x4.shape
+    B, m, L, D = x4.shape
+    if (
+        D > 1
+        and L * D * D <= IDENTITY_PRODUCT_MAX
+        and B * m >= IDENTITY_PRODUCT_MIN_SEGMENTS
+        and x4.dtype == out3.dtype
+    ):
+        rows, results = _reshaped(x4, (B * m, L * D)), _reshaped(out3, (B * m, D))
+        if rows is not None and results is not None:
+            # Each result adds its L values times 1, and the row's other values times 0: the same
+            # sums, unless a value is infinite or NaN, whose product with 0 (NaN) reaches the other
+            # features' results.  Any such value leaves a NaN in the results, which one pass over
+            # them finds (the minimum propagates NaN); those segments are summed again apart, which
+            # warns where their own sums are invalid (the product's 0 * inf must not).
+            with np.errstate(invalid="ignore"):
+                np.matmul(rows, _stacked_identity(L, D, x4.dtype), out=results)
+            if np.isnan(np.minimum.reduce(results, axis=None)):
+                again = np.flatnonzero(np.isnan(results).any(axis=1))
+                results[again] = np.matmul(ones, x4.reshape(B * m, L, D)[again])
+            return
     if D == 1:
         rows = _reshaped(x4[..., 0], (B * m, x4.shape[2]))
         if rows is not None:
