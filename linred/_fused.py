@@ -281,9 +281,10 @@ def _run(
         for key in ("offsets", "lengths", "segment_ids"):  # on the device once, not once per reduction
             if segments.get(key) is not None:
                 segments[key] = adapter.index_array(segments[key], device, key)
-        if _softmax_kernel.serves(name, x, adapter, in_name, result, segments, backend, grad, check):
+        if _softmax_kernel.serves(name, x, adapter, in_name, result, segments, backend, grad, check, axis):
             # One kernel on the GPU, with the composition's results (see linred._softmax_kernel).
-            return _softmax_kernel.run(name, x, adapter, axis, compute, result, segments, device, check, handle)
+            return _softmax_kernel.run(name, x, adapter, axis, compute, result, segments, device, check, handle,
+                                       **options)  # fmt: skip
         c = _Call(name, None, adapter, xp, axis, compute, result, grad, backend, check, segments, device, shape=shape)
         c.x = _astype(c, x, compute)
         return body(c, **options)

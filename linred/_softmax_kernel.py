@@ -1,4 +1,4 @@
-"""Segmented logsumexp, softmax and log_softmax of CUDA arrays as one NVRTC kernel.
+"""Segmented logsumexp, softmax, log_softmax, var and std of CUDA arrays as one NVRTC kernel.
 
 :mod:`linred._fused` composes these functions from linred's reductions and the array
 library's elementwise operations: four to six launches, an element -> segment index for
@@ -7,7 +7,15 @@ where a call is mostly those launches, :func:`run` does the same in one kernel
 (``linred/kernels/softmax.cuh``): each (row of the batch, segment) reads its segment for the
 maximum, again for the sum of ``exp(x - shift)`` (mostly from L1/L2) and, for softmax and
 log_softmax, a third time to write each element, with the composition's results for every
-value (NaN, infinities, empty segments).
+value (NaN, infinities, empty segments); for var and std it reads each segment for its mean,
+then again for the squared deviations from it, in float64 whatever the data.
+
+A worker is one warp (or one thread per feature), so a segment is read by one worker: the
+kernel serves only calls with enough workers to fill the GPU (:data:`MIN_WORKERS_PER_SM` per
+SM) and segments no longer than :data:`MAX_MEAN_ROWS` rows on average; fewer, longer segments
+go to the composition, whose reductions spread a segment over the whole GPU.  (One segment far
+longer than the others still keeps its worker busy alone: the call then takes the time one
+warp needs to read it.)
 
 It serves what the composition would otherwise compute without a gradient to record:
 CuPy arrays and CUDA tensors (not requiring grad, or under ``torch.no_grad``), C-contiguous,
@@ -22,6 +30,7 @@ with one wait for the stream after it, as for the feature-rows reductions.
 from __future__ import annotations
 
 import math
+import struct
 import threading
 from typing import Any
 
@@ -33,8 +42,16 @@ from linred.segments import FixedSegments, parse_lengths, parse_offsets, parse_s
 __all__ = ["run", "serves"]
 
 #: the kernel's MODE for each function (softmax.cuh)
-MODES = {"segmented_logsumexp": 0, "segmented_softmax": 1, "segmented_log_softmax": 2}
+MODES = {"segmented_logsumexp": 0, "segmented_softmax": 1, "segmented_log_softmax": 2, "segmented_var": 3,
+         "segmented_std": 4}  # fmt: skip
+#: the functions whose result has one value per segment (the others: one per element)
+PER_SEGMENT = ("segmented_logsumexp", "segmented_var", "segmented_std")
 THREADS = 256
+#: the fewest workers (segments, or segments x features) per SM the kernel serves: one warp reads
+#: about a cache line per load in flight, so the GPU's bandwidth needs thousands of them
+MIN_WORKERS_PER_SM = 16
+#: the longest mean segment (rows) the kernel serves
+MAX_MEAN_ROWS = 1 << 14
 
 _local = threading.local()  # this thread's launches (PackedLaunch slots are rewritten per call)
 _sms: dict[int, int] = {}
@@ -42,11 +59,11 @@ _sms: dict[int, int] = {}
 
 def serves(
     name: str, x: Any, adapter: Any, in_name: str, result: str, segments: dict[str, Any], backend: Any, grad: bool,
-    check: Any,
+    check: Any, axis: int = 0,
 ) -> bool:  # fmt: skip
-    """Whether :func:`run` computes ``name`` of ``x`` (see the module docstring).  Calls it does
-    not serve go to the composition, which also raises the errors of bad arguments (two segment
-    arguments or none, a ``check`` that is not a bool)."""
+    """Whether :func:`run` computes ``name`` of ``x`` along ``axis`` (normalized; see the module
+    docstring).  Calls it does not serve go to the composition, which also raises the errors of
+    bad arguments (two segment arguments or none, a ``check`` that is not a bool)."""
     if name not in MODES or grad or backend not in ("auto", "nvrtc") or in_name not in REAL or type(check) is not bool:
         return False
     if adapter.kind not in ("cupy", "torch") or adapter.device_of(x) is None or not adapter.is_c_contiguous(x):
@@ -59,11 +76,34 @@ def serves(
 
     if unavailable("nvrtc") is not None:
         return False
+    if not _enough_workers(x, axis, segments, adapter.device_of(x)):
+        return False
     if "bfloat16" in (in_name, result):  # (bfloat16 conversions need compute capability 8.0, as nvrtc's kernels)
         from linred.backends.nvrtc import _compute_capability
 
         return _compute_capability(adapter.device_of(x)) >= (8, 0)
     return True
+
+
+def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int) -> bool:
+    """Whether a call's segments make enough workers for the GPU, and none too long on average
+    (the count of segments is known without reading them: a length, or the offsets' or the
+    lengths' shape)."""
+    shape = tuple(x.shape)
+    n, batch, features = shape[axis], math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
+    length, offsets, lengths = segments.get("segment_length"), segments.get("offsets"), segments.get("lengths")
+    try:
+        if length is not None:
+            m = -(-n // length) if isinstance(length, int) and length > 0 else 0
+        else:
+            m = len(offsets) - 1 if offsets is not None else len(lengths)
+    except TypeError:  # (not a length or an array: the composition raises its error)
+        return True
+    warp = features <= 32 and features & (features - 1) == 0
+    workers = batch * m * (1 if warp else features)
+    if not workers:
+        return True  # (nothing to read: the kernel is not even launched)
+    return workers >= MIN_WORKERS_PER_SM * _multiprocessors(device) and n <= MAX_MEAN_ROWS * m
 
 
 def _launch(device: int, key: tuple[str, ...], wrapper: str) -> PackedLaunch:
@@ -73,7 +113,7 @@ def _launch(device: int, key: tuple[str, ...], wrapper: str) -> PackedLaunch:
     launch = launches.get((device, key))
     if launch is None:
         (kernel,) = get_kernels(device, wrapper, ("linred_softmax",))
-        launch = launches[(device, key)] = PackedLaunch(kernel, 9, "linred_softmax", device)
+        launch = launches[(device, key)] = PackedLaunch(kernel, 10, "linred_softmax", device)
     return launch
 
 
@@ -97,10 +137,11 @@ def run(
     device: int,
     check: bool,
     stream: int,
+    ddof: float = 0,
 ) -> Any:
     """``name`` of ``x`` along ``axis`` in one kernel on ``stream`` (a raw handle), computing in
     ``compute`` and returning ``result``; ``segments`` are the call's segment keywords (offsets
-    and lengths already on the device, checked here when ``check``)."""
+    and lengths already on the device, checked here when ``check``); ``ddof``: var's and std's."""
     from linred._dtypes import dtype_name
 
     shape = tuple(x.shape)
@@ -116,7 +157,7 @@ def run(
     else:
         seg = parse_lengths(lengths, n, axis, adapter, device, check, deferred)
     m = seg.count
-    per_element = name != "segmented_logsumexp"
+    per_element = name not in PER_SEGMENT
     out_shape = shape if per_element else (*shape[:axis], m, *shape[axis + 1 :])
     out = adapter.allocator(result, device)(out_shape)
     # A warp per (row of the batch, segment) where the features are a power of two up to 32 (its
@@ -129,7 +170,8 @@ def run(
         fixed = isinstance(seg, FixedSegments)
         index = "long long" if fixed else CTYPES[dtype_name(seg.offsets.dtype)]
         t = CTYPES[dtype_name(x.dtype)]
-        a = CTYPES["float32" if compute in HALF else compute]
+        variance = name in ("segmented_var", "segmented_std")  # (always in float64)
+        a = CTYPES["float64" if variance else "float32" if compute in HALF else compute]
         o = CTYPES[result]
         bounds = "FixedOffsets{L}" if fixed else f"ArrayOffsets<{index}>{{offsets}}"
         key = (t, a, o, str(MODES[name]), str(group), str(width), index, bounds)
@@ -141,8 +183,9 @@ def run(
         grid = max(1, min(-(-workers * group // THREADS), 64 * _multiprocessors(device)))
         off_ptr = 0 if fixed else adapter.pointer(seg.offsets)
         word = 0 if fixed else seg.word
+        ddof_bits = struct.unpack("<q", struct.pack("<d", float(ddof)))[0]  # (the kernel reads a double)
         launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(out), off_ptr, word,
-               seg.length if fixed else 0, n, m, features, workers)  # fmt: skip
+               seg.length if fixed else 0, n, m, features, workers, ddof_bits)  # fmt: skip
     if not isinstance(seg, FixedSegments) and seg.word:
         verify(seg, adapter, stream, lengths, n=n, axis=axis, device=device)
     return out

@@ -454,9 +454,11 @@ def test_std_gradient_of_a_zero_variance_segment_is_zero():
 
 @pytest.fixture
 def kernel_calls(monkeypatch):
-    """Counts the calls the kernel computed (the others were composed)."""
+    """Counts the calls the kernel computed (the others were composed).  The kernel serves these
+    tests' small calls, whatever their number of workers (tested apart)."""
     from linred import _softmax_kernel
 
+    monkeypatch.setattr(_softmax_kernel, "MIN_WORKERS_PER_SM", 0)
     calls = []
     real = _softmax_kernel.run
     monkeypatch.setattr(_softmax_kernel, "run", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
@@ -471,7 +473,7 @@ def _gpu_array(a: np.ndarray, kind: str, dtype: str | None = None) -> Any:
 
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
-@pytest.mark.parametrize("name", SOFTMAX_FAMILY)
+@pytest.mark.parametrize("name", FUNCTIONS)
 @pytest.mark.parametrize("spec", ["fixed", "keep", "offsets", "offsets32", "lengths"])
 @pytest.mark.parametrize("layout", ["1d", "2d", "last"])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
@@ -489,7 +491,7 @@ def test_gpu_kernel_against_reference(kernel_calls, kind, name, spec, layout, dt
 
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
-@pytest.mark.parametrize("name", SOFTMAX_FAMILY)
+@pytest.mark.parametrize("name", FUNCTIONS)
 @pytest.mark.parametrize(
     "shape, axis",
     [((70_001,), 0), ((5_003, 7), 0), ((3, 4_001, 2), 1), ((3_001, 4), 0), ((2_001, 8), 0), ((999, 16), 0),
@@ -518,6 +520,11 @@ def _fast_reference(name: str, x: np.ndarray, offsets: np.ndarray, axis: int) ->
     parts = []
     for a, b in itertools.pairwise(offsets):
         seg = xm[a:b]
+        if name in VARIANCE:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                var = ((seg - seg.mean(axis=0)) ** 2).sum(axis=0) / (b - a) if b > a else np.full(xm.shape[1:], np.nan)
+            parts.append((np.sqrt(var) if name == "std" else var)[None])
+            continue
         if name == "logsumexp":
             if b == a:
                 parts.append(np.full((1, *xm.shape[1:]), -np.inf))
@@ -534,7 +541,7 @@ def _fast_reference(name: str, x: np.ndarray, offsets: np.ndarray, axis: int) ->
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs PyTorch with CUDA")
-@pytest.mark.parametrize("name", SOFTMAX_FAMILY)
+@pytest.mark.parametrize("name", FUNCTIONS)
 def test_gpu_kernel_bfloat16_and_what_it_leaves_to_the_composition(kernel_calls, name):
     kwargs, groups, _ = SPECS["offsets"]
     x = make("2d", "float32", groups, special=False)
@@ -553,7 +560,7 @@ def test_gpu_kernel_bfloat16_and_what_it_leaves_to_the_composition(kernel_calls,
 
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
-@pytest.mark.parametrize("name", SOFTMAX_FAMILY)
+@pytest.mark.parametrize("name", FUNCTIONS)
 def test_gpu_kernel_checks_the_offsets(kernel_calls, kind, name):
     """check=True: broken offsets raise the host's message (the kernel checked them as it read
     them, reading nothing outside the axis); a valid call after them is right."""
@@ -589,12 +596,17 @@ def test_what_the_gpu_kernel_serves(monkeypatch):
         def is_c_contiguous(self, x):
             return True
 
+    class X:
+        shape = (2,)
+
     monkeypatch.setattr(linred.backends, "unavailable", lambda name: None)
     monkeypatch.setattr(nvrtc, "_compute_capability", lambda device: (7, 5))
+    monkeypatch.setattr(_softmax_kernel, "_multiprocessors", lambda device: 132)
+    monkeypatch.setattr(_softmax_kernel, "MIN_WORKERS_PER_SM", 0)
 
-    def serves(segments, in_name="float32", result="float32", check=True, grad=False, backend="auto"):
-        return _softmax_kernel.serves("segmented_softmax", None, Device(), in_name, result, segments, backend, grad,
-                                      check)  # fmt: skip
+    def serves(segments, in_name="float32", result="float32", check=True, grad=False, backend="auto", x=None):
+        return _softmax_kernel.serves("segmented_softmax", x or X(), Device(), in_name, result, segments, backend,
+                                      grad, check)  # fmt: skip
 
     offsets = {"offsets": [0, 2]}
     assert serves(offsets) and serves({"segment_length": 2}) and serves({"lengths": [2]})
@@ -607,5 +619,17 @@ def test_what_the_gpu_kernel_serves(monkeypatch):
     assert not serves(offsets, in_name="bfloat16", result="bfloat16") and not serves(offsets, result="bfloat16")
     monkeypatch.setattr(nvrtc, "_compute_capability", lambda device: (8, 0))
     assert serves(offsets, in_name="bfloat16", result="bfloat16")
+    # Enough workers (segments, or segments x features) for the GPU, and none too long on average.
+    monkeypatch.setattr(_softmax_kernel, "MIN_WORKERS_PER_SM", 16)
+    rows = _softmax_kernel.MAX_MEAN_ROWS
+    for m, mean, served in ((16 * 132, 4, True), (16 * 132 - 1, 4, False), (16 * 132, rows, True),
+                            (16 * 132, rows + 1, False)):  # fmt: skip
+        x = type("X", (), {"shape": (m * mean,)})()
+        assert serves({"segment_length": mean}, x=x) is served, (m, mean)
+        assert serves({"offsets": np.arange(m + 1) * mean}, x=x) is served, (m, mean)
+        assert serves({"lengths": [mean] * m}, x=x) is served, (m, mean)
+    for m, served in ((-(-16 * 132 // 7), True), (16 * 132 // 7, False)):  # 7 features: a worker each
+        x = type("X", (), {"shape": (m * 4, 7)})()
+        assert serves({"segment_length": 4}, x=x) is served, m
     monkeypatch.setattr(linred.backends, "unavailable", lambda name: "no GPU")
     assert not serves(offsets)

@@ -98,15 +98,20 @@ def main() -> int:
 
 
 def _softmax_family(kinds: dict, rng: np.random.Generator) -> int:
-    """The same for segmented_logsumexp / softmax / log_softmax, whose kernel checks the offsets
-    as it reads them too (one column: a warp per segment; feature rows: a thread per feature)."""
+    """The same for segmented_logsumexp / softmax / log_softmax / var / std, whose kernel checks
+    the offsets as it reads them too (one column: a warp per segment; feature rows: a thread per
+    feature); it serves these few segments here (it leaves calls with few workers to the
+    composition)."""
+    from linred import _softmax_kernel
+
+    _softmax_kernel.MIN_WORKERS_PER_SM = 0
     calls = raised = 0
     for kind, (to, _) in kinds.items():
         for shape, m in (((2000,), 32), ((2000, 8), 32), ((300, 1), 1)):
             n = shape[0]
             x = rng.standard_normal(shape).astype(np.float32)
             good = np.concatenate([[0], np.sort(rng.choice(np.arange(1, n), m - 1, replace=False)), [n]])
-            for name in ("logsumexp", "softmax", "log_softmax"):
+            for name in ("logsumexp", "softmax", "log_softmax", "var", "std"):
                 fn = getattr(linred, f"segmented_{name}")
                 for at in sorted({0, m // 2, m}):
                     for value in (-(2**40), -5, n + 1, 2**40):
@@ -119,7 +124,7 @@ def _softmax_family(kinds: dict, rng: np.random.Generator) -> int:
                             return 1
                         except ValueError:
                             raised += 1
-    print(f"{calls} softmax-family calls with broken offsets, {raised} raised ValueError")
+    print(f"{calls} softmax-family (and var, std) calls with broken offsets, {raised} raised ValueError")
     return 0
 
 

@@ -1,4 +1,4 @@
-// softmax_family: segmented logsumexp, softmax and log_softmax in one kernel.
+// softmax_family: segmented logsumexp, softmax, log_softmax, var and std in one kernel.
 //
 // Holds:
 //  - softmax_family: each (row of the batch, segment) is one worker: a warp (G = 32) where the
@@ -9,6 +9,9 @@
 //    and log_softmax, a third time to write each element (the later reads mostly from L1/L2:
 //    a single pass with a running maximum that rescales the sum was slower on an H100, its
 //    merge across lanes costing more exps than it saved reads);
+//    var and std (SOFTMAX_VAR, SOFTMAX_STD) read a segment twice: for its mean, then for the sum of the
+//    squared deviations from it (never E[x^2] - E[x]^2), in double whatever the data;
+//  - variance: var and std of a worker's segment;
 //  - lanes_max and lanes_sum: the maximum and the sum of the lanes that share a feature;
 //  - its entry point: LINRED_SOFTMAX (linred_softmax).
 //
@@ -17,14 +20,17 @@
 // log_softmax); logsumexp = log(sum) + shift, softmax = exp(x - shift) / sum, log_softmax =
 // (x - shift) - log(sum), with sum the sum of exp(x - shift).  So a segment holding NaN gives
 // NaN, one holding +inf gives +inf (logsumexp) or NaN, an all -inf or empty one -inf
-// (logsumexp) or NaN.  Sums in A (float32 for 16-bit and float32 data, float64 for float64);
-// lanes are added by a fixed shuffle tree: the same bits every run.
+// (logsumexp) or NaN.  Sums in A (float32 for 16-bit and float32 data, float64 for float64;
+// var and std: float64 for every dtype);
+// lanes are added by a fixed shuffle tree: the same bits every run.  var = (sum of (x - mean)^2)
+// / (length - ddof), NaN where length <= ddof (an empty segment too) and, through inf - inf or
+// NaN, where the segment holds an infinity or a NaN; std = sqrt(var), as the composition's.
 
 #pragma once
 
 #include "offsets.cuh"
 
-enum { SOFTMAX_LOGSUMEXP = 0, SOFTMAX_SOFTMAX = 1, SOFTMAX_LOG_SOFTMAX = 2 };
+enum { SOFTMAX_LOGSUMEXP = 0, SOFTMAX_SOFTMAX = 1, SOFTMAX_LOG_SOFTMAX = 2, SOFTMAX_VAR = 3, SOFTMAX_STD = 4 };
 
 // The maximum and the sum of the lanes that share a feature (lanes lane ^ o for o >= DW),
 // added by a fixed tree.
@@ -44,9 +50,48 @@ template <int DW, class A> __device__ __forceinline__ A lanes_sum(A v) {
 // one feature (DW = 1).  workers = batch * m (G = 32) or batch * m * D (G = 1).  Every lane of a
 // worker runs the same loops (the shuffles need them all).  bad: checked_bounds's word
 // (offsets.cuh), or nullptr where the offsets need no check.
+// var and std of a worker's segment [begin, end) (every lane calls; lane r0 == 0 writes): the
+// mean, then the squared deviations from it, summed in A (double).
+template <class T, class A, class O, int MODE, int G, int DW, int UNROLL>
+__device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict__ q, i64 begin, i64 end, i64 D,
+                                         int r0, double ddof) {
+    constexpr int RS = G / DW;
+    A s = 0;
+    i64 i = begin + r0;
+    for (; i + (UNROLL - 1) * RS < end; i += UNROLL * RS) {
+        A v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) v[u] = to_acc<A>(p[(i + u * RS) * D]);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) s += v[u];
+    }
+    for (; i < end; i += RS) s += to_acc<A>(p[i * D]);
+    if (G > 1) s = lanes_sum<DW>(s);
+    const A count = (A)(end - begin);
+    const A mean = s / count;  // (0 / 0 for an empty segment: its result is NaN below anyway)
+    A ss = 0;
+    for (i = begin + r0; i + (UNROLL - 1) * RS < end; i += UNROLL * RS) {
+        A v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) v[u] = to_acc<A>(p[(i + u * RS) * D]) - mean;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) ss += v[u] * v[u];
+    }
+    for (; i < end; i += RS) {
+        const A v = to_acc<A>(p[i * D]) - mean;
+        ss += v * v;
+    }
+    if (G > 1) ss = lanes_sum<DW>(ss);
+    if (r0 == 0) {
+        A var = count > (A)ddof ? ss / (count - (A)ddof) : (A)__longlong_as_double(0x7ff8000000000000ll);
+        if (MODE == SOFTMAX_STD) var = sqrt(var);
+        *q = finish<O, false>(var, 1);
+    }
+}
+
 template <class T, class A, class O, int MODE, int G, int DW, int UNROLL, class Off>
 __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __restrict__ out, Off off, int* bad, i64 n,
-                                               i64 m, i64 D, i64 workers) {
+                                               i64 m, i64 D, i64 workers, double ddof) {
     constexpr int RS = G / DW;  // rows a worker's lanes cover per step
     const int lane = G == 1 ? 0 : (int)(threadIdx.x % G);
     const int r0 = lane / DW;  // the lane's first row in a step
@@ -64,6 +109,10 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
         i64 begin = off(s), end = off(s + 1);
         checked_bounds(s, m, n, bad, begin, end);
         const T* p = x + b * n * D + d;
+        if constexpr (MODE == SOFTMAX_VAR || MODE == SOFTMAX_STD) {
+            variance<T, A, O, MODE, G, DW, UNROLL>(p, out + bs * D + d, begin, end, D, r0, ddof);
+            continue;
+        }
         // 1. the maximum (NaN if the segment holds one), and the shift
         A mx = Limits<A>::lowest();
         i64 i = begin + r0;
@@ -108,10 +157,12 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
 }
 
 // ---- entry point --------------------------------------------------------------------
-// linred_softmax: softmax_family; OFFSETS is FixedOffsets{L} or ArrayOffsets<I>{offsets}.
+// linred_softmax: softmax_family; OFFSETS is FixedOffsets{L} or ArrayOffsets<I>{offsets}; ddof: the
+// bits of a double (var and std; the other modes ignore it).
 #define LINRED_SOFTMAX(T, A, O, MODE, G, DW, THREADS, I, OFFSETS)                                               \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
         linred_softmax(const T* x, O* out, const I* offsets, int* bad, long long L, long long n, long long m,  \
-                       long long d, long long workers) {                                                       \
-        softmax_family<T, A, O, MODE, G, DW, 4>(x, out, OFFSETS, bad, n, m, d, workers);                       \
+                       long long d, long long workers, long long ddof) {                                       \
+        softmax_family<T, A, O, MODE, G, DW, 4>(x, out, OFFSETS, bad, n, m, d, workers,                        \
+                                                __longlong_as_double(ddof));                                   \
     }
