@@ -514,6 +514,28 @@ def test_gpu_kernel_long_and_many_segments(kernel_calls, kind, name, shape, axis
     assert kernel_calls == [f"segmented_{name}"] * 2
 
 
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("name", VARIANCE)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_gpu_kernel_variance_far_from_zero(kernel_calls, kind, name, dtype):
+    """var and std sum in float64 whatever the data (float32 and 16-bit data in one pass, shifted
+    by each segment's first value): data whose mean is far from 0 beside its spread (1000 + N(0, 1),
+    and an outlier as a segment's first value) keeps the float64 result of the same values to
+    1e-6 (1e-12 for float64), against float32 sums' thousandfold loss there."""
+    rng = np.random.default_rng(7)
+    n = 40_000
+    x = (1000 + rng.normal(size=n)).astype(dtype)
+    offsets = np.concatenate([[0], np.sort(rng.integers(0, n + 1, 300)), [n]])
+    first = next(int(a) for a, b in itertools.pairwise(offsets) if b - a > 10)
+    x[first] = 1200 if dtype == "float16" else 1e6  # (an outlier as the shift)
+    got = to_numpy(fn(name)(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind)))
+    expected = _fast_reference(name, x, offsets, 0)
+    assert got.dtype == np.dtype(dtype)
+    tol = {"float64": 1e-12, "float32": 1e-6, "float16": 1e-3}[dtype]
+    np.testing.assert_allclose(got.astype(np.float64), expected, rtol=tol, atol=0, equal_nan=True)
+    assert kernel_calls == [f"segmented_{name}"]
+
+
 def _fast_reference(name: str, x: np.ndarray, offsets: np.ndarray, axis: int) -> np.ndarray:
     """The reference of :func:`reference` for finite data, vectorized per segment (float64)."""
     xm = np.moveaxis(x.astype(np.float64), axis, 0)
