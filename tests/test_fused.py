@@ -518,10 +518,9 @@ def test_gpu_kernel_long_and_many_segments(kernel_calls, kind, name, shape, axis
 @pytest.mark.parametrize("name", VARIANCE)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
 def test_gpu_kernel_variance_far_from_zero(kernel_calls, kind, name, dtype):
-    """var and std sum in float64 whatever the data (float32 and 16-bit data in one pass, shifted
-    by each segment's first value): data whose mean is far from 0 beside its spread (1000 + N(0, 1),
-    and an outlier as a segment's first value) keeps the float64 result of the same values to
-    1e-6 (1e-12 for float64; float16: its own rounding)."""
+    """var and std sum in float64 whatever the data: data whose mean is far from 0 beside its
+    spread (1000 + N(0, 1), and an outlier as a segment's first value) keeps the float64 result of
+    the same values to 1e-6 (1e-12 for float64; float16: its own rounding)."""
     rng = np.random.default_rng(7)
     n = 40_000
     x = (1000 + rng.normal(size=n)).astype(dtype)

@@ -50,60 +50,38 @@ template <int DW, class A> __device__ __forceinline__ A lanes_sum(A v) {
 // one feature (DW = 1).  workers = batch * m (G = 32) or batch * m * D (G = 1).  Every lane of a
 // worker runs the same loops (the shuffles need them all).  bad: checked_bounds's word
 // (offsets.cuh), or nullptr where the offsets need no check.
-// var and std of a worker's segment [begin, end) (every lane calls; lane r0 == 0 writes), summed
-// in A (double).  Data of at most 32 bits is read once: the sums of d = x - K and of d^2, with
-// K the segment's first value, give (sum d^2 - (sum d)^2 / k); in double the cancellation costs
-// at most about (k + 1) ulps of double (K is one of the values, so (mean - K)^2 <= k * var),
-// far below the data's precision.  float64 data is read twice: for the mean, then for the
-// squared deviations from it (the composition's formula).  A NaN or an infinity gives NaN
-// either way (inf - inf).
+// var and std of a worker's segment [begin, end) (every lane calls; lane r0 == 0 writes): the
+// mean, then the squared deviations from it, summed in A (double).
 template <class T, class A, class O, int MODE, int G, int DW, int UNROLL>
 __device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict__ q, i64 begin, i64 end, i64 D,
                                          int r0, double ddof) {
     constexpr int RS = G / DW;
-    constexpr bool ONE_PASS = sizeof(T) < sizeof(A);
-    const A count = (A)(end - begin);
-    // The shift: the first value (one pass), else 0 for the pass that finds the mean.
-    const A shift = ONE_PASS && end > begin ? to_acc<A>(p[begin * D]) : (A)0;
-    A s = 0, s2 = 0;
+    A s = 0;
     i64 i = begin + r0;
     for (; i + (UNROLL - 1) * RS < end; i += UNROLL * RS) {
         A v[UNROLL];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) v[u] = to_acc<A>(p[(i + u * RS) * D]) - shift;
+        for (int u = 0; u < UNROLL; ++u) v[u] = to_acc<A>(p[(i + u * RS) * D]);
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            s += v[u];
-            if (ONE_PASS) s2 += v[u] * v[u];
-        }
+        for (int u = 0; u < UNROLL; ++u) s += v[u];
+    }
+    for (; i < end; i += RS) s += to_acc<A>(p[i * D]);
+    if (G > 1) s = lanes_sum<DW>(s);
+    const A count = (A)(end - begin);
+    const A mean = s / count;  // (0 / 0 for an empty segment: its result is NaN below anyway)
+    A ss = 0;
+    for (i = begin + r0; i + (UNROLL - 1) * RS < end; i += UNROLL * RS) {
+        A v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) v[u] = to_acc<A>(p[(i + u * RS) * D]) - mean;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) ss += v[u] * v[u];
     }
     for (; i < end; i += RS) {
-        const A v = to_acc<A>(p[i * D]) - shift;
-        s += v;
-        if (ONE_PASS) s2 += v * v;
+        const A v = to_acc<A>(p[i * D]) - mean;
+        ss += v * v;
     }
-    if (G > 1) s = lanes_sum<DW>(s);
-    A ss;
-    if constexpr (ONE_PASS) {
-        if (G > 1) s2 = lanes_sum<DW>(s2);
-        ss = s2 - s * (s / count);  // (0 / 0 for an empty segment: its result is NaN below anyway)
-        ss = ss < (A)0 ? (A)0 : ss;  // (rounding; NaN stays NaN)
-    } else {
-        const A mean = s / count;
-        ss = 0;
-        for (i = begin + r0; i + (UNROLL - 1) * RS < end; i += UNROLL * RS) {
-            A v[UNROLL];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) v[u] = to_acc<A>(p[(i + u * RS) * D]) - mean;
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) ss += v[u] * v[u];
-        }
-        for (; i < end; i += RS) {
-            const A v = to_acc<A>(p[i * D]) - mean;
-            ss += v * v;
-        }
-        if (G > 1) ss = lanes_sum<DW>(ss);
-    }
+    if (G > 1) ss = lanes_sum<DW>(ss);
     if (r0 == 0) {
         A var = count > (A)ddof ? ss / (count - (A)ddof) : (A)__longlong_as_double(0x7ff8000000000000ll);
         if (MODE == SOFTMAX_STD) var = sqrt(var);
