@@ -163,6 +163,7 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
         linred_softmax(const T* x, O* out, const I* offsets, int* bad, long long L, long long n, long long m,  \
                        long long d, long long workers, long long ddof) {                                       \
+        static_assert(THREADS % 32 == 0, "a worker of G = 32 lanes is a whole warp of the block");            \
         softmax_family<T, A, O, MODE, G, DW, 4>(x, out, OFFSETS, bad, n, m, d, workers,                        \
                                                 __longlong_as_double(ddof));                                   \
     }
