@@ -228,6 +228,33 @@ def host_shapes(rng: np.random.Generator) -> list:
     m0 = nb.IDENTITY_PRODUCT_MIN_SEGMENTS
     shapes += [_fixed(L, m, 4) for L in around(nb.IDENTITY_PRODUCT_MAX // 16) for m in (m0,)]
     shapes += [_fixed(2, m, d) for m in around(m0) for d in (2, 3)]
+    # feature rows with offsets in tiles of TILE_ROWS (more than TILE_MIN_SEGMENTS segments of
+    # ROWS_LOOP_MIN_ROWS to TILE_MAX_ROWS rows on average, at least TILE_MIN_ELEMENTS): segment
+    # lengths and the data's rows across the tiles (3 and 16 features), the segment counts, mean
+    # lengths and elements across the switches, a segment's tiles across TILE_COMBINE_STEPS, the
+    # elements across TILE_THREAD_ELEMENTS (and the chunks across TILE_MIN_CHUNKS: 512 tiles of 64)
+    T, few, least = nb.TILE_ROWS, nb.TILE_MIN_SEGMENTS + 1, nb.TILE_MIN_ELEMENTS
+
+    def tiled(lengths: tuple[int, ...], d: int) -> tuple[str, tuple[int, ...], int]:
+        """``lengths`` repeated to more than TILE_MIN_SEGMENTS segments and TILE_MIN_ELEMENTS elements."""
+        reps = max(-(-few // len(lengths)), -(-least // (sum(lengths) * d)))
+        return _variable("offsets", lengths * reps, d)
+
+    def last(count: int, L: int, rows: int, e: int, d: int) -> tuple[str, tuple[int, ...], int]:
+        """``count`` segments of ``L`` rows, the last one ending at ``rows + e``."""
+        return _variable("lengths", (L,) * (count - 1) + (rows - L * (count - 1) + e,), d)
+
+    shapes += [tiled((L, 300), d) for L in around(T, 2 * T) for d in (3, 16)]
+    shapes += [last(few + 1, T, T * (few + 1), e, 16) for e in (-1, 0, 1)]
+    shapes += [_variable("offsets", random_lengths(rng, m, "geometric", mean), d) for m in around(few - 1)
+               for d, mean in ((3, 1000), (16, 200))]  # fmt: skip
+    shapes += [last(few, R, R * few, e, 3) for R in (nb.TILE_MAX_ROWS,) for e in (-1, 0, 1)]
+    shapes += [last(600, R, R * 600, e, 32) for R in (nb.ROWS_LOOP_MIN_ROWS,) for e in (-1, 0, 1)]
+    shapes += [last(few, 127, least // 16, e, 16) for e in (-1, 0, 1)]
+    steps = nb.TILE_COMBINE_STEPS
+    shapes += [_variable("offsets", (L, *random_lengths(rng, few, "empty-runs", 300)), 16)
+               for L in (steps * T, *around((steps + 1) * T))]  # fmt: skip
+    shapes += [last(256, 256, nb.TILE_THREAD_ELEMENTS // 64, e, 64) for e in (-1, 0, 1)]
     return shapes
 
 
@@ -343,6 +370,32 @@ def test_boundaries_straddle_the_constants():
     assert {T - 16, T, T + 16} <= {c[1][0] * 16 for c in narrow if c[2] == 4}
     T = numpy_backend.IDENTITY_PRODUCT_MIN_SEGMENTS
     assert {T - 1, T, T + 1} <= {len(c[1]) for c in narrow if c[1][0] == 2}
+    # feature rows with offsets: the tiles' constants
+    nb = numpy_backend
+    rows = [c for c in host_shapes(rng) if c[0] != "fixed" and c[2] in (3, 16, 32, 64)]
+    T, m0 = nb.TILE_ROWS, nb.TILE_MIN_SEGMENTS
+
+    def sized(c: tuple) -> bool:  # for the tiles, but for the segment count
+        m, n, d = len(c[1]), sum(c[1]), c[2]
+        fits = n * d >= nb.TILE_MIN_ELEMENTS and n * d >= nb.ROWS_LOOP_MIN_ELEMENTS * m
+        return fits and nb.ROWS_LOOP_MIN_ROWS * m <= n < nb.TILE_MAX_ROWS * m
+
+    # served by the tiles (data of the accumulation dtype, C-contiguous)
+    tiled = [c for c in rows if len(c[1]) > m0 and sized(c)]
+    assert {T - 1, T, T + 1} <= {L for c in tiled if c[2] == 16 for L in c[1]}
+    for d in (3, 16):
+        assert {2 * T - 1, 2 * T, 2 * T + 1} <= {L for c in tiled if c[2] == d for L in c[1]}, d
+        assert {m0 - 1, m0, m0 + 1} <= {len(c[1]) for c in rows if c[2] == d and sized(c)}
+    assert any({k * T - 1, k * T, k * T + 1} <= {sum(c[1]) for c in tiled} for k in range(1, 1000))
+    for R in (nb.TILE_MAX_ROWS, nb.ROWS_LOOP_MIN_ROWS):
+        assert {-1, 0, 1} <= {sum(c[1]) - R * len(c[1]) for c in rows if len(c[1]) > m0}, R
+    E = nb.TILE_MIN_ELEMENTS
+    assert {E - 16, E, E + 16} <= {sum(c[1]) * c[2] for c in rows if c[2] == 16 and len(c[1]) > m0}
+    S = nb.TILE_COMBINE_STEPS  # tiles a segment spans after its first
+    assert {S - 1, S, S + 1} <= {(c[1][0] - 1) // T for c in tiled}
+    E = nb.TILE_THREAD_ELEMENTS
+    assert {E - 64, E, E + 64} <= {sum(c[1]) * c[2] for c in tiled}
+    assert {nb.TILE_MIN_CHUNKS * 64 * T + e for e in (-1, 0, 1)} <= {sum(c[1]) for c in tiled if c[2] == 64}
     fam = nvrtc_families("float32", 132)
     small = {(c[1][0], len(c[1])) for c in fam["fixed_small"]}
     per_chunk = TUNING.threads * TUNING.unroll * 4

@@ -1,0 +1,235 @@
+"""The NumPy backend's feature rows with offsets (the GNN pooling case): every dispatch branch of
+``_variable_rows`` against a float64 reference, non-finite values kept in their own segment and
+feature, no spurious floating-point warnings, thread counts and accuracy."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from support import HAS_TORCH, to_kind, to_numpy
+
+import linred
+from linred.backends import numpy as numpy_backend
+
+T = numpy_backend.TILE_ROWS
+FEW = numpy_backend.TILE_MIN_SEGMENTS
+MIN_ELEMENTS = numpy_backend.TILE_MIN_ELEMENTS
+KINDS = ["numpy", "torch-cpu"] if HAS_TORCH else ["numpy"]
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
+def _lengths(rng: np.random.Generator, branch: str) -> np.ndarray:
+    """Segment lengths (with empty segments) that the backend serves by ``branch``."""
+    if branch == "tiles":  # geometric lengths, a quarter of them empty
+        lengths = rng.geometric(1 / 60, 300)
+        lengths[rng.random(300) < 0.25] = 0
+    elif branch == "tiles, crowded":  # one tile meets 127 segments of one row, the others a few
+        lengths = np.concatenate([rng.integers(100, 400, 40), np.ones(127, dtype=np.int64), rng.integers(0, 300, 40)])
+    elif branch == "tiles, long and empty":  # one segment over many tiles, runs of empty ones
+        lengths = np.zeros(FEW + 40, dtype=np.int64)
+        lengths[5] = 50 * T + 3
+        lengths[20:40] = rng.integers(1, 3 * T, 20)
+        lengths[-1] = 7
+    elif branch == "tiles, one segment":  # every row in one segment, the others empty
+        lengths = np.zeros(FEW + 1, dtype=np.int64)
+        lengths[FEW // 2] = 40 * (FEW + 1) + 5
+    elif branch == "tiles, on tile edges":  # whole tiles and pairs of half tiles
+        lengths = np.tile([T, T // 2, T // 2, 2 * T, 0], FEW // 4)
+    elif branch == "loop, few segments":
+        lengths = rng.geometric(1 / 200, FEW)
+        lengths[::7] = 0
+    elif branch == "loop, long segments":
+        lengths = rng.integers(3000, 6000, FEW + 1)
+        lengths[3] = 0
+    elif branch == "reduceat, short segments":
+        lengths = rng.geometric(1 / 6, 300)
+    else:
+        raise ValueError(branch)
+    return lengths.astype(np.int64)
+
+
+BRANCHES = {
+    "tiles": "_tile_rows",
+    "tiles, crowded": "_tile_rows",
+    "tiles, long and empty": "_tile_rows",
+    "tiles, one segment": "_tile_rows",
+    "tiles, on tile edges": "_tile_rows",
+    "loop, few segments": "_loop_rows",
+    "loop, long segments": "_loop_rows",
+    "reduceat, short segments": None,
+}
+
+
+def _reference(x: np.ndarray, offsets: np.ndarray, reduction: str, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """float64 sums (means) of each segment along ``axis`` (0 or 1), and the sums of |x|."""
+    x64 = np.moveaxis(np.asarray(x, dtype=np.float64), axis, 0)
+    m = len(offsets) - 1
+    ref = np.zeros((m, *x64.shape[1:]))
+    size = np.zeros_like(ref)
+    with np.errstate(invalid="ignore"):
+        for i in range(m):
+            lo, hi = offsets[i], offsets[i + 1]
+            ref[i] = x64[lo:hi].sum(axis=0)
+            size[i] = np.abs(x64[lo:hi]).sum(axis=0)
+            if reduction == "mean":
+                ref[i] = ref[i] / (hi - lo) if hi > lo else np.nan
+                size[i] /= max(hi - lo, 1)
+    return np.moveaxis(ref, 0, axis), np.moveaxis(size, 0, axis)
+
+
+def _check(got: np.ndarray, ref: np.ndarray, size: np.ndarray, dtype: str) -> None:
+    got = np.asarray(got, dtype=np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_array_equal(got[np.isinf(ref)], ref[np.isinf(ref)])
+    finite = np.isfinite(ref)
+    np.testing.assert_array_equal(np.isfinite(got), finite)
+    tau = 1e-6 if dtype == "float32" else 1e-12
+    err = np.abs(got[finite] - ref[finite])
+    bound = tau * size[finite] + 2 * np.finfo(dtype).eps * np.abs(ref[finite]) + np.finfo(dtype).tiny
+    assert (err <= bound).all(), float(np.max(err / bound))
+
+
+@pytest.fixture
+def planned(monkeypatch, clean_plan_cache):
+    """The names of the row functions the NumPy backend planned with (spied on); the tiles serve
+    calls of any size (TILE_MIN_ELEMENTS keeps small ones off them, for speed only)."""
+    monkeypatch.setattr(numpy_backend, "TILE_MIN_ELEMENTS", 0)
+    names: list[str] = []
+    for name in ("_tile_rows", "_loop_rows"):
+        real = getattr(numpy_backend, name)
+
+        def spy(problem, real=real, name=name):
+            names.append(name)
+            return real(problem)
+
+        monkeypatch.setattr(numpy_backend, name, spy)
+    return names
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("branch", BRANCHES)
+def test_rows_with_offsets_match_float64(planned, rng, branch, batch, reduction, dtype, kind):
+    offsets = _offsets(_lengths(rng, branch))
+    n, d = int(offsets[-1]), 3 if branch == "loop, long segments" else 16
+    x = rng.standard_normal((batch, n, d) if batch > 1 else (n, d)).astype(dtype)
+    axis = 1 if batch > 1 else 0
+    fn = getattr(linred, f"segmented_{reduction}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # finite data: no warning at all (mean of empty segments: NaN, silently)
+        got = fn(to_kind(x, kind), offsets=offsets, axis=axis, backend="numpy", check=bool(batch % 2))
+    assert planned == ([BRANCHES[branch]] if BRANCHES[branch] else [])
+    assert got.shape == (*x.shape[:axis], len(offsets) - 1, d)
+    _check(to_numpy(got), *_reference(x, offsets, reduction, axis), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("branch", ["tiles", "tiles, crowded", "tiles, on tile edges", "loop, few segments"])
+def test_non_finite_values_stay_in_their_segment_and_feature(planned, rng, branch, dtype):
+    """0 * inf of the tiles' products must not reach the other segments or features, nor warn."""
+    offsets = _offsets(_lengths(rng, branch))
+    n, d = int(offsets[-1]), 16
+    x = rng.standard_normal((2, n, d)).astype(dtype)
+    rows = rng.choice(n, 12, replace=False)
+    x[0, rows[:4], 1] = np.inf  # several +inf in one feature: inf, never inf - inf
+    x[1, rows[4:8], 5] = -np.inf
+    x[0, rows[8], 7] = np.nan
+    x[1, rows[9:], rng.integers(0, d, 3)] = np.inf
+    ref = _reference(x, offsets, "sum", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = linred.segmented_sum(x, offsets=offsets, axis=1, backend="numpy")
+        mean = linred.segmented_mean(x, offsets=offsets, axis=1, backend="numpy")
+    assert planned[0] == BRANCHES[branch]
+    assert np.isinf(got).sum() >= 6 and np.isnan(got).sum() == 1
+    _check(got, *ref, dtype)
+    _check(mean, *_reference(x, offsets, "mean", 1), dtype)
+
+
+def test_inf_minus_inf_in_a_segment_warns_once_at_the_callers_line(planned, rng):
+    offsets = _offsets(_lengths(rng, "tiles"))
+    x = rng.standard_normal((int(offsets[-1]), 16)).astype(np.float32)
+    seg = int(np.flatnonzero(np.diff(offsets) >= 2)[3])
+    x[offsets[seg], 2], x[offsets[seg] + 1, 2] = np.inf, -np.inf
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = linred.segmented_sum(x, offsets=offsets, axis=0, backend="numpy")
+    assert planned == ["_tile_rows"]
+    assert [w.category for w in caught] == [RuntimeWarning], [str(w.message) for w in caught]
+    assert "invalid value" in str(caught[0].message) and caught[0].filename == __file__
+    assert np.isnan(got).sum() == 1 and np.isnan(got[seg, 2])
+    _check(got, *_reference(x, offsets, "sum", 0), "float32")
+
+
+def test_overflow_in_a_pool_thread_warns_at_the_callers_line(planned, monkeypatch, rng):
+    monkeypatch.setattr(numpy_backend, "num_threads", lambda: 2)
+    monkeypatch.setattr(numpy_backend, "TILE_THREAD_ELEMENTS", 1)
+    offsets = _offsets(np.full(FEW + 1, 2 * T))
+    x = np.ones((int(offsets[-1]), 16))
+    x[-T:] = 1e308  # the last tile: the second thread's
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = linred.segmented_sum(x, offsets=offsets, axis=0, backend="numpy")
+    assert planned == ["_tile_rows"]
+    assert [w.category for w in caught] == [RuntimeWarning] and "overflow" in str(caught[0].message)
+    assert caught[0].filename == __file__
+    assert np.isinf(got[-1]).all() and (got[:-1] == 2 * T).all()
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_threads_give_the_bits_of_one_thread(planned, monkeypatch, rng, reduction):
+    offsets = _offsets(_lengths(rng, "tiles, crowded"))
+    x = rng.standard_normal((2, int(offsets[-1]), 16)).astype(np.float32)
+    fn = getattr(linred, f"segmented_{reduction}")
+    monkeypatch.setattr(numpy_backend, "TILE_THREAD_ELEMENTS", 1)
+    monkeypatch.setattr(numpy_backend, "num_threads", lambda: 3)
+    threaded = fn(x, offsets=offsets, axis=1, backend="numpy")
+    monkeypatch.setattr(numpy_backend, "num_threads", lambda: 1)
+    linred.clear_plan_cache()
+    single = fn(x, offsets=offsets, axis=1, backend="numpy")
+    assert planned == ["_tile_rows", "_tile_rows"]
+    np.testing.assert_array_equal(threaded, single, strict=True)
+
+
+@pytest.mark.parametrize("more", [0, 1])
+def test_small_calls_keep_the_loop(planned, monkeypatch, rng, more):
+    offsets = _offsets(np.full(FEW + 1, 40))
+    x = rng.standard_normal((int(offsets[-1]), 16)).astype(np.float32)
+    monkeypatch.setattr(numpy_backend, "TILE_MIN_ELEMENTS", x.size + more)
+    got = linred.segmented_sum(x, offsets=offsets, axis=0, backend="numpy")
+    assert planned == ["_loop_rows" if more else "_tile_rows"]
+    _check(got, *_reference(x, offsets, "sum", 0), "float32")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_float32_accuracy_of_long_segments(monkeypatch, planned, rng, kind):
+    """Positive float32 data (errors add up) in segments over many tiles: within 1e-6 of float64
+    (at the module's constants: two threads where there are two cores)."""
+    monkeypatch.setattr(numpy_backend, "TILE_MIN_ELEMENTS", MIN_ELEMENTS)
+    lengths = rng.integers(1000, 6000, FEW + 8)  # (3,500 rows on average: the tiles)
+    lengths[::9] = 0
+    offsets = _offsets(lengths)
+    x = (1000 + rng.random((int(offsets[-1]), 4))).astype(np.float32)
+    got = to_numpy(linred.segmented_sum(to_kind(x, kind), offsets=offsets, axis=0, backend="numpy"))
+    ref, _ = _reference(x, offsets, "sum", 0)
+    nonempty = lengths > 0
+    assert planned == ["_tile_rows"]
+    assert (got[~nonempty] == 0).all()
+    assert np.max(np.abs(got[nonempty] - ref[nonempty]) / ref[nonempty]) <= 1e-6
+
+
+def test_the_interval_table_is_each_intervals_indicator():
+    table = numpy_backend._interval_table(8, np.dtype(np.float32))
+    assert table.shape == (45, 8) and not table.flags.writeable
+    for hi in range(9):
+        for lo in range(hi + 1):
+            np.testing.assert_array_equal(table[hi * (hi + 1) // 2 + lo], (np.arange(8) >= lo) & (np.arange(8) < hi))
