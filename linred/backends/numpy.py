@@ -144,13 +144,19 @@ def _reduceat(ufunc: Any, x3: np.ndarray, starts: np.ndarray, out: np.ndarray, d
             part = ufunc.reduceat(x1[:end], starts[a:b]) if same else ufunc.reduceat(x1[:end], starts[a:b], dtype=dtype)
             out1[a:b] = part
 
-    # Each pool thread runs in a copy of the caller's context (NumPy's error modes are context
-    # variables); its warnings are issued from this thread, at the caller's line.
+    _in_threads(run, bounds)
+
+
+def _in_threads(work: Any, bounds: list[tuple[int, int]]) -> None:
+    """``work(a, b)`` for every ``(a, b)`` of ``bounds``, the first on this thread, the others on
+    the pool's threads, all done on return.  Each pool thread runs in a copy of the caller's
+    context (NumPy's error modes are context variables); its warnings are issued from this
+    thread, at the caller's line."""
     pending: list[str] = []
-    pool = _executor(chunks)
-    futures = [pool.submit(pool_context(pending).run, run, a, b) for a, b in bounds[1:]]
+    pool = _executor(len(bounds))
+    futures = [pool.submit(pool_context(pending).run, work, a, b) for a, b in bounds[1:]]
     try:
-        run(*bounds[0])
+        work(*bounds[0])
     finally:
         for f in futures:
             f.result()
@@ -716,16 +722,7 @@ def _tile_rows(problem: Problem):
         if workers > 1:
             # cut where the matrices' rows (the products' work) are shared out evenly
             cuts = np.searchsorted(bases, np.linspace(0, base[-1], workers + 1)[1:-1]).tolist()
-            bounds = list(itertools.pairwise([0, *cuts, chunks]))
-            pending: list[str] = []
-            pool = _executor(workers)
-            futures = [pool.submit(pool_context(pending).run, products, c0, c1) for c0, c1 in bounds[1:]]
-            try:
-                products(*bounds[0])
-            finally:
-                for fut in futures:
-                    fut.result()
-            reissue(pending)
+            _in_threads(products, list(itertools.pairwise([0, *cuts, chunks])))
         else:
             products(0, chunks)
 
