@@ -810,7 +810,10 @@ def _variable(problem: Problem):
 
 class NumpyBackend(Backend):
     name = "numpy"
-    summary = "host arrays: BLAS GEMV (data @ ones) for fixed lengths, ufunc.reduceat for offsets"
+    summary = (
+        "host arrays: BLAS GEMV (data @ ones) for fixed lengths, ufunc.reduceat for offsets, "
+        "products of 0/1 interval matrices for feature rows with offsets"
+    )
     reads_pointers = False  # NumPy's own operations read byte-swapped, unaligned or odd-strided arrays
     reductions = ("sum", "mean", "max", "min", "prod")
 
