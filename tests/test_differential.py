@@ -230,9 +230,10 @@ def host_shapes(rng: np.random.Generator) -> list:
     shapes += [_fixed(2, m, d) for m in around(m0) for d in (2, 3)]
     # feature rows with offsets in tiles of TILE_ROWS (more than TILE_MIN_SEGMENTS segments of
     # ROWS_LOOP_MIN_ROWS to TILE_MAX_ROWS rows on average, at least TILE_MIN_ELEMENTS): segment
-    # lengths and the data's rows across the tiles (3 and 16 features), the segment counts, mean
-    # lengths and elements across the switches, a segment's tiles across TILE_COMBINE_STEPS, the
-    # elements across TILE_THREAD_ELEMENTS (and the chunks across TILE_MIN_CHUNKS: 512 tiles of 64)
+    # lengths and the data's rows across the tiles (16 features; 3 where the call is not small),
+    # the segment counts, mean lengths and elements across the switches, a segment's tiles across
+    # TILE_COMBINE_STEPS, the elements across TILE_THREAD_ELEMENTS (and the chunks across
+    # TILE_MIN_CHUNKS: 512 tiles of 64)
     T, few, least = nb.TILE_ROWS, nb.TILE_MIN_SEGMENTS + 1, nb.TILE_MIN_ELEMENTS
 
     def tiled(lengths: tuple[int, ...], d: int) -> tuple[str, tuple[int, ...], int]:
@@ -255,6 +256,11 @@ def host_shapes(rng: np.random.Generator) -> list:
     shapes += [_variable("offsets", (L, *random_lengths(rng, few, "empty-runs", 300)), 16)
                for L in (steps * T, *around((steps + 1) * T))]  # fmt: skip
     shapes += [last(256, 256, nb.TILE_THREAD_ELEMENTS // 64, e, 64) for e in (-1, 0, 1)]
+    # narrow rows of a small call (at most BLOCKED_MAX_FEATURES and BLOCKED_MAX_BYTES, the 3-feature
+    # tiled shapes above among them): reduceat over blocks of TILE_ROWS rows, segments across the
+    # blocks, with empty ones
+    shapes += [_variable("offsets", (L, 0) * 20, d) for L in around(T, 2 * T) for d in (2, 4)]
+    shapes += [_variable("lengths", random_lengths(rng, 40, "empty-runs", 300), 8)]
     return shapes
 
 

@@ -233,3 +233,109 @@ def test_the_interval_table_is_each_intervals_indicator():
     for hi in range(9):
         for lo in range(hi + 1):
             np.testing.assert_array_equal(table[hi * (hi + 1) // 2 + lo], (np.arange(8) >= lo) & (np.arange(8) < hi))
+
+
+# --- narrow rows of a small call: reduceat over blocks of TILE_ROWS rows (_blocked_rows) ---
+
+
+@pytest.fixture
+def blocked(monkeypatch, clean_plan_cache):
+    """The names of the row functions planned, _blocked_rows included (spied on)."""
+    names: list[str] = []
+    for name in ("_tile_rows", "_loop_rows", "_blocked_rows"):
+        real = getattr(numpy_backend, name)
+
+        def spy(problem, real=real, name=name):
+            names.append(name)
+            return real(problem)
+
+        monkeypatch.setattr(numpy_backend, name, spy)
+    return names
+
+
+def _narrow_lengths(rng: np.random.Generator, layout: str) -> np.ndarray:
+    """Lengths long enough on average for the rows' BLAS paths (ROWS_LOOP_MIN_ELEMENTS with 2
+    features), and few enough rows for BLOCKED_MAX_BYTES with 8 float64 features and 2 rows of a
+    batch."""
+    if layout == "geometric with empty":  # 60 segments of ~400 rows, some empty, most over blocks
+        lengths = rng.geometric(1 / 400, 60)
+        lengths[rng.random(60) < 0.2] = 0
+    elif layout == "on block edges":  # whole blocks, k*T - 1 and k*T + 1
+        lengths = np.tile([T, T - 1, T + 1, 2 * T, 0, 2 * T + 1, 4 * T, 4 * T - 1, 4 * T + 1], 10)
+    elif layout == "one segment":
+        lengths = np.zeros(40, dtype=np.int64)
+        lengths[7] = 600 * 40
+    else:
+        raise ValueError(layout)
+    return lengths.astype(np.int64)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("d", [2, 4, 8])
+@pytest.mark.parametrize("layout", ["geometric with empty", "on block edges", "one segment"])
+def test_narrow_rows_of_small_calls_match_float64(blocked, rng, layout, d, batch, reduction, dtype, kind):
+    offsets = _offsets(_narrow_lengths(rng, layout))
+    n = int(offsets[-1])
+    x = rng.standard_normal((batch, n, d) if batch > 1 else (n, d)).astype(dtype)
+    axis = 1 if batch > 1 else 0
+    fn = getattr(linred, f"segmented_{reduction}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = fn(to_kind(x, kind), offsets=offsets, axis=axis, backend="numpy", check=bool(batch % 2))
+    assert blocked == ["_blocked_rows"]
+    _check(to_numpy(got), *_reference(x, offsets, reduction, axis), dtype)
+
+
+def test_narrow_rows_non_finite_values_stay_in_their_segment_and_feature(blocked, rng):
+    offsets = _offsets(_narrow_lengths(rng, "geometric with empty"))
+    x = rng.standard_normal((int(offsets[-1]), 4)).astype(np.float32)
+    rows = rng.choice(x.shape[0], 6, replace=False)
+    x[rows[:3], 1] = np.inf
+    x[rows[3], 2] = np.nan
+    x[rows[4:], 0] = -np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = linred.segmented_sum(x, offsets=offsets, axis=0, backend="numpy")
+    assert blocked == ["_blocked_rows"]
+    _check(got, *_reference(x, offsets, "sum", 0), "float32")
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("bytes", "_blocked_rows"),
+        ("bytes + 1 row", "_tile_rows"),
+        ("rows", "_blocked_rows"),
+        ("rows + 1", "_loop_rows"),
+        ("8 features over tiles", "_tile_rows"),
+        ("4 features over tiles", "_blocked_rows"),
+        ("16 features", "_loop_rows"),
+    ],
+)
+def test_where_narrow_rows_take_blocks(blocked, case, expected):
+    """The switches (BLOCKED_MAX_BYTES, BLOCKED_MAX_ROWS, BLOCKED_MAX_FEATURES,
+    BLOCKED_OVER_TILES_FEATURES), each one step either side."""
+    most_rows = numpy_backend.BLOCKED_MAX_ROWS
+    if case.startswith("bytes"):  # float32 rows of 4 features filling BLOCKED_MAX_BYTES, 8 segments
+        n = numpy_backend.BLOCKED_MAX_BYTES // 16 + (1 if "+" in case else 0)
+        m, d = 1024, 4
+        if n > most_rows * m:
+            m = -(-n // most_rows)
+    elif case.startswith("rows"):  # mean length BLOCKED_MAX_ROWS, then one row more than that
+        m, d = 4, 4
+        n = most_rows * m + (1 if "+" in case else 0)
+    elif case.endswith("over tiles"):  # many segments of 200 rows: the tiles' call
+        d = 8 if case.startswith("8") else 4
+        m, n = numpy_backend.TILE_MIN_SEGMENTS + 1, 200 * (numpy_backend.TILE_MIN_SEGMENTS + 1)
+        if d * n < numpy_backend.TILE_MIN_ELEMENTS:
+            n = -(-numpy_backend.TILE_MIN_ELEMENTS // (d * m)) * m
+    else:
+        m, d, n = 8, 16, 8 * 200
+    x = np.ones((n, d), dtype=np.float32)
+    offsets = np.linspace(0, n, m + 1).astype(np.int64)
+    got = linred.segmented_sum(x, offsets=offsets, axis=0, backend="numpy")
+    assert blocked == [expected]
+    np.testing.assert_array_equal(got, np.diff(offsets)[:, None] * np.ones((1, d), np.float32))

@@ -529,8 +529,9 @@ def _variable_rows(problem: Problem):
     """Feature rows (``features > 1``) with offsets, summed segment by segment, or None.
 
     Used where segments are long enough on average (:data:`ROWS_LOOP_MIN_ROWS`) that BLAS
-    products beat ``reduceat`` across rows: the tiles of :func:`_tile_rows` for many segments
-    of data BLAS reads as it is, else :func:`_loop_rows`.
+    products beat a plain ``reduceat`` across rows: :func:`_blocked_rows` for narrow rows of a
+    small call, the tiles of :func:`_tile_rows` for many segments of data BLAS reads as it is,
+    else :func:`_loop_rows`.
     """
     B, n, D = problem.in_shape
     m = problem.num_segments
@@ -544,9 +545,76 @@ def _variable_rows(problem: Problem):
         and n * D >= ROWS_LOOP_MIN_ELEMENTS * m
     ):
         return None
-    if m > TILE_MIN_SEGMENTS and B * n * D >= TILE_MIN_ELEMENTS and n < TILE_MAX_ROWS * m and _rows_fast(problem):
+    tiles = m > TILE_MIN_SEGMENTS and B * n * D >= TILE_MIN_ELEMENTS and n < TILE_MAX_ROWS * m
+    fast = _rows_fast(problem)
+    narrow = D <= BLOCKED_MAX_FEATURES and (D <= BLOCKED_OVER_TILES_FEATURES or not tiles)
+    small = B * n * D * acc.itemsize <= BLOCKED_MAX_BYTES and n <= BLOCKED_MAX_ROWS * m
+    if fast and narrow and small:
+        return _blocked_rows(problem)
+    if fast and tiles:
         return _tile_rows(problem)
     return _loop_rows(problem)
+
+
+#: narrow feature rows of a small call are summed by ``reduceat`` across rows, in blocks of at
+#: most TILE_ROWS rows of a segment (float32 sums of at most 128 values, as the tiles' partials),
+#: the blocks' sums added in float64 by a second ``reduceat``: where the data fits the cache,
+#: ``reduceat``'s loop over rows of a few features beats both a BLAS product per segment and the
+#: tiles' products (2 cores, float32: 300 segments of 130 rows x 4, 0.6 MB: 0.087 ms against 0.44
+#: for the loop; 1,000 of 130 x 4: 0.24 against 0.42 for the tiles; 100 of 600 x 8: 0.23 against
+#: 0.57), and loses beyond it (20,000 of 100 x 8, 64 MB: 30 ms against 8.4 for the tiles), for
+#: 16 features (2,000 of 64 x 16, 8 MB: 2.0 against 0.41) and for long segments (16 of 8,000 x 8:
+#: 0.42 against 0.19 for the loop)
+BLOCKED_MAX_FEATURES = 8
+#: ... over the tiles only up to this many features (1,000 segments of 64 rows x 8, 2 MB: the
+#: tiles 0.24 ms, ``reduceat`` 0.21 without blocks)
+BLOCKED_OVER_TILES_FEATURES = 4
+BLOCKED_MAX_BYTES = 4 << 20
+BLOCKED_MAX_ROWS = 1024
+
+
+def _blocked_rows(problem: Problem):
+    """Narrow feature rows with offsets in a small call: ``reduceat`` across rows over blocks of at
+    most :data:`TILE_ROWS` rows of each non-empty segment, the blocks' sums added in float64 by a
+    second ``reduceat`` (empty segments get the reduction's identity).  A value is added only
+    into its own segment's blocks: infinities and NaN stay in their segment and feature."""
+    B = problem.in_shape[0]
+    T = TILE_ROWS
+    empty_value = identity(problem.reduction, problem.out_dtype)
+    mean = problem.reduction == "mean"
+    add = np.add.reduceat
+
+    def run(x: Any, out: Any, segments: VariableSegments, stream: Any) -> None:
+        x3, out3 = host_view(x), host_view(out)
+        off = np.asarray(segments.offsets)
+        if off.dtype != np.int64:
+            off = off.astype(np.int64)
+        lengths = np.diff(off)
+        nonempty = None
+        if not segments.min_length:  # unchecked, or checked with empty segments: find them
+            empty = lengths == 0
+            if _count_nonzero(empty):
+                nonempty = ~empty
+                out3[:, empty, :] = empty_value
+                off, lengths = off[:-1][nonempty], lengths[nonempty]
+                if not off.shape[0]:
+                    return
+        starts = off[: lengths.shape[0]]
+        # Blocks of T rows: segment s has ceil(len / T) of them, from its start on.
+        count = -(-lengths // T)
+        first = np.zeros(count.shape[0], dtype=np.int64)
+        np.cumsum(count[:-1], out=first[1:])
+        blocks = np.repeat(starts - T * first, count) + T * np.arange(int(first[-1] + count[-1]), dtype=np.int64)
+        for b in range(B):
+            total = add(add(x3[b], blocks, axis=0), first, axis=0, dtype=np.float64)
+            if mean:
+                total /= lengths[:, None]
+            if nonempty is None:
+                out3[b] = total  # (cast to the result dtype)
+            else:
+                out3[b, nonempty] = total
+
+    return run
 
 
 def _segment_total(rows: np.ndarray, ones: np.ndarray, total: np.ndarray, convert: bool) -> None:
