@@ -30,6 +30,7 @@ with one wait for the stream after it, as for the feature-rows reductions.
 from __future__ import annotations
 
 import math
+import operator
 import struct
 import threading
 from typing import Any
@@ -76,6 +77,9 @@ def serves(
 
     if unavailable("nvrtc") is not None:
         return False
+    if name in ("segmented_var", "segmented_std") and in_name == "float64" and result != "float64":
+        # (the composition computes in the narrower dtype, the kernel would read float64 values)
+        return False
     if not _enough_workers(x, axis, segments, adapter.device_of(x)):
         return False
     if "bfloat16" in (in_name, result):  # (bfloat16 conversions need compute capability 8.0, as nvrtc's kernels)
@@ -94,7 +98,8 @@ def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int) ->
     length, offsets, lengths = segments.get("segment_length"), segments.get("offsets"), segments.get("lengths")
     try:
         if length is not None:
-            m = -(-n // length) if isinstance(length, int) and length > 0 else 0
+            length = operator.index(length)  # (NumPy integers too; bool is refused later)
+            m = -(-n // length) if length > 0 else 0
         else:
             m = len(offsets) - 1 if offsets is not None else len(lengths)
     except TypeError:  # (not a length or an array: the composition raises its error)

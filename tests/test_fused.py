@@ -649,8 +649,19 @@ def test_what_the_gpu_kernel_serves(monkeypatch):
         assert serves({"segment_length": mean}, x=x) is served, (m, mean)
         assert serves({"offsets": np.arange(m + 1) * mean}, x=x) is served, (m, mean)
         assert serves({"lengths": [mean] * m}, x=x) is served, (m, mean)
+    x = type("X", (), {"shape": (16 * 132 * 4 - 1,)})()  # (a NumPy integer length counts the same)
+    assert serves({"segment_length": np.int64(4)}, x=x) and not serves({"segment_length": np.int64(5)}, x=x)
     for m, served in ((-(-16 * 132 // 7), True), (16 * 132 // 7, False)):  # 7 features: a worker each
         x = type("X", (), {"shape": (m * 4, 7)})()
         assert serves({"segment_length": 4}, x=x) is served, m
+
+    # var and std of float64 data computed in a narrower dtype: composed (the kernel reads float64)
+    monkeypatch.setattr(_softmax_kernel, "MIN_WORKERS_PER_SM", 0)
+
+    def serves_var(in_name, result):
+        return _softmax_kernel.serves("segmented_var", X(), Device(), in_name, result, offsets, "auto", False, True)
+
+    assert serves_var("float64", "float64") and serves_var("float32", "float32") and serves_var("float16", "float16")
+    assert not serves_var("float64", "float32") and not serves_var("float64", "float16")
     monkeypatch.setattr(linred.backends, "unavailable", lambda name: "no GPU")
     assert not serves(offsets)

@@ -339,3 +339,37 @@ def test_where_narrow_rows_take_blocks(blocked, case, expected):
     got = linred.segmented_sum(x, offsets=offsets, axis=0, backend="numpy")
     assert blocked == [expected]
     np.testing.assert_array_equal(got, np.diff(offsets)[:, None] * np.ones((1, d), np.float32))
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("share", [0.0005, 0.5])
+def test_many_non_finite_segments_are_summed_again_at_once(planned, rng, reduction, share):
+    """NaN or infinities in many segments (more than 1 / REDO_ALL_FRACTION of them): the tiles'
+    call is summed again by the loop for all segments, a few again one by one; the same results."""
+    offsets = _offsets(_lengths(rng, "tiles"))
+    x = rng.standard_normal((int(offsets[-1]), 16)).astype(np.float32)
+    x[rng.random(x.shape[0]) < share, 3] = np.nan
+    x[rng.random(x.shape[0]) < share / 4, 9] = np.inf
+    fn = getattr(linred, f"segmented_{reduction}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = fn(x, offsets=offsets, axis=0, backend="numpy")
+    assert planned == (["_tile_rows", "_loop_rows"] if share > 0.01 else ["_tile_rows"])  # (the loop: all again)
+    assert np.isnan(got).any()
+    _check(got, *_reference(x, offsets, reduction, 0), "float32")
+
+
+@pytest.mark.parametrize("share", [0.001, 0.5])
+def test_many_non_finite_short_segments_of_narrow_rows(rng, share):
+    """The stacked identity's products with zeros (many short fixed segments of narrow rows): a
+    NaN column, or a few NaN, summed again the plain way; each value stays in its own feature."""
+    m, L, d = 2 * numpy_backend.IDENTITY_PRODUCT_MIN_SEGMENTS, 2, 4
+    x = rng.standard_normal((m * L, d)).astype(np.float32)
+    x[rng.random(m * L) < share, 2] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = linred.segmented_sum(x, L, axis=0, backend="numpy")
+    ref = x.astype(np.float64).reshape(m, L, d).sum(axis=1)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    finite = np.isfinite(ref)
+    np.testing.assert_allclose(got[finite], ref[finite], rtol=1e-6, atol=1e-6)
