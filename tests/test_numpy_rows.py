@@ -96,13 +96,10 @@ def _check(got: np.ndarray, ref: np.ndarray, size: np.ndarray, dtype: str) -> No
     assert (err <= bound).all(), float(np.max(err / bound))
 
 
-@pytest.fixture
-def planned(monkeypatch, clean_plan_cache):
-    """The names of the row functions the NumPy backend planned with (spied on); the tiles serve
-    calls of any size (TILE_MIN_ELEMENTS keeps small ones off them, for speed only)."""
-    monkeypatch.setattr(numpy_backend, "TILE_MIN_ELEMENTS", 0)
+def _spy_on_rows(monkeypatch) -> list[str]:
+    """The names of the row functions the NumPy backend plans with from now on (spied on)."""
     names: list[str] = []
-    for name in ("_tile_rows", "_loop_rows"):
+    for name in ("_tile_rows", "_loop_rows", "_blocked_rows"):
         real = getattr(numpy_backend, name)
 
         def spy(problem, real=real, name=name):
@@ -111,6 +108,14 @@ def planned(monkeypatch, clean_plan_cache):
 
         monkeypatch.setattr(numpy_backend, name, spy)
     return names
+
+
+@pytest.fixture
+def planned(monkeypatch, clean_plan_cache):
+    """The names of the row functions the NumPy backend planned with; the tiles serve calls of
+    any size (TILE_MIN_ELEMENTS keeps small ones off them, for speed only)."""
+    monkeypatch.setattr(numpy_backend, "TILE_MIN_ELEMENTS", 0)
+    return _spy_on_rows(monkeypatch)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -240,17 +245,8 @@ def test_the_interval_table_is_each_intervals_indicator():
 
 @pytest.fixture
 def blocked(monkeypatch, clean_plan_cache):
-    """The names of the row functions planned, _blocked_rows included (spied on)."""
-    names: list[str] = []
-    for name in ("_tile_rows", "_loop_rows", "_blocked_rows"):
-        real = getattr(numpy_backend, name)
-
-        def spy(problem, real=real, name=name):
-            names.append(name)
-            return real(problem)
-
-        monkeypatch.setattr(numpy_backend, name, spy)
-    return names
+    """The names of the row functions planned, at the module's constants."""
+    return _spy_on_rows(monkeypatch)
 
 
 def _narrow_lengths(rng: np.random.Generator, layout: str) -> np.ndarray:
