@@ -594,35 +594,47 @@ def _blocked_rows(problem: Problem):
 
     def run(x: Any, out: Any, segments: VariableSegments, stream: Any) -> None:
         x3, out3 = host_view(x), host_view(out)
-        off = np.asarray(segments.offsets)
-        if off.dtype != np.int64:
-            off = off.astype(np.int64)
+        off, nonempty = _nonempty_offsets(segments, out3, empty_value)
+        if off.shape[0] == 1:
+            return
         lengths = np.diff(off)
-        nonempty = None
-        if not segments.min_length:  # unchecked, or checked with empty segments: find them
-            empty = lengths == 0
-            if _count_nonzero(empty):
-                nonempty = ~empty
-                out3[:, empty, :] = empty_value
-                off, lengths = off[:-1][nonempty], lengths[nonempty]
-                if not off.shape[0]:
-                    return
-        starts = off[: lengths.shape[0]]
         # Blocks of T rows: segment s has ceil(len / T) of them, from its start on.
         count = -(-lengths // T)
         first = np.zeros(count.shape[0], dtype=np.int64)
         np.cumsum(count[:-1], out=first[1:])
-        blocks = np.repeat(starts - T * first, count) + T * np.arange(int(first[-1] + count[-1]), dtype=np.int64)
+        blocks = np.repeat(off[:-1] - T * first, count) + T * np.arange(int(first[-1] + count[-1]), dtype=np.int64)
         for b in range(B):
             total = add(add(x3[b], blocks, axis=0), first, axis=0, dtype=np.float64)
             if mean:
                 total /= lengths[:, None]
-            if nonempty is None:
-                out3[b] = total  # (cast to the result dtype)
-            else:
-                out3[b, nonempty] = total
+            _store(out3[b], total, nonempty)
 
     return run
+
+
+def _nonempty_offsets(segments: VariableSegments, out3: np.ndarray, empty_value: Any) -> tuple[np.ndarray, Any]:
+    """The bounds of the non-empty segments as int64 offsets (each starts where the one before it
+    ends), and which segments they are (None: all); the empty ones' results are set to
+    ``empty_value`` in ``out3`` ``(B, m, D)``."""
+    off = np.asarray(segments.offsets)
+    if off.dtype != np.int64:
+        off = off.astype(np.int64)
+    if not segments.min_length:  # unchecked, or checked with empty segments: find them
+        empty = off[1:] == off[:-1]
+        if _count_nonzero(empty):
+            nonempty = ~empty
+            out3[:, empty, :] = empty_value
+            return np.concatenate((off[:1], off[1:][nonempty])), nonempty
+    return off, None
+
+
+def _store(out: np.ndarray, total: np.ndarray, nonempty: Any) -> None:
+    """The results of the non-empty segments (``total``, float64) into ``out`` (``(..., m, D)``),
+    cast to its dtype; ``nonempty`` as :func:`_nonempty_offsets` gives it."""
+    if nonempty is None:
+        np.copyto(out, total, casting="same_kind")
+    else:
+        out[..., nonempty, :] = total
 
 
 def _segment_total(rows: np.ndarray, ones: np.ndarray, total: np.ndarray, convert: bool) -> None:
@@ -738,17 +750,7 @@ def _tile_rows(problem: Problem):
 
     def run(x: Any, out: Any, segments: VariableSegments, stream: Any) -> None:
         x3, out3 = host_view(x), host_view(out)
-        off = np.asarray(segments.offsets)
-        if off.dtype != np.int64:
-            off = off.astype(np.int64)
-        nonempty = None
-        if not segments.min_length:  # unchecked, or checked with empty segments: find them
-            empty = off[1:] == off[:-1]
-            if _count_nonzero(empty):
-                nonempty = ~empty
-                out3[:, empty, :] = empty_value
-                # the non-empty segments' bounds: each starts where the one before it ends
-                off = np.concatenate((off[:1], off[1:][nonempty]))
+        off, nonempty = _nonempty_offsets(segments, out3, empty_value)
         me = off.shape[0] - 1
         if me == 0:
             return
@@ -827,10 +829,7 @@ def _tile_rows(problem: Problem):
                 _segment_total(x3[b, off[s] : off[s + 1]], ones, total[b, s], False)
         if mean:
             total /= np.diff(off)[:, None]
-        if nonempty is None:
-            np.copyto(out3, total, casting="same_kind")
-        else:
-            out3[:, nonempty, :] = total
+        _store(out3, total, nonempty)
 
     return run
 
