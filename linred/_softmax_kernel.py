@@ -45,8 +45,10 @@ __all__ = ["run", "serves"]
 #: the kernel's MODE for each function (softmax.cuh)
 MODES = {"segmented_logsumexp": 0, "segmented_softmax": 1, "segmented_log_softmax": 2, "segmented_var": 3,
          "segmented_std": 4}  # fmt: skip
+#: the functions computed in float64 whatever the data
+VARIANCE = ("segmented_var", "segmented_std")
 #: the functions whose result has one value per segment (the others: one per element)
-PER_SEGMENT = ("segmented_logsumexp", "segmented_var", "segmented_std")
+PER_SEGMENT = ("segmented_logsumexp", *VARIANCE)
 THREADS = 256
 #: the fewest workers (segments, or segments x features) per SM the kernel serves: one warp reads
 #: about a cache line per load in flight, so the GPU's bandwidth needs thousands of them
@@ -77,7 +79,7 @@ def serves(
 
     if unavailable("nvrtc") is not None:
         return False
-    if name in ("segmented_var", "segmented_std") and in_name == "float64" and result != "float64":
+    if name in VARIANCE and in_name == "float64" and result != "float64":
         # (the composition computes in the narrower dtype, the kernel would read float64 values)
         return False
     if not _enough_workers(x, axis, segments, adapter.device_of(x)):
@@ -104,11 +106,20 @@ def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int) ->
             m = len(offsets) - 1 if offsets is not None else len(lengths)
     except TypeError:  # (not a length or an array: the composition raises its error)
         return True
-    warp = features <= 32 and features & (features - 1) == 0
-    workers = batch * m * (1 if warp else features)
+    workers = _workers(batch, m, features)[2]
     if not workers:
         return True  # (nothing to read: the kernel is not even launched)
     return workers >= MIN_WORKERS_PER_SM * _multiprocessors(device) and n <= MAX_MEAN_ROWS * m
+
+
+def _workers(batch: int, m: int, features: int) -> tuple[int, int, int]:
+    """The kernel's worker layout: lanes per worker (G), features per step of a worker (DW) and
+    the count of workers.  A warp per (row of the batch, segment) where the features are a power
+    of two up to 32 (its lanes cover 32 / D rows of D features: every load is 32 consecutive
+    elements), else a thread per (row of the batch, segment, feature)."""
+    if features <= 32 and features & (features - 1) == 0:
+        return 32, features, batch * m
+    return 1, 1, batch * m * features
 
 
 def _launch(device: int, key: tuple[str, ...], wrapper: str) -> PackedLaunch:
@@ -165,18 +176,12 @@ def run(
     per_element = name not in PER_SEGMENT
     out_shape = shape if per_element else (*shape[:axis], m, *shape[axis + 1 :])
     out = adapter.allocator(result, device)(out_shape)
-    # A warp per (row of the batch, segment) where the features are a power of two up to 32 (its
-    # lanes cover 32 / D rows of D features: every load is 32 consecutive elements), else a thread
-    # per (row of the batch, segment, feature).
-    warp = features <= 32 and features & (features - 1) == 0
-    group, width = (32, features) if warp else (1, 1)
-    workers = batch * m * (1 if warp else features)
+    group, width, workers = _workers(batch, m, features)
     if workers and features:
         fixed = isinstance(seg, FixedSegments)
         index = "long long" if fixed else CTYPES[dtype_name(seg.offsets.dtype)]
         t = CTYPES[dtype_name(x.dtype)]
-        variance = name in ("segmented_var", "segmented_std")  # (always in float64)
-        a = CTYPES["float64" if variance else "float32" if compute in HALF else compute]
+        a = CTYPES["float64" if name in VARIANCE else "float32" if compute in HALF else compute]
         o = CTYPES[result]
         bounds = "FixedOffsets{L}" if fixed else f"ArrayOffsets<{index}>{{offsets}}"
         key = (t, a, o, str(MODES[name]), str(group), str(width), index, bounds)
