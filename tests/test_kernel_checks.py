@@ -29,13 +29,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_KINDS, reason="needs a
 
 
 @pytest.fixture
-def warp_checks(monkeypatch):
-    """Plans of one-column data made while this is active check offsets in ``warp_reduce`` (its
-    CHECKED variant: what the executor's ``checks_offsets`` turns on)."""
-    from linred.backends.nvrtc import executors
-
+def warp_checks():
+    """Fresh plans: those of one-column data check offsets in ``warp_reduce`` (its CHECKED
+    variant, which the executor claims: test_which_executors_check_offsets)."""
     linred.clear_plan_cache()
-    monkeypatch.setattr(executors._WarpExecutor, "checks_offsets", True)
     yield
     linred.clear_plan_cache()
 

@@ -26,13 +26,6 @@ import linred
 def main() -> int:
     import cupy
 
-    from linred.backends.nvrtc import executors
-
-    # One-column plans check offsets in warp_reduce (its CHECKED variant) only where the executor
-    # claims it; this script exercises that variant whatever the default.
-    executors._WarpExecutor.checks_offsets = True
-    linred.clear_plan_cache()
-
     kinds = {"cupy": (cupy.asarray, cupy.asnumpy)}
     try:
         import torch
