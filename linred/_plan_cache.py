@@ -19,7 +19,7 @@ import linred.backends as _backends
 from linred._frontend import check_reduction, request
 from linred.arrays import adapter_for, adapters
 from linred.plan import SegmentedReduction
-from linred.segments import VariableSegments, parse_lengths, parse_offsets, verify
+from linred.segments import VariableSegments, explain, parse_lengths, parse_offsets, verify
 
 __all__ = ["call", "clear_plan_cache", "plan_cache_info", "set_plan_cache_size"]
 
@@ -127,16 +127,25 @@ def call(
             if fixed:
                 return plan._run(x, out, handle, plan._segments)
             if (
-                check is False
-                and plan._offsets_as_given
+                plan._offsets_as_given
                 and type(offsets) is plan._type
                 and offsets.dtype == plan._offsets_dtype
                 and plan._device_of(offsets) == plan._device
                 and plan._contiguous(offsets)
             ):
-                # Unchecked, contiguous offsets of the first call's array type, shape (the key),
-                # dtype and device: used as they are, as parse_offsets would return them.
-                return plan._run(x, out, handle, VariableSegments(offsets, plan._count))
+                # Contiguous offsets of the first call's array type, shape (the key), dtype and
+                # device: used as they are, as parse_offsets would return them.
+                if check is False:
+                    return plan._run(x, out, handle, VariableSegments(offsets, plan._count))
+                if plan._armed and stream is None and not plan._capturing(offsets):
+                    # Checked by the kernel that reads them (as parse_offsets arranges it when
+                    # deferred): this thread's word armed, one wait for the stream after the call.
+                    segments = VariableSegments(offsets, plan._count, word=plan._arm(offsets))
+                    result = plan._run(x, out, handle, segments)
+                    if not plan._check_passed(handle, plan._device):
+                        req = plan._request
+                        explain(segments, req.adapter, None, n=req.problem.n, axis=req.axis, device=plan._device)
+                    return result
             segments = _segments(plan, offsets, lengths, check, stream, handle)
             if segments.offsets.dtype == plan._offsets_dtype:
                 if not segments.word:
@@ -173,6 +182,9 @@ def call(
     segments = req.segments
     # (offsets that parse_offsets returned as they came: a later unchecked call may skip it)
     plan._offsets_as_given = lengths is None and segments.__class__ is VariableSegments and segments.offsets is offsets
+    # (offsets on a device that the plan's kernel checks as it reads them: a later checked call
+    # with offsets of this layout arms the check word itself, as parse_offsets would)
+    plan._armed = plan._offsets_as_given and plan._checks_offsets and plan._device is not None and segments.count > 0
     if key is not None and _cache.maxsize:
         _cache.put(key, plan)
     return plan._run(x, out, handle, req.segments)

@@ -170,6 +170,11 @@ class SegmentedReduction:
         plan._contiguous = req.adapter.is_c_contiguous
         #: whether a call's offsets are checked by the executor as it reads them
         plan._checks_offsets = getattr(plan._executor, "checks_offsets", False)
+        # What a checked call of such offsets asks of the adapter (see linred._plan_cache.call).
+        plan._armed = False  # (set by the plan cache)
+        plan._capturing = req.adapter.capturing
+        plan._arm = req.adapter.check_word
+        plan._check_passed = req.adapter.check_passed
         return plan
 
     def _setup(self, req: Request, x: Any) -> None:

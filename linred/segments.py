@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from linred.arrays import ArrayAdapter
 
@@ -202,8 +202,14 @@ def verify(
     ``lengths`` is the call's ``lengths=`` as given (None for ``offsets=``): the message
     then names the lengths.
     """
-    if adapter.check_passed(stream, device):
-        return
+    if not adapter.check_passed(stream, device):
+        explain(segments, adapter, lengths, n=n, axis=axis, device=device)
+
+
+def explain(segments: VariableSegments, adapter: ArrayAdapter, lengths: Any, *, n: int, axis: int,
+            device: int | None) -> NoReturn:  # fmt: skip
+    """The ValueError of the rule that ``segments``' offsets break, which the kernel that read
+    them reported (arguments as in :func:`verify`)."""
     if lengths is None:
         _explain_offsets(adapter, segments.offsets, n, axis)
     else:

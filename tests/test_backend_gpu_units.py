@@ -889,16 +889,25 @@ def fake_launches(monkeypatch):
     )
 
     class FakePackedLaunch:
-        """Records each launch as (stream, (grid, block), kernel, arguments); the argument count
-        must be the one the launch was made for."""
+        """Records each launch as (stream, (grid, block), kernel, arguments): the slots as a launch
+        finds them, bound once or written by the call (as PackedLaunch's)."""
 
         def __init__(self, kernel: str, count: int, name: str, device: int) -> None:
             assert kernel == name and device == 0
             self.kernel, self.count = kernel, count
+            self.slots = [0] * count
+
+        def bind(self, first: int, *values: int) -> None:
+            assert first + len(values) <= self.count, (self.kernel, first, len(values), self.count)
+            self.slots[first : first + len(values)] = values
 
         def __call__(self, stream: int, grid: int, block: int, shared: int, *args: int) -> None:
-            assert len(args) == self.count, (self.kernel, len(args), self.count)
-            calls["launch"].append((f"stream {stream}", (grid, block), self.kernel, args))
+            assert len(args) <= self.count, (self.kernel, len(args), self.count)
+            self.slots[: len(args)] = args
+            self.launch(stream, grid, block, shared)
+
+        def launch(self, stream: int, grid: int, block: int, shared: int) -> None:
+            calls["launch"].append((f"stream {stream}", (grid, block), self.kernel, tuple(self.slots)))
 
     def get_kernels(device: int, wrapper: str, names: tuple[str, ...]) -> tuple[str, ...]:
         calls["kernels"].append(names)
@@ -1228,6 +1237,17 @@ def test_packed_launch_hands_the_driver_its_values_in_order(monkeypatch):
         ("function of 42", 100, 1, 1, 256, 1, 1, 1024, 7, [1 << 40, -5, 3], 0),
         ("function of 42", 1, 1, 1, 32, 1, 1, 0, 0, [9, 8, 7], 0),
     ]
+    # Arguments bound once stay in their slots; a launch passes the slots as they are.
+    packed.bind(1, 11, 12)
+    packed(3, 2, 64, 0, 5)
+    packed.slots[0] = 6
+    packed.launch(4, 2, 64, 0)
+    assert seen[2:] == [
+        ("function of 42", 2, 1, 1, 64, 1, 1, 0, 3, [5, 11, 12], 0),
+        ("function of 42", 2, 1, 1, 64, 1, 1, 0, 4, [6, 11, 12], 0),
+    ]
+    with pytest.raises(IndexError, match="linred_test takes 3 arguments"):
+        packed.bind(2, 1, 2)
     driver.fail = True
     with pytest.raises(RuntimeError, match="launching linred_test failed"):
         packed(0, 1, 32, 0, 1, 2, 3)

@@ -455,8 +455,8 @@ class NumpyOps:
         return object()
 
     @staticmethod
-    def record(event, stream):
-        pass
+    def record_unless_capturing(event, stream):
+        return True
 
     @staticmethod
     def wait(stream, event):
@@ -649,7 +649,7 @@ class TorchCpuOps:
         ops.on = lambda stream: contextlib.nullcontext()
         ops.synchronize = lambda stream: None
         ops.event = lambda: None
-        ops.record = lambda event, stream: None
+        ops.record_unless_capturing = lambda event, stream: True
         ops.wait = lambda stream, event: None
         ops.capturing = lambda stream: False
         return ops

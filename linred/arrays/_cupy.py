@@ -9,6 +9,7 @@ import cupy
 import numpy
 
 from linred._dtypes import dtype_name
+from linred.arrays import _device_checks
 from linred.arrays._base import ArrayAdapter, ArrayInfo, adapters, byte_range, ranges_overlap
 from linred.arrays._numpy import _int_array, _lengths_summary, _lengths_to_offsets, _offsets_summary
 from linred.arrays._streams import ProtocolStream, stream_handle
@@ -159,22 +160,16 @@ class CupyAdapter(ArrayAdapter):
         return stream_handle(stream, device)
 
     def offsets_ok(self, offsets: cupy.ndarray, n: int) -> bool | None:
-        from linred.arrays._device_checks import offsets_ok
-
         device = offsets.device.id
         stream = cupy.cuda.get_current_stream(device).ptr
         wide = offsets.dtype == cupy.int64
-        return offsets_ok(offsets.data.ptr, wide, offsets.shape[0] - 1, n, device, stream, _pinned_int32)
+        return _device_checks.offsets_ok(offsets.data.ptr, wide, offsets.shape[0] - 1, n, device, stream, _pinned_int32)
 
     def check_word(self, offsets: cupy.ndarray) -> int:
-        from linred.arrays._device_checks import arm
-
-        return arm(_pinned_int32)
+        return _device_checks.arm(_pinned_int32)
 
     def check_passed(self, stream: Any, device: int | None) -> bool:
-        from linred.arrays._device_checks import passed
-
-        return passed(stream, device)
+        return _device_checks.passed(stream, device)
 
     def offsets_summary(self, offsets: cupy.ndarray) -> tuple[int, int, int, int, int]:
         with offsets.device:

@@ -11,6 +11,7 @@ import torch
 
 from linred._dtypes import dtype_name
 from linred._dynamo import register_torch
+from linred.arrays import _device_checks
 from linred.arrays._base import ArrayAdapter, ArrayInfo, adapters, byte_range, ranges_overlap
 from linred.arrays._streams import stream_handle
 
@@ -200,24 +201,18 @@ class TorchAdapter(ArrayAdapter):
     def offsets_ok(self, offsets: torch.Tensor, n: int) -> bool | None:
         if offsets.device.type != "cuda":
             return None
-        from linred.arrays._device_checks import offsets_ok
-
         device = offsets.device.index
         stream = _raw_stream(device) if _raw_stream is not None else torch.cuda.current_stream(device).cuda_stream
-        wide = offsets.dtype == torch.int64
-        return offsets_ok(offsets.data_ptr(), wide, offsets.shape[0] - 1, n, device, stream, _pinned_int32)
+        wide, m = offsets.dtype == torch.int64, offsets.shape[0] - 1
+        return _device_checks.offsets_ok(offsets.data_ptr(), wide, m, n, device, stream, _pinned_int32)
 
     def check_word(self, offsets: torch.Tensor) -> int:
         if offsets.device.type != "cuda":
             return 0
-        from linred.arrays._device_checks import arm
-
-        return arm(_pinned_int32)
+        return _device_checks.arm(_pinned_int32)
 
     def check_passed(self, stream: Any, device: int | None) -> bool:
-        from linred.arrays._device_checks import passed
-
-        return passed(stream, device)
+        return _device_checks.passed(stream, device)
 
     def offsets_summary(self, offsets: torch.Tensor) -> tuple[int, int, int, int, int]:
         if offsets.device.type == "cpu":

@@ -34,8 +34,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from linred.arrays._context import current_device, on_device
 from linred.arrays._context import driver as cuda_driver
-from linred.arrays._context import on_device
 
 try:
     import cupy
@@ -155,12 +155,17 @@ class _DriverOrdering:
         with on_device(self.device):  # (handle 0 is the current context's null stream)
             return capturing(stream)
 
+    def record_unless_capturing(self, event: Any, stream: int) -> bool:
+        """Record ``event`` on ``stream`` unless the stream is being captured into a CUDA graph;
+        whether it was recorded.  (What :meth:`StreamOrder.end` does on every call: two driver
+        calls, without the nested blocks of :meth:`capturing` and the event's own methods.)"""
+        if current_device() == self.device:  # (handle 0 is the current context's null stream)
+            return _record_unless_capturing(event.handle, stream)
+        with on_device(self.device):
+            return _record_unless_capturing(event.handle, stream)
+
     def event(self) -> Any:
         return DriverEvent(self.device)
-
-    @staticmethod
-    def record(event: Any, stream: int) -> None:
-        event.record(stream)
 
     @staticmethod
     def wait(stream: int, event: Any) -> None:
@@ -319,6 +324,34 @@ def capturing(stream: int) -> bool:
     return status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
+#: (the driver, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, CU_STREAM_CAPTURE_STATUS_NONE), looked up once
+_capture_names: tuple[Any, Any, Any] | None = None
+
+
+def _record_unless_capturing(event: Any, stream: int) -> bool:
+    """:meth:`_DriverOrdering.record_unless_capturing` in the current context (``event`` a handle)."""
+    global _capture_names
+    if _capture_names is None:
+        driver = cuda_driver()
+        _capture_names = (
+            driver,
+            driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+            driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE,
+        )
+    driver, implicit, none = _capture_names
+    err, status = driver.cuStreamIsCapturing(stream)
+    if err:  # (CUDA_SUCCESS is 0)
+        if err == implicit:
+            return False  # the legacy default stream, while another stream captures in global mode
+        raise RuntimeError(f"cannot tell whether stream {stream:#x} is being captured: {err}")
+    if status != none:
+        return False
+    (err,) = driver.cuEventRecord(event, stream)
+    if err:
+        raise RuntimeError(f"cannot record an event: {err}")
+    return True
+
+
 class StreamOrder:
     """Orders a call on a new stream after the previous call of the same executor.
 
@@ -348,16 +381,12 @@ class StreamOrder:
             self._ops.wait(stream, self._event)
 
     def end(self, stream: int) -> None:
-        if self._ops.capturing(stream):
-            # An event recorded in a capture cannot order later eager calls: none is kept.
-            # (A graph's replays share the plan's workspace with eager calls of the same plan:
-            # they must not run at the same time, as with any captured workspace.)
-            self._last = None
-            return
         if self._event is None:
             self._event = self._ops.event()
-        self._ops.record(self._event, stream)
-        self._last = stream
+        # An event recorded in a capture cannot order later eager calls: none is kept.  (A
+        # graph's replays share the plan's workspace with eager calls of the same plan: they
+        # must not run at the same time, as with any captured workspace.)
+        self._last = stream if self._ops.record_unless_capturing(self._event, stream) else None
 
     def wait_idle(self) -> None:
         """Block until the last call's work is done: its buffers may then be released to any stream."""
@@ -366,8 +395,9 @@ class StreamOrder:
 
 
 class DriverEvent:
-    """A CUDA event without timing on ``device``, recorded and waited on through the driver
-    (one call each, where the array libraries' event and stream objects cost microseconds)."""
+    """A CUDA event without timing on ``device``, recorded
+    (:meth:`_DriverOrdering.record_unless_capturing`) and waited on through the driver (one call
+    each, where the array libraries' event and stream objects cost microseconds)."""
 
     __slots__ = ("_device", "_driver", "handle")
 
@@ -379,10 +409,6 @@ class DriverEvent:
         with on_device(device):  # (an event belongs to the context current when it is made)
             flags = driver.CUevent_flags.CU_EVENT_DISABLE_TIMING
             self.handle = _checked(driver.cuEventCreate(flags), "create an event")
-
-    def record(self, stream: int) -> None:
-        with on_device(self._device):  # (handle 0 is the current context's null stream)
-            _checked(self._driver.cuEventRecord(self.handle, stream), "record an event")
 
     def wait_on(self, stream: int) -> None:
         """Make ``stream`` wait for the work before the last record (no host synchronization)."""

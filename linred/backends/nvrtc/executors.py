@@ -143,10 +143,14 @@ class _OneLaunch:
         ``shared`` bytes of dynamic shared memory."""
         (kernel,) = get_kernels(self._launch.device, wrapper, (name,))
         launch = PackedLaunch(kernel, 2 + len(args), name, self._launch.device)
+        launch.bind(2, *args)
         grid, block = max(1, min(grid, INT32_MAX)), self._threads()
+        slots, run = launch.slots, launch.launch
 
         def go(stream: int, xp: int, op: int) -> None:
-            launch(stream, grid, block, shared, xp, op, *args)
+            slots[0] = xp
+            slots[1] = op
+            run(stream, grid, block, shared)
 
         self._go = go
         return go
@@ -277,47 +281,69 @@ class _Runs:
         """Whether every row of the data at ``xp`` is contiguous and made of whole 16-byte vectors."""
         return rows_aligned(self._problem, xp)
 
-    def _compile_kernels(self, wrapper: str, names: tuple[str, ...], shared: int) -> tuple[tuple[Any, Any, Any], int]:
+    def _compile_kernels(
+        self, wrapper: str, names: tuple[str, ...], shared: int, walks: int = 0
+    ) -> tuple[tuple[Any, Any, Any], int]:
         """The kernels ``names`` of ``wrapper`` as :class:`PackedLaunch` (reduction, fix-up, then the
-        bounds kernel where there is one; None in its place otherwise) and the bytes of dynamic
-        shared memory the reduction is launched with."""
-        kernels = tuple(get_kernels(self._launch.device, wrapper, names))
-        self._launch.allow_shared_memory(kernels[0], shared)
-        # (x, out, the 11 tiling arguments, 4 partials), (out, 11, 4), (11)
+        bounds kernel where there is one; None in its place otherwise), with what no call changes
+        bound (the tiling, the partials' pointers and ``walks``, the pointer warp_reduce's checked
+        variant records its walks at), and the bytes of dynamic shared memory the reduction is
+        launched with.  A call writes the rest (:meth:`_run`)."""
+        problem, launch = self._problem, self._launch
+        kernels = tuple(get_kernels(launch.device, wrapper, names))
+        launch.allow_shared_memory(kernels[0], shared)
+        # (x, out, offsets, the 10 tiling arguments, 4 partials), (out, offsets, 10, 4), (offsets, 10)
         # (linred_warp and linred_fixup: and the walks and the check word)
         counts = {"linred_tile": 17, "linred_warp": 19, "linred_fixup": 18, "linred_bounds": 11}
-        device = self._launch.device
-        launches = tuple(PackedLaunch(k, counts[name], name, device) for k, name in zip(kernels, names, strict=True))
-        return launches + (None,) * (3 - len(launches)), shared
-
-    def _run(
-        self, xp: int, out: Any, segments: Segments, stream: Any, kernels: tuple, shared: int, extra: tuple = ()
-    ) -> None:
-        """Launch the bounds (for offsets), the reduction ``kernels[0]`` and the fix-up
-        ``kernels[1]``; both take the group heads' pointer (0 without them; tile_reduce ignores
-        it), then ``extra`` (warp_reduce: the walks and the check word; the fix-up takes them
-        too, 0 and 0 after tile_reduce)."""
-        problem, launch = self._problem, self._launch
-        kernel, fixup, bounds_kernel = kernels
+        launches = tuple(
+            PackedLaunch(k, counts[name], name, launch.device) for k, name in zip(kernels, names, strict=True)
+        )
         _, n, _ = problem.in_shape
         s0, s1, _ = problem.strides
-        threads = self._tuning.threads
-        offsets = launch.ptr(segments.offsets) if isinstance(segments, VariableSegments) else 0
         bounds = 0 if self._bounds is None else launch.ptr(self._bounds)
-        common = (offsets, problem.segment_length or 0, n, problem.num_segments, s0, s1, self._tiles_per_row,
+        tiling = (problem.segment_length or 0, n, problem.num_segments, s0, s1, self._tiles_per_row,
                   self._runs_per_row, self._runs, self._k, bounds)  # fmt: skip
         group = 0 if self._group_head is None else launch.ptr(self._group_head)
         partials = (launch.ptr(self._head), launch.ptr(self._tail), launch.ptr(self._tail_seg), group)
+        reduction, fixup = launches[:2]
+        # Both take the group heads' pointer (0 without them; tile_reduce ignores it).
+        reduction.bind(3, *tiling, *partials, *((walks,) if reduction.count == _WARP_ARGS else ()))
+        fixup.bind(2, *tiling, *partials, walks)
+        if len(launches) > 2:
+            launches[2].bind(1, *tiling)
+        return launches + (None,) * (3 - len(launches)), shared
+
+    def _run(
+        self, xp: int, out: Any, segments: Segments, stream: Any, kernels: tuple, shared: int, word: int = 0
+    ) -> None:
+        """Launch the bounds (for offsets), the reduction ``kernels[0]`` and the fix-up
+        ``kernels[1]``; ``word`` is the check word (warp_reduce's checked variant, and the fix-up
+        after it; 0 otherwise)."""
+        launch = self._launch
+        kernel, fixup, bounds_kernel = kernels
+        threads = self._tuning.threads
+        offsets = launch.ptr(segments.offsets) if segments.__class__ is VariableSegments else 0
         out_ptr = launch.ptr(out)
         # Once for the launches and events inside; nothing inside may switch devices (nested
         # blocks trust this one: compiling and allocating happen before it).
         with on_device(launch.device):
             self._order.begin(stream)
             if self._bounds is not None:
-                bounds_kernel(stream, self._bounds_grid, threads, 0, *common)
-            kernel(stream, self._grid, threads, shared, xp, out_ptr, *common, *partials, *extra)
+                bounds_kernel.slots[0] = offsets
+                bounds_kernel.launch(stream, self._bounds_grid, threads, 0)
+            slots = kernel.slots
+            slots[0] = xp
+            slots[1] = out_ptr
+            slots[2] = offsets
+            if kernel.count == _WARP_ARGS:
+                slots[_WARP_ARGS - 1] = word
+            kernel.launch(stream, self._grid, threads, shared)
             if self._needs_fixup:
-                fixup(stream, self._fixup_grid, threads, 0, out_ptr, *common, *partials, *(extra or (0, 0)))
+                slots = fixup.slots
+                slots[0] = out_ptr
+                slots[1] = offsets
+                slots[fixup.count - 1] = word
+                fixup.launch(stream, self._fixup_grid, threads, 0)
             self._order.end(stream)
 
     def free(self) -> None:
@@ -404,14 +430,15 @@ class _WarpExecutor(_Runs):
         checked = word != 0
         compiled = self._compiled.get(checked)
         if compiled is None:
+            if checked and self._walks is None:
+                self._walks = self._launch.empty(2 * self._runs, "int64")
             compiled = self._compiled[checked] = self._compile_kernels(
                 warp_wrapper(problem, index_ctype(problem), tuning, self._k, checked),
                 ("linred_warp", "linred_fixup"),
                 warp_shared_bytes(problem, tuning),
+                self._launch.ptr(self._walks) if checked else 0,
             )
-        if checked and self._walks is None:
-            self._walks = self._launch.empty(2 * self._runs, "int64")
-        self._run(xp, out, segments, stream, *compiled, (self._launch.ptr(self._walks) if checked else 0, word))
+        self._run(xp, out, segments, stream, *compiled, word)
 
     def _checked_first(self, segments: VariableSegments, stream: Any) -> bool:
         """Whether ``segments``' offsets keep every rule, checked into their word by the
@@ -465,15 +492,18 @@ class _FeaturesExecutor:
         compiled = self._kernels.get(width)
         if compiled is None:
             compiled = self._kernels[width] = self._compile(width)
-        kernel, grid, block, shared, tail = compiled
+        kernel, grid, block, shared = compiled
+        slots = kernel.slots  # (the arguments after the check word are bound once)
+        slots[0] = xp
+        slots[1] = op
         if segments.__class__ is VariableSegments:
-            kernel(stream, grid, block, shared, xp, op, launch.ptr(segments.offsets), segments.word, *tail)
-        else:
-            kernel(stream, grid, block, shared, xp, op, 0, 0, *tail)
+            slots[2] = launch.ptr(segments.offsets)
+            slots[3] = segments.word
+        kernel.launch(stream, grid, block, shared)
 
-    def _compile(self, width: int) -> tuple[Any, int, int, int, tuple]:
-        """The kernel for ``width`` features per thread (a :class:`PackedLaunch`), its grid, block
-        and shared memory, and its arguments after the pointers and the check word."""
+    def _compile(self, width: int) -> tuple[Any, int, int, int]:
+        """The kernel for ``width`` features per thread (a :class:`PackedLaunch` with its arguments
+        after the pointers and the check word bound), its grid, block and shared memory."""
         problem, launch, tuning = self._problem, self._launch, self._tuning
         b, _, d = problem.in_shape
         groups = d // width
@@ -489,7 +519,8 @@ class _FeaturesExecutor:
             blocks = max(1, min(-(-total // tuning.threads), 64 * launch.sms))
             tail = (*self._fixed, groups, total)
             packed = PackedLaunch(kernel, 4 + len(tail), "linred_features", launch.device)
-            return packed, blocks, tuning.threads, 0, tail
+            packed.bind(4, *tail)  # (fixed segments: no offsets, no word)
+            return packed, blocks, tuning.threads, 0
         wrapper = features_wrapper(problem, index_ctype(problem), tuning, width, split=True)
         (kernel,) = get_kernels(launch.device, wrapper, ("linred_features_split",))
         per_block = tuning.threads // (lanes * groups)  # (row of the batch, segment) pairs per block
@@ -500,7 +531,8 @@ class _FeaturesExecutor:
         blocks = max(1, min(-(-total // per_block), 64 * launch.sms))
         tail = (*self._fixed, groups, total, lanes)
         packed = PackedLaunch(kernel, 4 + len(tail), "linred_features_split", launch.device)
-        return packed, blocks, threads, shared, tail
+        packed.bind(4, *tail)
+        return packed, blocks, threads, shared
 
     def free(self) -> None:
         self._kernels.clear()
@@ -510,6 +542,9 @@ class _FeaturesExecutor:
 #: opting in (the default 256 threads need at most 32 KiB)
 SPLIT_SHARED_LIMIT = 48 * 1024
 
+
+#: linred_warp's argument count; its last is the check word
+_WARP_ARGS = 19
 
 #: the executor of each route of :func:`linred.backends.nvrtc.route`
 EXECUTORS = {
