@@ -535,6 +535,34 @@ def test_gpu_kernel_variance_far_from_zero(kernel_calls, kind, name, dtype):
     assert kernel_calls == [f"segmented_{name}"]
 
 
+#: the kernel's unrolled loads per step of a segment (softmax.cuh: softmax_family's UNROLL)
+KERNEL_UNROLL = 4
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("features", [1, 8, 32, 3])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_gpu_kernel_step_boundaries(kernel_calls, kind, name, features, dtype):
+    """Segments whose lengths cross each of the kernel's steps: RS rows per step of a worker's
+    lanes (32 / D for a warp over D features, 1 for a thread per feature) and the UNROLL steps of
+    its unrolled loop, at k * T - 1, k * T and k * T + 1 rows."""
+    rs = 32 // features if features <= 32 and features & (features - 1) == 0 else 1
+    unroll = KERNEL_UNROLL * rs
+    lengths = [0, 1]
+    for t in (rs, 2 * rs, unroll, 2 * unroll, 5 * unroll + rs):
+        lengths += [t - 1, t, t + 1]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    n = int(offsets[-1])
+    rng = np.random.default_rng(features)
+    x = (rng.normal(size=(n, features)) * 3).astype(dtype)
+    got = fn(name)(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind))
+    expected = _fast_reference(name, x, offsets, 0)
+    tol = {"float64": 1e-12, "float32": 2e-5, "float16": 2e-3}[dtype]
+    check(got, expected, dtype, tol)
+    assert kernel_calls == [f"segmented_{name}"]
+
+
 def _fast_reference(name: str, x: np.ndarray, offsets: np.ndarray, axis: int) -> np.ndarray:
     """The reference of :func:`reference` for finite data, vectorized per segment (float64)."""
     xm = np.moveaxis(x.astype(np.float64), axis, 0)
