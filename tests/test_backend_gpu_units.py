@@ -1052,6 +1052,9 @@ def _programs() -> list[tuple[str, str, tuple[str, ...]]]:
         out.append((f"warp {dtype}", kernels.warp_wrapper(var, ic, T, 2), ("linred_warp", "linred_fixup")))
         checked = kernels.warp_wrapper(var, ic, T, 2, checked=True)
         out.append((f"warp checked {dtype}", checked, ("linred_warp", "linred_fixup")))
+        for ch in (False, True):
+            fused = kernels.warp_wrapper(var, ic, T, 2, checked=ch, fused=True)
+            out.append((f"warp fused checked={ch} {dtype}", fused, ("linred_warp", "linred_fixup")))
         feat = problem(reduction, dtype, shape=(1, 64, 8), length=8, **kw)
         out.append((f"features {dtype}", kernels.features_wrapper(feat, "long long", T, 1), ("linred_features",)))
     return out
@@ -1116,7 +1119,7 @@ def test_nvrtc_programs_check_their_shared_memory():
         Program(source(wrong), "c++", options).compile("cubin")
     smem = kernels.warp_shared_bytes(p, DEFAULT_OPTIONS)
     wrong = kernels.warp_wrapper(p, "long long", DEFAULT_OPTIONS, 2).replace(
-        f", {smem}, false)", f", {smem - 16}, false)"
+        f", {smem}, false,", f", {smem - 16}, false,"
     )
     with pytest.raises(Exception, match="WarpShared"):
         Program(source(wrong), "c++", options).compile("cubin")

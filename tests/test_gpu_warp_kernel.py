@@ -8,7 +8,8 @@ thousands of warps' runs (joined by the fix-up through the per-block group sums)
 segments spanning a few runs (joined by one thread of the fix-up, or by a warp past
 four), segments starting exactly where warps' runs start (each warp's search for its
 first segment), the ragged last tile of a row and the empty segments at its end, rows of
-a batch, and unaligned data, which goes to ``tile_reduce``.
+a batch, and unaligned data, which goes to ``tile_reduce``.  Each with the fix-up as a kernel
+of its own and as the reduction kernel's last block (``fixup``).
 """
 
 from __future__ import annotations
@@ -64,10 +65,22 @@ KINDS = [
 ]
 
 
+@pytest.fixture(params=["kernel", "last block"])
+def fixup(request, monkeypatch):
+    """Plans made while this is active join warp_reduce's runs in ``linred_fixup`` (a kernel of
+    its own) or in the reduction kernel's last block, whatever the number of runs."""
+    from linred.backends.nvrtc import executors
+
+    linred.clear_plan_cache()
+    monkeypatch.setattr(executors, "FUSED_FIXUP_PASSES", 0 if request.param == "kernel" else 1 << 40)
+    yield request.param
+    linred.clear_plan_cache()
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize(("dtype", "reduction"), KINDS, ids=[f"{d}-{r}" for d, r in KINDS])
 @pytest.mark.parametrize("index", ["int64", "int32"])
-def test_warp_kernel_layouts(layout, dtype, reduction, index, rng):
+def test_warp_kernel_layouts(layout, dtype, reduction, index, rng, fixup):
     off = _offsets(layout, rng)
     x_np = make_data(dtype, int(off[-1]), rng)
     x = cupy.asarray(x_np)
@@ -79,7 +92,7 @@ def test_warp_kernel_layouts(layout, dtype, reduction, index, rng):
 
 
 @pytest.mark.parametrize("layout", ["batch", "offset by one", "fixed length 1000"])
-def test_warp_kernel_batch_misaligned_fixed(layout, rng):
+def test_warp_kernel_batch_misaligned_fixed(layout, rng, fixup):
     off = _offsets("one segment over many runs", rng)
     n = int(off[-1])
     if layout == "batch":  # rows of a batch: each row's runs, and a segment spanning them
@@ -98,10 +111,42 @@ def test_warp_kernel_batch_misaligned_fixed(layout, rng):
         assert_reduction(got, "sum", x_np, segments=bounds, axis=axis, like=x)
 
 
-def test_warp_kernel_is_deterministic(rng):
+def test_warp_kernel_is_deterministic(rng, fixup):
     """Partials are joined in a fixed order: the same call gives the same bits."""
     off = cupy.asarray(_offsets("one segment over many runs", rng))
     x = cupy.asarray(make_data("float32", int(off[-1]), rng))
     first = linred.segmented_sum(x, offsets=off, backend="nvrtc")
     for _ in range(3):
         assert cupy.array_equal(linred.segmented_sum(x, offsets=off, backend="nvrtc"), first)
+
+
+@pytest.mark.parametrize("runs_off", [-1, 0, 1])
+@pytest.mark.parametrize("elements_off", [-1, 0, 1])
+@pytest.mark.parametrize(("dtype", "reduction"), [("float32", "sum"), ("float32", "mean"), ("float64", "max")])
+def test_warp_kernel_fixup_in_last_block_or_kernel(runs_off, elements_off, dtype, reduction, rng, monkeypatch):
+    """Where the route changes (the runs one block goes through in FUSED_FIXUP_PASSES passes,
+    and one run fewer or more, each with one element fewer or more than whole tiles): both
+    fix-ups give the same bits, and the float64 result."""
+    from linred.backends.nvrtc import DEFAULT_OPTIONS, executors
+
+    # A warp tile: 32 lanes of 16 elements (8 with a float64 accumulator); at these sizes every
+    # run is one tile (runs of several tiles are made only where there are many more).
+    wt = 32 * (8 if dtype == "float64" else 16)
+    runs = executors.FUSED_FIXUP_PASSES * DEFAULT_OPTIONS.threads + runs_off
+    n = runs * wt + elements_off
+    x_np = make_data(dtype, n, rng)
+    lengths = rng.integers(0, 3 * wt, n // wt + 2)
+    off = np.minimum(np.concatenate([[0], np.cumsum(lengths)]), n)
+    off[-1] = n
+    x, offsets = cupy.asarray(x_np), cupy.asarray(off)
+    fn = getattr(linred, f"segmented_{reduction}")
+    results = []
+    for passes in (0, 1 << 40):
+        linred.clear_plan_cache()
+        monkeypatch.setattr(executors, "FUSED_FIXUP_PASSES", passes)
+        for check in (True, False, True):  # a checked plan's second call: the checked variant
+            got = fn(x, offsets=offsets, backend="nvrtc", check=check)
+            assert_reduction(got, reduction, x_np, segments=segment_bounds(n, offsets=off), like=x)
+        results.append(got)
+    linred.clear_plan_cache()
+    assert cupy.array_equal(results[0], results[1], equal_nan=True)

@@ -28,11 +28,16 @@ from linred.arrays import _device_checks
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_KINDS, reason="needs a GPU (CuPy)")]
 
 
-@pytest.fixture
-def warp_checks():
+@pytest.fixture(params=["fix-up kernel", "fix-up in last block"])
+def warp_checks(request, monkeypatch):
     """Fresh plans: those of one-column data check offsets in ``warp_reduce`` (its CHECKED
-    variant, which the executor claims: test_which_executors_check_offsets)."""
+    variant, which the executor claims: test_which_executors_check_offsets), the runs' walks
+    joined by ``linred_fixup`` or by the reduction kernel's last block, whatever the number of
+    runs."""
+    from linred.backends.nvrtc import executors
+
     linred.clear_plan_cache()
+    monkeypatch.setattr(executors, "FUSED_FIXUP_PASSES", 0 if request.param == "fix-up kernel" else 1 << 40)
     yield
     linred.clear_plan_cache()
 

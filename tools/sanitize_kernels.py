@@ -223,7 +223,7 @@ def measure(case: Case, quantity: str, tile: int | None = None) -> int:
 
     m: segments per row; L: the fixed length, or the one length of uniform offsets; n: the
     length of the segment axis; lv: L in 16-byte vectors; starts: segment starts in the
-    first ``tile`` elements.
+    first ``tile`` elements; runs: tiles of ``tile`` elements per row (runs of one tile each).
     """
     if quantity == "m":
         return case.m
@@ -238,6 +238,8 @@ def measure(case: Case, quantity: str, tile: int | None = None) -> int:
     if quantity == "starts":
         offsets = case.offsets[:-1][case.lengths > 0]
         return int((offsets < tile).sum())
+    if quantity == "runs":
+        return -(-case.n // tile)
     raise ValueError(quantity)
 
 
@@ -518,6 +520,17 @@ def _warp_sets(sets: list[ShapeSet], c: Constants) -> None:
         f"warp run = k*warp tile = {k}*{wt16} (k as nvrtc._Runs picks it with sms=1, m={m})",
         lambda name, L: Case(name, "max", "float16", "torch", (m * L,), 0, lengths=np.full(m, L), sms=1),
     )  # fmt: skip
+    # where the runs' join moves from the reduction kernel's last block to linred_fixup
+    joined = c.nv.FUSED_FIXUP_PASSES * c.t.threads
+    s = ShapeSet("warp/float32-sum-runs-joined", "linred_warp", "runs", joined, 1,
+                 f"runs the last block joins = FUSED_FIXUP_PASSES*threads = {joined} of one warp tile of {wt} "
+                 "(more: linred_fixup)", tile=wt)  # fmt: skip
+    for r in s.values:
+        name = f"{s.name}/runs={r}"
+        case = Case(name, "sum", "float32", "cupy", (r * wt,), 0, lengths=_lengths_to(r * wt, 0, 3 * wt, _rng(name)))
+        case.value = r
+        s.cases.append(case)
+    sets.append(s)
     rng = _rng("warp/one-segment-over-many-runs")
     spans = np.concatenate([rng.integers(0, 20, 200), [60_000], rng.integers(0, 20, 200), [0, 0, 0]])
     few = _rng("warp/few-runs").integers(1, 6 * wt, 40)
@@ -532,6 +545,10 @@ def _warp_sets(sets: list[ShapeSet], c: Constants) -> None:
         Case("warp/int32-mean-offsets32", "mean", "int32", "torch", (3000,), 0, index_dtype="int32",
              lengths=_lengths_to(3000, 0, 40, _rng("warp/int32-mean"), 0.1)),
         Case("warp/float32-sum-L1535", "sum", "float32", "cupy", (3 * 1535,), 0, L=1535),
+        # more runs than the last block joins: linred_fixup (also in --quick, which keeps only
+        # the k*T member of the runs-joined triple)
+        Case("warp/float32-sum-fixup-kernel", "sum", "float32", "cupy", (2 * joined * wt,), 0,
+             lengths=_lengths_to(2 * joined * wt, 0, 3 * wt, _rng("warp/fixup-kernel"))),
     ])  # fmt: skip
 
 
@@ -725,12 +742,30 @@ def _tile_entries(problem: Any, vecload: bool) -> list[str]:
     return entries
 
 
-def planned_entries(case: Case, problem: Any, misalignment: int) -> tuple[str, ...]:
-    """The entry points a call of ``problem`` with data at ``misalignment`` bytes past 16 launches.
+def _warp_fused(problem: Any, sms: int) -> bool:
+    """Whether nvrtc's _WarpExecutor joins its runs in the reduction kernel's last block (few runs,
+    planned with ``sms`` SMs) rather than with linred_fixup."""
+    kern, t = _nvrtc_kernels(), _nvrtc().BACKEND.options
+    b, n, _ = problem.in_shape
+    wt = 32 * kern.warp_items(problem)
+    k = _tiles_per_run(b, n, wt, t.max_tiles_per_warp, t.threads // 32, t.min_blocks_warp, sms)
+    tiles = -(-n // wt)
+    runs = b * -(-tiles // k)
+    return runs <= kern.FUSED_FIXUP_PASSES * t.threads
+
+
+#: the SM count the host-only plan list assumes for cases that do not set their own (an H100's)
+NOMINAL_SMS = 132
+
+
+def planned_entries(case: Case, problem: Any, misalignment: int, sms: int | None = None) -> tuple[str, ...]:
+    """The entry points a call of ``problem`` with data at ``misalignment`` bytes past 16 launches,
+    planned with ``sms`` SMs (default: the case's own, else :data:`NOMINAL_SMS`).
 
     nvrtc: linred.backends.nvrtc.route chooses the executor; then the executors' run-time choices
     (data that is not 16-byte aligned goes to tile_reduce).  cub: the entry points ``case`` declares.
     """
+    sms = sms or case.sms or NOMINAL_SMS
     if case.backend != "nvrtc":
         return tuple(case.declared)
     nv = _nvrtc()
@@ -750,7 +785,7 @@ def planned_entries(case: Case, problem: Any, misalignment: int) -> tuple[str, .
         return ("linred_fixed:" + _nvrtc_kernels().fixed_layout(problem, nv.BACKEND.options)[0],)
     if route == "warp":
         if _rows_aligned(problem, misalignment) and problem.num_segments < 2**31:
-            return ("linred_warp", "linred_fixup")
+            return ("linred_warp",) if _warp_fused(problem, sms) else ("linred_warp", "linred_fixup")
         return tuple(_tile_entries(problem, _rows_aligned(problem, misalignment)))
     return (f"unknown route {route!r}",)
 
@@ -1041,6 +1076,8 @@ class Libraries:
             raise Unavailable("CuPy sees no CUDA device")
         cupy.cuda.set_allocator(None)  # exact cudaMalloc per array: memcheck sees every overrun
         self.cupy = cupy
+        #: the device's SM count (what the nvrtc executors plan with, unless a case sets its own)
+        self.sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
         try:
             import torch
 
@@ -1088,7 +1125,7 @@ def _run_case(case: Case, libs: Libraries, recorder: Recorder) -> dict[str, Any]
     call = _prepare(case, x, offsets)
     problem = call.problem
     misalignment = libs.pointer(call.x3, case.kind) % 16
-    expected = planned_entries(case, problem, misalignment)
+    expected = planned_entries(case, problem, misalignment, case.sms or libs.sms)
     recorder.begin()
     with _sms(case.sms):
         if case.direct == "tile":

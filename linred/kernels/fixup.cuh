@@ -5,27 +5,37 @@
 //    sums that segment's partials in a fixed order (deterministic) and writes the
 //    result;
 //  - warp_range: a warp adds a range of partials, a fixed order;
+//  - load: a partial read plainly, or past the non-coherent caches (COHERENT);
 //  - with CHECKED (after warp_reduce's checked variant), the test that every run's walk of
 //    the offsets ends where the next run's begins (see warp.cuh);
+//  - last_block_fixup: tile_fixup done by the last block of the reduction kernel itself (one
+//    launch, for small grids);
 //  - its entry point: LINRED_FIXUP (linred_fixup).
 
 #pragma once
 
 #include "offsets.cuh"
 
+// A partial written by other blocks of the same launch (COHERENT: last_block_fixup) is read
+// past the non-coherent caches, as fixed_long reads its partials.
+template <bool COHERENT, class V> __device__ __forceinline__ V load(const V* p) {
+    if constexpr (COHERENT) return *(const volatile V*)p;
+    else return *p;
+}
+
 // Adds h[lo], ..., h[hi - 1] across the warp's lanes, four loads in flight per lane
 // (a fixed order: deterministic); every lane gets its own part.
-template <class A, class O, class OP>
+template <class A, class O, class OP, bool COHERENT = false>
 __device__ __forceinline__ A warp_range(const A* __restrict__ h, i64 lo, i64 hi, int lane) {
     A acc0 = OP::template identity<O, A>(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
     i64 k = lo + lane;
     for (; k + 96 < hi; k += 128) {
-        acc0 = OP::combine(acc0, h[k]);
-        acc1 = OP::combine(acc1, h[k + 32]);
-        acc2 = OP::combine(acc2, h[k + 64]);
-        acc3 = OP::combine(acc3, h[k + 96]);
+        acc0 = OP::combine(acc0, load<COHERENT>(h + k));
+        acc1 = OP::combine(acc1, load<COHERENT>(h + k + 32));
+        acc2 = OP::combine(acc2, load<COHERENT>(h + k + 64));
+        acc3 = OP::combine(acc3, load<COHERENT>(h + k + 96));
     }
-    for (; k < hi; k += 32) acc0 = OP::combine(acc0, h[k]);
+    for (; k < hi; k += 32) acc0 = OP::combine(acc0, load<COHERENT>(h + k));
     return OP::combine(OP::combine(acc0, acc1), OP::combine(acc2, acc3));
 }
 
@@ -36,21 +46,23 @@ __device__ __forceinline__ A warp_range(const A* __restrict__ h, i64 lo, i64 hi,
 // by the whole warp, one at a time.  With G > 1, group_head[g] holds the sum of
 // head[g * G .. g * G + G - 1], valid where those runs lie inside one segment,
 // which is where it is read: a segment spanning thousands of runs reads G times
-// fewer partials.
-template <class T, class A, class O, class OP, bool MEAN, int TILE, int G, bool CHECKED, class Off>
-__device__ __forceinline__ void tile_fixup(O* __restrict__ out, Off off, TileArgs a, const A* __restrict__ head,
-                                           const A* __restrict__ tail, const i64* __restrict__ tail_seg,
-                                           const A* __restrict__ group_head, const i64* __restrict__ walks,
-                                           int* __restrict__ bad) {
+// fewer partials.  Run b is the caller's (b's of a warp are consecutive, and every lane of
+// the warp calls); COHERENT: the partials were written by other blocks of this launch.
+template <class T, class A, class O, class OP, bool MEAN, int TILE, int G, bool CHECKED, bool COHERENT = false,
+          class Off>
+__device__ __forceinline__ void tile_fixup(i64 b, O* __restrict__ out, Off off, TileArgs a,
+                                           const A* __restrict__ head, const A* __restrict__ tail,
+                                           const i64* __restrict__ tail_seg, const A* __restrict__ group_head,
+                                           const i64* __restrict__ walks, int* __restrict__ bad) {
     constexpr int SHORT = 4;
     const int lane = threadIdx.x & 31;
-    const i64 b = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     // Run b's walk of the offsets must end where run b + 1's begins (the row's last: checked
     // by its warp).
-    if (CHECKED && b + 1 < a.num_blocks && (b + 1) % a.blocks_per_row != 0 && walks[2 * b + 1] != walks[2 * b + 2])
+    if (CHECKED && b + 1 < a.num_blocks && (b + 1) % a.blocks_per_row != 0 &&
+        load<COHERENT>(walks + 2 * b + 1) != load<COHERENT>(walks + 2 * b + 2))
         *bad = 1;  // every writer writes the same value
     const A identity = OP::template identity<O, A>();
-    i64 s = b < a.num_blocks ? tail_seg[b] : -1;
+    i64 s = b < a.num_blocks ? load<COHERENT>(tail_seg + b) : -1;
     if (CHECKED && s >= a.m) s = -1;  // (checked runs carry segments below m; this bounds out[] anyway)
     i64 lo = 0, hi = 0, len = 0, at = 0;
     A acc = identity;
@@ -66,11 +78,11 @@ __device__ __forceinline__ void tile_fixup(O* __restrict__ out, Off off, TileArg
         if (CHECKED) hi = min(hi, b + 1 + (a.blocks_per_row - 1 - bj));
         len = end - begin;
         at = row * a.m + s;
-        acc = tail[b];
+        acc = load<COHERENT>(tail + b);
         if (hi - lo <= SHORT) {
 #pragma unroll
             for (int q = 0; q < SHORT; ++q)
-                if (lo + q < hi) acc = OP::combine(acc, head[lo + q]);
+                if (lo + q < hi) acc = OP::combine(acc, load<COHERENT>(head + lo + q));
             out[at] = finish<O, MEAN>(acc, len);
         }
     }
@@ -82,16 +94,37 @@ __device__ __forceinline__ void tile_fixup(O* __restrict__ out, Off off, TileArg
         const i64 g0 = (l + G - 1) / G, g1 = (h - 1) / G;
         A part;
         if (G > 1 && g1 > g0) {
-            part = OP::combine(warp_range<A, O, OP>(head, l, g0 * G, lane),
-                               warp_range<A, O, OP>(group_head, g0, g1, lane));
-            part = OP::combine(part, warp_range<A, O, OP>(head, g1 * G, h, lane));
+            part = OP::combine(warp_range<A, O, OP, COHERENT>(head, l, g0 * G, lane),
+                               warp_range<A, O, OP, COHERENT>(group_head, g0, g1, lane));
+            part = OP::combine(part, warp_range<A, O, OP, COHERENT>(head, g1 * G, h, lane));
         } else {
-            part = warp_range<A, O, OP>(head, l, h, lane);
+            part = warp_range<A, O, OP, COHERENT>(head, l, h, lane);
         }
 #pragma unroll
         for (int o = 16; o > 0; o /= 2) part = OP::combine(part, shfl_xor(part, o));
         if (lane == src) out[at] = finish<O, MEAN>(OP::combine(acc, part), len);
     }
+}
+
+// tile_fixup for every run, by the block of the reduction kernel that finishes last (a
+// ticket counts the blocks; the last sets it back to zero for the next launch): the fix-up
+// without a launch of its own, for grids whose runs a block goes through in a few passes.
+// Every thread of every block calls it after the reduction (its partials written).
+template <class T, class A, class O, class OP, bool MEAN, int THREADS, int TILE, int G, bool CHECKED, class Off>
+__device__ __forceinline__ void last_block_fixup(O* __restrict__ out, Off off, TileArgs a, const A* head,
+                                                 const A* tail, const i64* tail_seg, const A* group_head,
+                                                 const i64* walks, int* bad, unsigned* __restrict__ ticket) {
+    __shared__ bool last;
+    __threadfence();  // this thread's partials are visible before the ticket counts its block
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;  // (uniform across the block)
+    __threadfence();
+    for (i64 base = 0; base < a.num_blocks; base += THREADS)
+        tile_fixup<T, A, O, OP, MEAN, TILE, G, CHECKED, true>(base + threadIdx.x, out, off, a, head, tail, tail_seg,
+                                                              group_head, walks, bad);
+    if (threadIdx.x == 0) *ticket = 0u;
 }
 
 // ---- entry points -----------------------------------------------------------------
@@ -102,5 +135,6 @@ __device__ __forceinline__ void tile_fixup(O* __restrict__ out, Off off, TileArg
         O* out, LINRED_TILE_PARAMS(I), const A* head, const A* tail, const long long* ts, const A* gh,         \
         const long long* walks, int* bad) {                                                                    \
         LINRED_TILE_ARGS                                                                                       \
-        tile_fixup<T, A, O, OP, MEAN, TILE, G, CHECKED>(out, OFFSETS, a, head, tail, ts, gh, walks, bad);      \
+        tile_fixup<T, A, O, OP, MEAN, TILE, G, CHECKED>((i64)blockIdx.x * blockDim.x + threadIdx.x, out, OFFSETS, a, \
+                                                        head, tail, ts, gh, walks, bad);                       \
     }

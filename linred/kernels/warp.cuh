@@ -7,7 +7,8 @@
 //    open at the end of a warp's run leaves a partial for tile_fixup (fixup.cuh);
 //  - WarpShared (its dynamic shared memory per warp) and WarpState;
 //  - its entry point: LINRED_WARP (linred_warp, with check_warp_shared: a compile-time
-//    check of the tile size and shared memory the backend launches it with).
+//    check of the tile size and shared memory the backend launches it with; with FUSED, the
+//    fix-up done by its last block, for small grids).
 //
 // With CHECKED, warp_reduce also checks the offsets it reads (check=True without a pass of
 // its own): see "Offsets checked as they are read" below.
@@ -356,14 +357,20 @@ __device__ __forceinline__ void check_warp_shared() {
 // linred_warp: warp_reduce; OFFSETS is FixedOffsets{L} or ArrayOffsets<I>{offsets}.
 // WARP_TILE and SHARED: the elements per warp tile and the bytes of dynamic shared memory the
 // backend launches it with.  CHECKED: the offsets are checked as they are read, into *bad,
-// with two words per run in walks (the other variant ignores both).
-#define LINRED_WARP(T, A, O, OP, MEAN, THREADS, MIN_BLOCKS, K, I, OFFSETS, WARP_TILE, SHARED, CHECKED)        \
+// with two words per run in walks (the other variant ignores both).  FUSED: the fix-up is done
+// by the kernel's last block (last_block_fixup, fixup.cuh; G: runs per group head, the
+// block's warps), counted by *ticket, which is zero before the launch and after it; without
+// FUSED, linred_fixup follows (ticket is ignored).
+#define LINRED_WARP(T, A, O, OP, MEAN, THREADS, MIN_BLOCKS, K, I, OFFSETS, WARP_TILE, SHARED, CHECKED, FUSED, G)   \
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) linred_warp(                             \
         const T* x, O* out, LINRED_TILE_PARAMS(I), A* head, A* tail, long long* ts, A* gh, long long* walks,   \
-        int* bad) {                                                                                             \
+        int* bad, unsigned* ticket) {                                                                           \
         extern __shared__ __align__(16) unsigned char smem[];                                                  \
         LINRED_TILE_ARGS                                                                                       \
         warp_reduce<T, A, O, OP, MEAN, THREADS, K, CHECKED>(x, out, OFFSETS, a, head, tail, ts, gh, walks, bad, \
                                                              smem);                                           \
         check_warp_shared<T, A, THREADS, WARP_TILE, SHARED>();                                                 \
+        if constexpr (FUSED)                                                                                   \
+            last_block_fixup<T, A, O, OP, MEAN, THREADS, WARP_TILE, G, CHECKED>(out, OFFSETS, a, head, tail, ts,  \
+                                                                                gh, walks, bad, ticket);       \
     }

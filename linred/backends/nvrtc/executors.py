@@ -26,6 +26,7 @@ from linred.arrays._context import on_device
 from linred.backends._device import StreamOrder, ops_for
 from linred.backends.base import INT32_MAX
 from linred.backends.nvrtc.kernels import (
+    FUSED_FIXUP_PASSES,
     acc_dtype,
     features_lanes,
     features_shared_bytes,
@@ -282,19 +283,20 @@ class _Runs:
         return rows_aligned(self._problem, xp)
 
     def _compile_kernels(
-        self, wrapper: str, names: tuple[str, ...], shared: int, walks: int = 0
+        self, wrapper: str, names: tuple[str, ...], shared: int, walks: int = 0, ticket: int = 0
     ) -> tuple[tuple[Any, Any, Any], int]:
         """The kernels ``names`` of ``wrapper`` as :class:`PackedLaunch` (reduction, fix-up, then the
         bounds kernel where there is one; None in its place otherwise), with what no call changes
-        bound (the tiling, the partials' pointers and ``walks``, the pointer warp_reduce's checked
-        variant records its walks at), and the bytes of dynamic shared memory the reduction is
-        launched with.  A call writes the rest (:meth:`_run`)."""
+        bound (the tiling, the partials' pointers, and warp_reduce's ``walks`` (the pointer its
+        checked variant records its walks at) and ``ticket`` (the counter of its last-block
+        fix-up)), and the bytes of dynamic shared memory the reduction is launched with.  A call
+        writes the rest (:meth:`_run`)."""
         problem, launch = self._problem, self._launch
         kernels = tuple(get_kernels(launch.device, wrapper, names))
         launch.allow_shared_memory(kernels[0], shared)
         # (x, out, offsets, the 10 tiling arguments, 4 partials), (out, offsets, 10, 4), (offsets, 10)
-        # (linred_warp and linred_fixup: and the walks and the check word)
-        counts = {"linred_tile": 17, "linred_warp": 19, "linred_fixup": 18, "linred_bounds": 11}
+        # (linred_warp and linred_fixup: and the walks and the check word; linred_warp: the ticket)
+        counts = {"linred_tile": 17, "linred_warp": _WARP_ARGS, "linred_fixup": 18, "linred_bounds": 11}
         launches = tuple(
             PackedLaunch(k, counts[name], name, launch.device) for k, name in zip(kernels, names, strict=True)
         )
@@ -307,7 +309,10 @@ class _Runs:
         partials = (launch.ptr(self._head), launch.ptr(self._tail), launch.ptr(self._tail_seg), group)
         reduction, fixup = launches[:2]
         # Both take the group heads' pointer (0 without them; tile_reduce ignores it).
-        reduction.bind(3, *tiling, *partials, *((walks,) if reduction.count == _WARP_ARGS else ()))
+        reduction.bind(3, *tiling, *partials)
+        if reduction.count == _WARP_ARGS:
+            reduction.bind(_WARP_WORD - 1, walks)
+            reduction.bind(_WARP_WORD + 1, ticket)
         fixup.bind(2, *tiling, *partials, walks)
         if len(launches) > 2:
             launches[2].bind(1, *tiling)
@@ -336,7 +341,7 @@ class _Runs:
             slots[1] = out_ptr
             slots[2] = offsets
             if kernel.count == _WARP_ARGS:
-                slots[_WARP_ARGS - 1] = word
+                slots[_WARP_WORD] = word
             kernel.launch(stream, self._grid, threads, shared)
             if self._needs_fixup:
                 slots = fixup.slots
@@ -407,7 +412,12 @@ class _WarpExecutor(_Runs):
                          per_block=tuning.threads // 32, min_blocks=tuning.min_blocks_warp, bounds=False)  # fmt: skip
         # Always a fix-up: warp_reduce finishes a segment at the first mark after its end, so a
         # segment that ends exactly where a run ends (every run's last one, when a fixed length
-        # divides the run) is left open as the run's tail and written by the fix-up.
+        # divides the run) is left open as the run's tail and written by the fix-up.  Where the
+        # runs are few, the reduction kernel's last block does it (one launch instead of two);
+        # its ticket is zeroed on the first call's stream, and every call leaves it at zero.
+        self._fused = self._runs <= FUSED_FIXUP_PASSES * tuning.threads
+        self._needs_fixup = not self._fused
+        self._ticket: Any = None
         self._tiles: _TileExecutor | None = None
         # Per variant (checking the offsets or not): the kernels and the shared memory.
         self._compiled: dict[bool, tuple[tuple[Any, Any, Any], int]] = {}
@@ -432,11 +442,16 @@ class _WarpExecutor(_Runs):
         if compiled is None:
             if checked and self._walks is None:
                 self._walks = self._launch.empty(2 * self._runs, "int64")
+            if self._fused and self._ticket is None:
+                self._ticket = self._launch.empty(1, "uint32")
+                self._launch.fill(self._ticket, 0, stream)
+            ptr = self._launch.ptr
             compiled = self._compiled[checked] = self._compile_kernels(
-                warp_wrapper(problem, index_ctype(problem), tuning, self._k, checked),
+                warp_wrapper(problem, index_ctype(problem), tuning, self._k, checked, self._fused),
                 ("linred_warp", "linred_fixup"),
                 warp_shared_bytes(problem, tuning),
-                self._launch.ptr(self._walks) if checked else 0,
+                ptr(self._walks) if checked else 0,
+                ptr(self._ticket) if self._fused else 0,
             )
         self._run(xp, out, segments, stream, *compiled, word)
 
@@ -454,7 +469,7 @@ class _WarpExecutor(_Runs):
         if self._tiles is not None:
             self._tiles.free()
         self._compiled.clear()
-        self._tiles = self._walks = None
+        self._tiles = self._walks = self._ticket = None
 
 
 class _FeaturesExecutor:
@@ -543,8 +558,10 @@ class _FeaturesExecutor:
 SPLIT_SHARED_LIMIT = 48 * 1024
 
 
-#: linred_warp's argument count; its last is the check word
-_WARP_ARGS = 19
+#: linred_warp's argument count, and the slot of its check word (the walks' pointer before it,
+#: the ticket after it)
+_WARP_ARGS = 20
+_WARP_WORD = 18
 
 #: the executor of each route of :func:`linred.backends.nvrtc.route`
 EXECUTORS = {

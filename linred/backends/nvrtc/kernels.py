@@ -42,6 +42,12 @@ _COMPARE_IN = {
 }
 
 
+#: warp_reduce's fix-up is done by its last block where that block goes through the runs in at
+#: most this many passes of its threads (one launch fewer: about 6 µs of a small call's host
+#: time on an H100 host); larger grids launch linred_fixup, whose threads cover all runs at once
+FUSED_FIXUP_PASSES = 2
+
+
 def acc_dtype(problem: Problem) -> str:
     """The accumulator dtype: the problem's for sums and means; for max/min, a type that
     holds every input value and the result dtype's identity (an empty segment's value)."""
@@ -225,20 +231,24 @@ def tile_wrapper(problem: Problem, vecload: bool, index_ctype: str, tuning: Nvrt
     )
 
 
-def warp_wrapper(problem: Problem, index_ctype: str, tuning: NvrtcOptions, k: int, checked: bool = False) -> str:
+def warp_wrapper(
+    problem: Problem, index_ctype: str, tuning: NvrtcOptions, k: int, checked: bool = False, fused: bool = False
+) -> str:
     """``linred_warp`` (``warp_reduce``, ``k`` tiles per warp; with ``checked``, checking the
-    offsets it reads) and ``linred_fixup``, whose runs are a block's warps (warp.cuh, fixup.cuh)."""
+    offsets it reads; with ``fused``, joining the runs' partials in its last block) and
+    ``linred_fixup`` (the join as a kernel of its own), whose runs are a block's warps
+    (warp.cuh, fixup.cuh)."""
     t, o, a, op, mean = kernel_types(problem)
     threads, min_blocks = tuning.threads, tuning.min_blocks_warp
     offsets = _offsets(problem, index_ctype)
     wt, group = 32 * warp_items(problem), threads // 32
     smem = warp_shared_bytes(problem, tuning)
+    ch, fu = ("true" if flag else "false" for flag in (checked, fused))
     return (
         '#include "warp.cuh"\n#include "fixup.cuh"\n'
         f"LINRED_WARP({t}, {a}, {o}, {op}, {mean}, {threads}, {min_blocks}, {k}, {index_ctype}, {offsets}, {wt}, "
-        f"{smem}, {'true' if checked else 'false'})\n"
-        f"LINRED_FIXUP({t}, {a}, {o}, {op}, {mean}, {threads}, {wt}, {group}, {index_ctype}, {offsets}, "
-        f"{'true' if checked else 'false'})\n"
+        f"{smem}, {ch}, {fu}, {group})\n"
+        f"LINRED_FIXUP({t}, {a}, {o}, {op}, {mean}, {threads}, {wt}, {group}, {index_ctype}, {offsets}, {ch})\n"
     )
 
 
