@@ -1197,6 +1197,50 @@ def test_offsets_check_falls_back_where_its_kernel_cannot_run(monkeypatch, caplo
     assert sum("cannot run there" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_stream_order_records_its_event_only_outside_a_capture(monkeypatch):
+    """(No GPU needed.) The capture query every executor with scratch makes per call, with a fake
+    driver: a stream not capturing gets the event recorded; a capturing one, or the legacy stream
+    while another captures in global mode (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), does not; any
+    other error raises."""
+    import enum
+
+    from linred.backends import _device
+
+    class CUresult(enum.IntEnum):
+        CUDA_SUCCESS = 0
+        CUDA_ERROR_INVALID_HANDLE = 400
+        CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906
+
+    class CUstreamCaptureStatus(enum.IntEnum):
+        CU_STREAM_CAPTURE_STATUS_NONE = 0
+        CU_STREAM_CAPTURE_STATUS_ACTIVE = 1
+
+    answers = {
+        1: (CUresult.CUDA_SUCCESS, CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE),
+        2: (CUresult.CUDA_SUCCESS, CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE),
+        0: (CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE),
+        3: (CUresult.CUDA_ERROR_INVALID_HANDLE, CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE),
+    }
+    recorded = []
+
+    class FakeDriver:
+        pass
+
+    FakeDriver.CUresult, FakeDriver.CUstreamCaptureStatus = CUresult, CUstreamCaptureStatus
+    FakeDriver.cuStreamIsCapturing = staticmethod(lambda stream: answers[stream])
+    FakeDriver.cuEventRecord = staticmethod(lambda event, stream: recorded.append((event, stream)) or (0,))
+    monkeypatch.setattr(_device, "cuda_driver", lambda: FakeDriver)
+    monkeypatch.setattr(_device, "_capture_names", None)
+    assert [_device.capturing(s) for s in (1, 2, 0)] == [False, True, True]
+    assert [_device._record_unless_capturing("event", s) for s in (1, 2, 0)] == [True, False, False]
+    assert recorded == [("event", 1)]
+    with pytest.raises(RuntimeError, match="cannot tell whether stream 0x3 is being captured"):
+        _device.capturing(3)
+    with pytest.raises(RuntimeError, match="cannot tell whether stream 0x3 is being captured"):
+        _device._record_unless_capturing("event", 3)
+    assert recorded == [("event", 1)]
+
+
 def test_packed_launch_hands_the_driver_its_values_in_order(monkeypatch):
     """(No GPU needed.) PackedLaunch writes a call's values into its 8-byte slots and hands the
     driver the array of their addresses, on the stream, grid, block and shared memory given;

@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from linred.arrays._context import driver as cuda_driver
 from linred.arrays._context import on_device
 from linred.kernels.compiler import get_kernels
 
@@ -67,9 +68,7 @@ def _load(device: int) -> tuple[Any, Any] | str:
     cuda.bindings, no NVRTC, a module that does not load): remembered per device."""
     global _driver
     try:
-        from cuda.bindings import driver
-
-        _driver = driver
+        _driver = driver = cuda_driver()
         kernels = get_kernels(device, _PROGRAM, _NAMES)
         with on_device(device):
             return tuple(_check(driver.cuKernelGetFunction(k.handle)) for k in kernels)
@@ -173,9 +172,7 @@ def passed(stream: int, device: int) -> bool:
     ``stream`` (a raw handle on ``device``) once, then reads the word."""
     global _driver
     if _driver is None:
-        from cuda.bindings import driver
-
-        _driver = driver
+        _driver = cuda_driver()
     with on_device(device):
         (err,) = _driver.cuStreamSynchronize(stream)
     if err != _driver.CUresult.CUDA_SUCCESS:

@@ -314,39 +314,38 @@ def ops_for(kind: str, device: int) -> CupyOps | TorchOps:
 
 
 def capturing(stream: int) -> bool:
-    """Whether ``stream`` (a raw handle) is being captured into a CUDA graph."""
-    driver = cuda_driver()
+    """Whether ``stream`` (a raw handle) is being captured into a CUDA graph (asked in the current
+    context: handle 0 is its null stream)."""
+    driver, implicit, none = _capture_names or _load_capture_names()
     err, status = driver.cuStreamIsCapturing(stream)
-    if err == driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
-        return True  # the legacy default stream, while another stream captures in global mode
-    if err != driver.CUresult.CUDA_SUCCESS:
+    if err:  # (CUDA_SUCCESS is 0)
+        if err == implicit:
+            return True  # the legacy default stream, while another stream captures in global mode
         raise RuntimeError(f"cannot tell whether stream {stream:#x} is being captured: {err}")
-    return status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+    return status != none
 
 
-#: (the driver, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, CU_STREAM_CAPTURE_STATUS_NONE), looked up once
+#: (the driver, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, CU_STREAM_CAPTURE_STATUS_NONE), looked up once:
+#: :func:`capturing` is asked on every call of an executor with scratch
 _capture_names: tuple[Any, Any, Any] | None = None
+
+
+def _load_capture_names() -> tuple[Any, Any, Any]:
+    global _capture_names
+    driver = cuda_driver()
+    _capture_names = (
+        driver,
+        driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+        driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE,
+    )
+    return _capture_names
 
 
 def _record_unless_capturing(event: Any, stream: int) -> bool:
     """:meth:`_DriverOrdering.record_unless_capturing` in the current context (``event`` a handle)."""
-    global _capture_names
-    if _capture_names is None:
-        driver = cuda_driver()
-        _capture_names = (
-            driver,
-            driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
-            driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE,
-        )
-    driver, implicit, none = _capture_names
-    err, status = driver.cuStreamIsCapturing(stream)
-    if err:  # (CUDA_SUCCESS is 0)
-        if err == implicit:
-            return False  # the legacy default stream, while another stream captures in global mode
-        raise RuntimeError(f"cannot tell whether stream {stream:#x} is being captured: {err}")
-    if status != none:
+    if capturing(stream):
         return False
-    (err,) = driver.cuEventRecord(event, stream)
+    (err,) = cuda_driver().cuEventRecord(event, stream)
     if err:
         raise RuntimeError(f"cannot record an event: {err}")
     return True

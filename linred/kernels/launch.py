@@ -23,6 +23,7 @@ import ctypes
 from typing import Any
 
 from linred.arrays._context import current_device, on_device
+from linred.arrays._context import driver as cuda_driver
 
 __all__ = ["PackedLaunch"]
 
@@ -57,9 +58,7 @@ class PackedLaunch:
     def __init__(self, kernel: Any, count: int, name: str, device: int) -> None:
         global _driver
         if _driver is None:
-            from cuda.bindings import driver
-
-            _driver = driver
+            _driver = cuda_driver()
         self.kernel, self.count, self.name, self.device = kernel, count, name, device
         with on_device(device):
             self._function = _check(_driver.cuKernelGetFunction(kernel.handle), f"loading {name}")
