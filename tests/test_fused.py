@@ -535,8 +535,10 @@ def test_gpu_kernel_variance_far_from_zero(kernel_calls, kind, name, dtype):
     assert kernel_calls == [f"segmented_{name}"]
 
 
-#: the kernel's unrolled loads per step of a segment (softmax.cuh: softmax_family's UNROLL)
-KERNEL_UNROLL = 4
+def kernel_unroll(warp: bool, dtype: str) -> int:
+    """The kernel's steps loaded at once (softmax.cuh: softmax_unroll): 8 for a warp over 2- and
+    4-byte data, else 4."""
+    return 8 if warp and np.dtype(dtype).itemsize <= 4 else 4
 
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
@@ -547,8 +549,9 @@ def test_gpu_kernel_step_boundaries(kernel_calls, kind, name, features, dtype):
     """Segments whose lengths cross each of the kernel's steps: RS rows per step of a worker's
     lanes (32 / D for a warp over D features, 1 for a thread per feature) and the UNROLL steps of
     its unrolled loop, at k * T - 1, k * T and k * T + 1 rows."""
-    rs = 32 // features if features <= 32 and features & (features - 1) == 0 else 1
-    unroll = KERNEL_UNROLL * rs
+    warp = features <= 32 and features & (features - 1) == 0
+    rs = 32 // features if warp else 1
+    unroll = kernel_unroll(warp, dtype) * rs
     lengths = [0, 1]
     for t in (rs, 2 * rs, unroll, 2 * unroll, 5 * unroll + rs):
         lengths += [t - 1, t, t + 1]
@@ -561,6 +564,53 @@ def test_gpu_kernel_step_boundaries(kernel_calls, kind, name, features, dtype):
     tol = {"float64": 1e-12, "float32": 2e-5, "float16": 2e-3}[dtype]
     check(got, expected, dtype, tol)
     assert kernel_calls == [f"segmented_{name}"]
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("features, batch", [(1, 1), (8, 1), (1, 3), (3, 1)])
+def test_gpu_kernel_workers_past_the_grid(kernel_calls, kind, name, features, batch):
+    """More workers than one stride of the grid: each worker takes two or three segments in turn
+    (reading the next one's bounds ahead for a warp), the last workers' loops ending at a partial
+    stride; a batch (axis=1) wraps the segment index.  Segments of 1 to 9 rows, float32."""
+    from linred._softmax_kernel import THREADS, _multiprocessors
+
+    warp = features <= 32 and features & (features - 1) == 0
+    device = 0 if kind == "cupy" else torch.cuda.current_device()
+    stride = 64 * _multiprocessors(device) * (THREADS // 32 if warp else THREADS)  # (run's grid cap)
+    m = -(-(2 * stride + 123) // (batch * (1 if warp else features)))
+    rng = np.random.default_rng(features + batch)
+    offsets = np.concatenate([[0], np.cumsum(rng.integers(1, 10, m))])
+    n = int(offsets[-1])
+    shape, axis = ((batch, n), 1) if batch > 1 else ((n, features), 0)
+    x = (rng.normal(size=shape) * 3).astype(np.float32)
+    got = fn(name)(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind), axis=axis)
+    check(got, _reduceat_reference(name, x, offsets, axis), "float32", 2e-5)
+    assert kernel_calls == [f"segmented_{name}"]
+
+
+def _reduceat_reference(name: str, x: np.ndarray, offsets: np.ndarray, axis: int) -> np.ndarray:
+    """:func:`_fast_reference` for segments that all hold rows, through ``ufunc.reduceat``
+    (float64; for calls with too many segments for a loop)."""
+    xm = np.moveaxis(x.astype(np.float64), axis, 0)
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    shape = (-1,) + (1,) * (xm.ndim - 1)
+    if name in VARIANCE:
+        mean = np.add.reduceat(xm, starts, axis=0) / lengths.reshape(shape)
+        dev = xm - np.repeat(mean, lengths, axis=0)
+        var = np.add.reduceat(dev * dev, starts, axis=0) / lengths.reshape(shape)
+        res = np.sqrt(var) if name == "std" else var
+    else:
+        mx = np.maximum.reduceat(xm, starts, axis=0)
+        shifted = xm - np.repeat(mx, lengths, axis=0)
+        total = np.add.reduceat(np.exp(shifted), starts, axis=0)
+        if name == "logsumexp":
+            res = mx + np.log(total)
+        elif name == "softmax":
+            res = np.exp(shifted) / np.repeat(total, lengths, axis=0)
+        else:
+            res = shifted - np.repeat(np.log(total), lengths, axis=0)
+    return np.moveaxis(res, 0, axis)
 
 
 def _fast_reference(name: str, x: np.ndarray, offsets: np.ndarray, axis: int) -> np.ndarray:

@@ -11,7 +11,12 @@
 //    merge across lanes costing more exps than it saved reads);
 //    var and std (SOFTMAX_VAR, SOFTMAX_STD) read a segment twice: for its mean, then for the sum of the
 //    squared deviations from it (never E[x^2] - E[x]^2), in double whatever the data;
+//    A worker's first pass over a segment loads UNROLL steps of its lanes at once, predicated
+//    (load_steps), so that a segment of a few hundred rows costs one or two round trips to
+//    memory; the later passes take whole steps, then single steps, so that no lane computes an
+//    exp past the segment's end; a warp reads its next segment's bounds before this one's rows;
 //  - variance: var and std of a worker's segment;
+//  - load_steps: a lane's UNROLL steps, rows past the end read as a fill value;
 //  - lanes_max and lanes_sum: the maximum and the sum of the lanes that share a feature;
 //  - its entry point: LINRED_SOFTMAX (linred_softmax).
 //
@@ -30,6 +35,10 @@
 
 #include "offsets.cuh"
 
+// Steps of a worker's lanes loaded at once (load_steps): 8 for a warp over 2- and 4-byte data,
+// else 4 (about 1 KiB a step for a warp; more registers than that cost occupancy or spill).
+template <class T, int G> __device__ constexpr int softmax_unroll() { return G > 1 && sizeof(T) <= 4 ? 8 : 4; }
+
 enum { SOFTMAX_LOGSUMEXP = 0, SOFTMAX_SOFTMAX = 1, SOFTMAX_LOG_SOFTMAX = 2, SOFTMAX_VAR = 3, SOFTMAX_STD = 4 };
 
 // The maximum and the sum of the lanes that share a feature (lanes lane ^ o for o >= DW),
@@ -45,41 +54,43 @@ template <int DW, class A> __device__ __forceinline__ A lanes_sum(A v) {
     return v;
 }
 
-// x: (batch, n, D) C-contiguous; out: like x (softmax, log_softmax) or (batch, m, D) (logsumexp).
-// G = 32: a worker is a warp, DW = D (a power of two up to 32); G = 1: a worker is a thread and
-// one feature (DW = 1).  workers = batch * m (G = 32) or batch * m * D (G = 1).  Every lane of a
-// worker runs the same loops (the shuffles need them all).  bad: checked_bounds's word
-// (offsets.cuh), or nullptr where the offsets need no check.
+// UNROLL steps of a lane from row i of p (RS rows a step) into v, as A; rows at or past end read
+// as `fill`.  (p and end are the lane's: its first row's address, and the segment's end less that
+// row, so that i, the worker's step, is the same for every lane.)  One loop step issues all its loads at once (predicated, no tail loop of
+// single loads): a segment of a few hundred rows is one or two round trips to memory, not one
+// per step.  i is the same for every lane of a worker, so its loops run the same steps.
+template <int UNROLL, int RS, class T, class A>
+__device__ __forceinline__ void load_steps(const T* __restrict__ p, i64 i, i64 end, i64 D, A fill, A (&v)[UNROLL]) {
+    const T* __restrict__ row = p + i * D;
+    const i64 left = end - i;
+    const i64 step = RS * D;
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u, row += step) v[u] = u * RS < left ? to_acc<A>(*row) : fill;
+}
+
 // var and std of a worker's segment [begin, end) (every lane calls; lane r0 == 0 writes): the
 // mean, then the squared deviations from it, summed in A (double).
 template <class T, class A, class O, int MODE, int G, int DW, int UNROLL>
 __device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict__ q, i64 begin, i64 end, i64 D,
                                          int r0, double ddof) {
-    constexpr int RS = G / DW;
+    constexpr int RS = G / DW, SR = UNROLL * RS;  // rows a step of the lanes, rows a loop step
+    const i64 last = end - r0;                    // (p: the lane's first row)
     A s = 0;
-    i64 i = begin + r0;
-    for (; i + (UNROLL - 1) * RS < end; i += UNROLL * RS) {
+    for (i64 i = begin; i < end; i += SR) {
         A v[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) v[u] = to_acc<A>(p[(i + u * RS) * D]);
+        load_steps<UNROLL, RS>(p, i, last, D, (A)0, v);
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) s += v[u];
     }
-    for (; i < end; i += RS) s += to_acc<A>(p[i * D]);
     if (G > 1) s = lanes_sum<DW>(s);
     const A count = (A)(end - begin);
     const A mean = s / count;  // (0 / 0 for an empty segment: its result is NaN below anyway)
     A ss = 0;
-    for (i = begin + r0; i + (UNROLL - 1) * RS < end; i += UNROLL * RS) {
+    for (i64 i = begin; i < end; i += SR) {
         A v[UNROLL];
+        load_steps<UNROLL, RS>(p, i, last, D, mean, v);  // (rows past the end add (mean - mean)^2 = 0)
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) v[u] = to_acc<A>(p[(i + u * RS) * D]) - mean;
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) ss += v[u] * v[u];
-    }
-    for (; i < end; i += RS) {
-        const A v = to_acc<A>(p[i * D]) - mean;
-        ss += v * v;
+        for (int u = 0; u < UNROLL; ++u) ss += (v[u] - mean) * (v[u] - mean);
     }
     if (G > 1) ss = lanes_sum<DW>(ss);
     if (r0 == 0) {
@@ -89,68 +100,100 @@ __device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict_
     }
 }
 
+// x: (batch, n, D) C-contiguous; out: like x (softmax, log_softmax) or (batch, m, D) (logsumexp).
+// G = 32: a worker is a warp, DW = D (a power of two up to 32); G = 1: a worker is a thread and
+// one feature (DW = 1).  workers = batch * m (G = 32) or batch * m * D (G = 1).  Every lane of a
+// worker runs the same loops (the shuffles need them all).  bad: checked_bounds's word
+// (offsets.cuh), or nullptr where the offsets need no check.
+// A warp reads the bounds of its next segment before it reads the current one's rows, so that
+// their round trip to memory overlaps the current segment's (G = 1 reads them when it needs them).
 template <class T, class A, class O, int MODE, int G, int DW, int UNROLL, class Off>
 __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __restrict__ out, Off off, int* bad, i64 n,
                                                i64 m, i64 D, i64 workers, double ddof) {
-    constexpr int RS = G / DW;  // rows a worker's lanes cover per step
+    constexpr int RS = G / DW, SR = UNROLL * RS;  // rows a step of the lanes, rows a loop step
+    if (G > 1) D = DW;  // (the same value, known to the compiler: loads of a step share one address)
     const int lane = G == 1 ? 0 : (int)(threadIdx.x % G);
     const int r0 = lane / DW;  // the lane's first row in a step
     const i64 stride = (i64)gridDim.x * (blockDim.x / G);
-    for (i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / G; w < workers; w += stride) {
-        i64 d, bs;  // the lane's feature; row of the batch * m + segment
-        if (G == 1) {
-            d = w % D;
-            bs = w / D;
-        } else {
-            d = lane % DW;
-            bs = w;
-        }
+    i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    // the bounds of the worker's next segment (G > 1: worker w's segment is w % m)
+    i64 next_begin = 0, next_end = 0;
+    if (G > 1 && w < workers) {
+        next_begin = off(w % m);
+        next_end = off(w % m + 1);
+    }
+    for (; w < workers; w += stride) {
+        const i64 d = G == 1 ? w % D : lane % DW;  // the lane's feature
+        const i64 bs = G == 1 ? w / D : w;         // row of the batch * m + segment
         const i64 b = bs / m, s = bs - b * m;
-        i64 begin = off(s), end = off(s + 1);
+        i64 begin, end;
+        if (G > 1) {
+            begin = next_begin;
+            end = next_end;
+            if (w + stride < workers) {
+                next_begin = off((w + stride) % m);
+                next_end = off((w + stride) % m + 1);
+            }
+        } else {
+            begin = off(s);
+            end = off(s + 1);
+        }
         checked_bounds(s, m, n, bad, begin, end);
-        const T* p = x + b * n * D + d;
+        const T* p = x + (b * n + r0) * D + d;  // the lane's first row (RS rows a step from it)
+        const i64 last = end - r0;               // the segment's end, counted from that row
         if constexpr (MODE == SOFTMAX_VAR || MODE == SOFTMAX_STD) {
             variance<T, A, O, MODE, G, DW, UNROLL>(p, out + bs * D + d, begin, end, D, r0, ddof);
             continue;
         }
         // 1. the maximum (NaN if the segment holds one), and the shift
         A mx = Limits<A>::lowest();
-        i64 i = begin + r0;
-        for (; i + (UNROLL - 1) * RS < end; i += UNROLL * RS) {
+        for (i64 i = begin; i < end; i += SR) {
             A v[UNROLL];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) v[u] = to_acc<A>(p[(i + u * RS) * D]);
+            load_steps<UNROLL, RS>(p, i, last, D, Limits<A>::lowest(), v);
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) mx = OpMax::combine(mx, v[u]);
         }
-        for (; i < end; i += RS) mx = OpMax::combine(mx, to_acc<A>(p[i * D]));
         if (G > 1) mx = lanes_max<DW>(mx);
         const bool finite = mx - mx == (A)0;  // (false for +-inf and NaN)
         const A shift =
             MODE == SOFTMAX_LOGSUMEXP ? (finite ? mx : (A)0) : (mx == Limits<A>::lowest() ? (A)0 : mx);
-        // 2. the sum of exp(x - shift) (these reads mostly hit L1/L2: the segment was just read)
+        // 2. the sum of exp(x - shift) (these reads mostly hit L1/L2: the segment was just read):
+        // whole loop steps, then one step of the lanes at a time, so that no lane computes an
+        // exp past the segment's end (exp is much of this kernel's work)
         A sum = 0;
-        for (i = begin + r0; i + (UNROLL - 1) * RS < end; i += UNROLL * RS) {
+        i64 i = begin;
+        for (; i + SR <= end; i += SR) {
             A v[UNROLL];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) v[u] = to_acc<A>(p[(i + u * RS) * D]);
+            load_steps<UNROLL, RS>(p, i, last, D, (A)0, v);
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) sum += exp(v[u] - shift);
         }
-        for (; i < end; i += RS) sum += exp(to_acc<A>(p[i * D]) - shift);
+        for (; i < end; i += RS)
+            if (i < last) sum += exp(to_acc<A>(p[i * D]) - shift);
         if (G > 1) sum = lanes_sum<DW>(sum);
         // 3. the results
         if constexpr (MODE == SOFTMAX_LOGSUMEXP) {
             if (r0 == 0) out[bs * D + d] = finish<O, false>(log(sum) + shift, 1);
         } else {
-            O* q = out + b * n * D + d;
+            O* q = out + (b * n + r0) * D + d;
             // softmax multiplies by 1 / sum (within an ulp of the composition's division; 0/0 and
             // x/0 still come out NaN and inf as there: 1 / 0 is inf, 0 * inf NaN)
             const A scale = MODE == SOFTMAX_SOFTMAX ? (A)1 / sum : log(sum);
-            for (i = begin + r0; i < end; i += RS) {
-                const A v = to_acc<A>(p[i * D]);
-                const A y = MODE == SOFTMAX_SOFTMAX ? exp(v - shift) * scale : (v - shift) - scale;
-                q[i * D] = finish<O, false>(y, 1);
+            for (i = begin; i + SR <= end; i += SR) {
+                A v[UNROLL];
+                load_steps<UNROLL, RS>(p, i, last, D, (A)0, v);
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u) {
+                    const A y = MODE == SOFTMAX_SOFTMAX ? exp(v[u] - shift) * scale : (v[u] - shift) - scale;
+                    q[(i + (i64)u * RS) * D] = finish<O, false>(y, 1);
+                }
+            }
+            for (; i < end; i += RS) {
+                if (i < last) {
+                    const A v = to_acc<A>(p[i * D]);
+                    const A y = MODE == SOFTMAX_SOFTMAX ? exp(v - shift) * scale : (v - shift) - scale;
+                    q[i * D] = finish<O, false>(y, 1);
+                }
             }
         }
     }
@@ -164,6 +207,6 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
         linred_softmax(const T* x, O* out, const I* offsets, int* bad, long long L, long long n, long long m,  \
                        long long d, long long workers, long long ddof) {                                       \
         static_assert(THREADS % 32 == 0, "a worker of G = 32 lanes is a whole warp of the block");            \
-        softmax_family<T, A, O, MODE, G, DW, 4>(x, out, OFFSETS, bad, n, m, d, workers,                        \
+        softmax_family<T, A, O, MODE, G, DW, softmax_unroll<T, G>()>(x, out, OFFSETS, bad, n, m, d, workers,                        \
                                                 __longlong_as_double(ddof));                                   \
     }
