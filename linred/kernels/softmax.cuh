@@ -11,12 +11,17 @@
 //    merge across lanes costing more exps than it saved reads);
 //    var and std (SOFTMAX_VAR, SOFTMAX_STD) read a segment twice: for its mean, then for the sum of the
 //    squared deviations from it (never E[x^2] - E[x]^2), in double whatever the data;
-//    A worker's first pass over a segment loads UNROLL steps of its lanes at once, predicated
-//    (load_steps), so that a segment of a few hundred rows costs one or two round trips to
-//    memory; the later passes take whole steps, then single steps, so that no lane computes an
-//    exp past the segment's end; a warp reads its next segment's bounds before this one's rows;
+//    A worker's passes load UNROLL steps of its lanes at once (load_steps), so that a segment
+//    of a few hundred rows costs one or two round trips to memory: a warp takes whole steps
+//    without a test per row, then one partial step (each_step); softmax's writes end in single
+//    steps, so that no lane computes an exp past the segment's end; a warp reads its next
+//    segment's bounds before this one's rows.  On an H100 the kernel is bound by the
+//    instructions it issues (ncu), not by memory, so the per-element work is kept short;
 //  - variance: var and std of a worker's segment;
-//  - load_steps: a lane's UNROLL steps, rows past the end read as a fill value;
+//  - load_steps: a lane's UNROLL steps, rows past the end read as a fill value; each_step: one
+//    pass over a segment in such steps; nan_max: NaN-propagating max (one instruction on
+//    sm_80+); sum_exp: exp of a term of the sum (ex2.approx for float: the kernel's work is
+//    mostly the instructions it issues per element);
 //  - lanes_max and lanes_sum: the maximum and the sum of the lanes that share a feature;
 //  - its entry point: LINRED_SOFTMAX (linred_softmax).
 //
@@ -54,44 +59,93 @@ template <int DW, class A> __device__ __forceinline__ A lanes_sum(A v) {
     return v;
 }
 
-// UNROLL steps of a lane from row i of p (RS rows a step) into v, as A; rows at or past end read
-// as `fill`.  (p and end are the lane's: its first row's address, and the segment's end less that
-// row, so that i, the worker's step, is the same for every lane.)  One loop step issues all its loads at once (predicated, no tail loop of
-// single loads): a segment of a few hundred rows is one or two round trips to memory, not one
-// per step.  i is the same for every lane of a worker, so its loops run the same steps.
-template <int UNROLL, int RS, class T, class A>
+// UNROLL steps of a lane from row i of p (RS rows a step) into v, as A; with FULL every row is
+// read, else rows at or past end read as `fill`.  (p and end are the lane's: its first row's
+// address, and the segment's end less that row, so that i, the worker's step, is the same for
+// every lane.)  A step issues all its loads at once: a segment of a few hundred rows is one or
+// two round trips to memory, not one per step.
+template <int UNROLL, int RS, bool FULL, class T, class A>
 __device__ __forceinline__ void load_steps(const T* __restrict__ p, i64 i, i64 end, i64 D, A fill, A (&v)[UNROLL]) {
     const T* __restrict__ row = p + i * D;
-    const i64 left = end - i;
+    const int left = FULL ? UNROLL * RS : (int)min(end - i, (i64)(UNROLL * RS));  // (32-bit compares below)
     const i64 step = RS * D;
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u, row += step) v[u] = u * RS < left ? to_acc<A>(*row) : fill;
+    for (int u = 0; u < UNROLL; ++u, row += step) v[u] = FULL || u * RS < left ? to_acc<A>(*row) : fill;
 }
+
+// One pass of a worker over its segment [begin, end): f(v) for each loop step's UNROLL values of
+// the lane (p, last: the lane's first row and end, as load_steps takes them).  A warp (G > 1)
+// takes whole steps without a test per row, then at most one partial step whose rows past the
+// end read as `fill`: the kernel's work is mostly the instructions it issues per element, so they
+// are few.  A thread per feature (G = 1) tests every row: the threads of its warp read different
+// segments, and a second loop for their partial steps would run once for each group of them.
+template <int UNROLL, int RS, int G, class T, class A, class F>
+__device__ __forceinline__ void each_step(const T* __restrict__ p, i64 begin, i64 end, i64 last, i64 D, A fill, F f) {
+    constexpr int SR = UNROLL * RS;
+    i64 i = begin;
+    for (; G > 1 && i + SR <= end; i += SR) {  // (none for G = 1)
+        A v[UNROLL];
+        load_steps<UNROLL, RS, true>(p, i, last, D, fill, v);
+        f(v);
+    }
+    if constexpr (G > 1) {
+        if (i < end) {
+            A v[UNROLL];
+            load_steps<UNROLL, RS, false>(p, i, last, D, fill, v);
+            f(v);
+        }
+    } else {
+        for (; i < end; i += SR) {
+            A v[UNROLL];
+            load_steps<UNROLL, RS, false>(p, i, last, D, fill, v);
+            f(v);
+        }
+    }
+}
+
+// The larger of a and b, NaN if either is (OpMax::combine in one instruction where the GPU has it).
+template <class A> __device__ __forceinline__ A nan_max(A a, A b) { return OpMax::combine(a, b); }
+#if __CUDA_ARCH__ >= 800
+template <> __device__ __forceinline__ float nan_max(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+#endif
+
+// exp(t) for a term of a sum of exps whose largest term is 1 (t = x - the segment's maximum):
+// float: 2^(t log2 e) by ex2.approx.ftz (2 instructions in place of about 8 for expf; within
+// 2 + 1.2 |t| ulp of exp(t) (the error of __expf), so a term's error is at most about 0.5 ulp of
+// the largest term, and a term below 2^-126 counts as 0, far below an ulp of the sum);
+// double: exp.
+__device__ __forceinline__ float sum_exp(float t) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t * 1.4426950408889634f));
+    return r;
+}
+__device__ __forceinline__ double sum_exp(double t) { return exp(t); }
 
 // var and std of a worker's segment [begin, end) (every lane calls; lane r0 == 0 writes): the
 // mean, then the squared deviations from it, summed in A (double).
 template <class T, class A, class O, int MODE, int G, int DW, int UNROLL>
 __device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict__ q, i64 begin, i64 end, i64 D,
                                          int r0, double ddof) {
-    constexpr int RS = G / DW, SR = UNROLL * RS;  // rows a step of the lanes, rows a loop step
-    const i64 last = end - r0;                    // (p: the lane's first row)
+    constexpr int RS = G / DW;
+    const i64 last = end - r0;  // (p: the lane's first row)
     A s = 0;
-    for (i64 i = begin; i < end; i += SR) {
-        A v[UNROLL];
-        load_steps<UNROLL, RS>(p, i, last, D, (A)0, v);
+    each_step<UNROLL, RS, G>(p, begin, end, last, D, (A)0, [&](A(&v)[UNROLL]) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) s += v[u];
-    }
+    });
     if (G > 1) s = lanes_sum<DW>(s);
     const A count = (A)(end - begin);
     const A mean = s / count;  // (0 / 0 for an empty segment: its result is NaN below anyway)
     A ss = 0;
-    for (i64 i = begin; i < end; i += SR) {
-        A v[UNROLL];
-        load_steps<UNROLL, RS>(p, i, last, D, mean, v);  // (rows past the end add (mean - mean)^2 = 0)
+    // (rows past the end read as the mean and add (mean - mean)^2 = 0)
+    each_step<UNROLL, RS, G>(p, begin, end, last, D, mean, [&](A(&v)[UNROLL]) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) ss += (v[u] - mean) * (v[u] - mean);
-    }
+    });
     if (G > 1) ss = lanes_sum<DW>(ss);
     if (r0 == 0) {
         A var = count > (A)ddof ? ss / (count - (A)ddof) : (A)__longlong_as_double(0x7ff8000000000000ll);
@@ -147,41 +201,37 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
         }
         // 1. the maximum (NaN if the segment holds one), and the shift
         A mx = Limits<A>::lowest();
-        for (i64 i = begin; i < end; i += SR) {
-            A v[UNROLL];
-            load_steps<UNROLL, RS>(p, i, last, D, Limits<A>::lowest(), v);
+        each_step<UNROLL, RS, G>(p, begin, end, last, D, Limits<A>::lowest(), [&](A(&v)[UNROLL]) {
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) mx = OpMax::combine(mx, v[u]);
-        }
+            for (int u = 0; u < UNROLL; ++u) mx = nan_max(mx, v[u]);
+        });
         if (G > 1) mx = lanes_max<DW>(mx);
         const bool finite = mx - mx == (A)0;  // (false for +-inf and NaN)
         const A shift =
             MODE == SOFTMAX_LOGSUMEXP ? (finite ? mx : (A)0) : (mx == Limits<A>::lowest() ? (A)0 : mx);
-        // 2. the sum of exp(x - shift) (these reads mostly hit L1/L2: the segment was just read):
-        // whole loop steps, then one step of the lanes at a time, so that no lane computes an
-        // exp past the segment's end (exp is much of this kernel's work)
+        // 2. the sum of exp(x - shift) (these reads mostly hit L1/L2: the segment was just read);
+        // rows past the end read as -inf add exp(-inf - shift) = 0 where the shift is finite, and
+        // where it is not (+inf or NaN), the segment's own rows make the sum NaN whatever they add
         A sum = 0;
-        i64 i = begin;
-        for (; i + SR <= end; i += SR) {
-            A v[UNROLL];
-            load_steps<UNROLL, RS>(p, i, last, D, (A)0, v);
+        each_step<UNROLL, RS, G>(p, begin, end, last, D, Limits<A>::lowest(), [&](A(&v)[UNROLL]) {
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) sum += exp(v[u] - shift);
-        }
-        for (; i < end; i += RS)
-            if (i < last) sum += exp(to_acc<A>(p[i * D]) - shift);
+            for (int u = 0; u < UNROLL; ++u) sum += sum_exp(v[u] - shift);
+        });
         if (G > 1) sum = lanes_sum<DW>(sum);
         // 3. the results
         if constexpr (MODE == SOFTMAX_LOGSUMEXP) {
             if (r0 == 0) out[bs * D + d] = finish<O, false>(log(sum) + shift, 1);
         } else {
             O* q = out + (b * n + r0) * D + d;
-            // softmax multiplies by 1 / sum (within an ulp of the composition's division; 0/0 and
-            // x/0 still come out NaN and inf as there: 1 / 0 is inf, 0 * inf NaN)
+            // softmax multiplies exp(x - shift) (exp, not sum_exp: each result keeps exp's
+            // accuracy) by 1 / sum (within an ulp of the composition's division; 0/0 and x/0
+            // still come out NaN and inf as there: 1 / 0 is inf, 0 * inf NaN).  Whole steps,
+            // then single steps, so that no lane computes an exp past the segment's end.
             const A scale = MODE == SOFTMAX_SOFTMAX ? (A)1 / sum : log(sum);
-            for (i = begin; i + SR <= end; i += SR) {
+            i64 i = begin;
+            for (; i + SR <= end; i += SR) {
                 A v[UNROLL];
-                load_steps<UNROLL, RS>(p, i, last, D, (A)0, v);
+                load_steps<UNROLL, RS, true>(p, i, last, D, (A)0, v);
 #pragma unroll
                 for (int u = 0; u < UNROLL; ++u) {
                     const A y = MODE == SOFTMAX_SOFTMAX ? exp(v[u] - shift) * scale : (v[u] - shift) - scale;
