@@ -274,9 +274,11 @@ def _run(
     with contextlib.ExitStack() as stack:
         if adapter.kind == "cupy":
             stack.enter_context(xp.cuda.Device(device))
-        # Everything runs on the call's stream, made current here: linred's reductions are then
-        # called with stream=None (which also lets PyTorch's autograd path take them).
-        stack.enter_context(adapter.on_stream(handle, device))
+        # Everything runs on the call's stream, made current here (stream=None: it is the current
+        # one already): linred's reductions are then called with stream=None (which also lets
+        # PyTorch's autograd path take them).
+        if stream is not None:
+            stack.enter_context(adapter.on_stream(handle, device))
         segments = dict(segments)
         for key in ("offsets", "lengths", "segment_ids"):  # on the device once, not once per reduction
             if segments.get(key) is not None:

@@ -35,7 +35,7 @@ import struct
 import threading
 from typing import Any
 
-from linred._dtypes import HALF, REAL
+from linred._dtypes import HALF, REAL, dtype_name
 from linred.kernels.compiler import CTYPES, get_kernels
 from linred.kernels.launch import PackedLaunch
 from linred.segments import FixedSegments, parse_lengths, parse_offsets, parse_segments, verify
@@ -56,7 +56,9 @@ MIN_WORKERS_PER_SM = 16
 #: the longest mean segment (rows) the kernel serves
 MAX_MEAN_ROWS = 1 << 14
 
-_local = threading.local()  # this thread's launches (PackedLaunch slots are rewritten per call)
+_DOUBLE, _DOUBLE_BITS = struct.Struct("<d"), struct.Struct("<q")
+_local = threading.local()
+_NONE: dict[Any, PackedLaunch] = {}  # this thread's launches (PackedLaunch slots are rewritten per call)
 _sms: dict[int, int] = {}
 
 
@@ -122,14 +124,23 @@ def _workers(batch: int, m: int, features: int) -> tuple[int, int, int]:
     return 1, 1, batch * m * features
 
 
-def _launch(device: int, key: tuple[str, ...], wrapper: str) -> PackedLaunch:
+def _launch(device: int, key: tuple[Any, ...], build: tuple[str, str, str, str, str]) -> PackedLaunch:
+    """This thread's launch of the kernel for ``key`` (the call's cheap description: device,
+    function, dtypes, worker layout, offsets dtype), compiled from ``build`` (the C types of the
+    data, the accumulator, the result and the offsets, and the bounds' expression) on a miss."""
     launches = getattr(_local, "launches", None)
     if launches is None:
         launches = _local.launches = {}
-    launch = launches.get((device, key))
+    launch = launches.get(key)
     if launch is None:
+        t, a, o, index, bounds = build
+        _, name, _, _, _, group, width, _ = key
+        wrapper = (
+            f'#include "softmax.cuh"\n'
+            f"LINRED_SOFTMAX({t}, {a}, {o}, {MODES[name]}, {group}, {width}, {THREADS}, {index}, {bounds})\n"
+        )
         (kernel,) = get_kernels(device, wrapper, ("linred_softmax",))
-        launch = launches[(device, key)] = PackedLaunch(kernel, 10, "linred_softmax", device)
+        launch = launches[key] = PackedLaunch(kernel, 10, "linred_softmax", device)
     return launch
 
 
@@ -158,10 +169,9 @@ def run(
     """``name`` of ``x`` along ``axis`` in one kernel on ``stream`` (a raw handle), computing in
     ``compute`` and returning ``result``; ``segments`` are the call's segment keywords (offsets
     and lengths already on the device, checked here when ``check``); ``ddof``: var's and std's."""
-    from linred._dtypes import dtype_name
-
     shape = tuple(x.shape)
-    n, batch, features = shape[axis], math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
+    n = shape[axis]
+    batch, features = math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
     length, offsets, lengths = segments.get("segment_length"), segments.get("offsets"), segments.get("lengths")
     # The kernel checks the offsets as it reads them, where it runs at all (no rows, no features:
     # checked before, by the separate pass).
@@ -173,29 +183,29 @@ def run(
     else:
         seg = parse_lengths(lengths, n, axis, adapter, device, check, deferred)
     m = seg.count
-    per_element = name not in PER_SEGMENT
-    out_shape = shape if per_element else (*shape[:axis], m, *shape[axis + 1 :])
+    out_shape = shape if name not in PER_SEGMENT else (*shape[:axis], m, *shape[axis + 1 :])
     out = adapter.allocator(result, device)(out_shape)
     group, width, workers = _workers(batch, m, features)
     if workers and features:
         fixed = isinstance(seg, FixedSegments)
-        index = "long long" if fixed else CTYPES[dtype_name(seg.offsets.dtype)]
-        t = CTYPES[dtype_name(x.dtype)]
-        a = CTYPES["float64" if name in VARIANCE else "float32" if compute in HALF else compute]
-        o = CTYPES[result]
-        bounds = "FixedOffsets{L}" if fixed else f"ArrayOffsets<{index}>{{offsets}}"
-        key = (t, a, o, str(MODES[name]), str(group), str(width), index, bounds)
-        wrapper = (
-            f'#include "softmax.cuh"\n'
-            f"LINRED_SOFTMAX({t}, {a}, {o}, {MODES[name]}, {group}, {width}, {THREADS}, {index}, {bounds})\n"
-        )
-        launch = _launch(device, key, wrapper)
+        index_dtype = None if fixed else seg.offsets.dtype
+        key = (device, name, x.dtype, compute, result, group, width, index_dtype)
+        launch = getattr(_local, "launches", _NONE).get(key)
+        if launch is None:
+            index = "long long" if fixed else CTYPES[dtype_name(index_dtype)]
+            accumulator = "float64" if name in VARIANCE else "float32" if compute in HALF else compute
+            bounds = "FixedOffsets{L}" if fixed else f"ArrayOffsets<{index}>{{offsets}}"
+            build = (CTYPES[dtype_name(x.dtype)], CTYPES[accumulator], CTYPES[result], index, bounds)
+            launch = _launch(device, key, build)
         grid = max(1, min(-(-workers * group // THREADS), 64 * _multiprocessors(device)))
-        off_ptr = 0 if fixed else adapter.pointer(seg.offsets)
-        word = 0 if fixed else seg.word
-        ddof_bits = struct.unpack("<q", struct.pack("<d", float(ddof)))[0]  # (the kernel reads a double)
-        launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(out), off_ptr, word,
-               seg.length if fixed else 0, n, m, features, workers, ddof_bits)  # fmt: skip
+        # (var and std read ddof as the bits of a double; the other functions ignore it)
+        ddof_bits = _DOUBLE_BITS.unpack(_DOUBLE.pack(float(ddof)))[0] if ddof else 0
+        if fixed:
+            launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(out), 0, 0, seg.length, n, m,
+                   features, workers, ddof_bits)  # fmt: skip
+        else:
+            launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(out), adapter.pointer(seg.offsets),
+                   seg.word, 0, n, m, features, workers, ddof_bits)  # fmt: skip
     if not isinstance(seg, FixedSegments) and seg.word:
         verify(seg, adapter, stream, lengths, n=n, axis=axis, device=device)
     return out
