@@ -50,6 +50,8 @@ VARIANCE = ("segmented_var", "segmented_std")
 #: the functions whose result has one value per segment (the others: one per element)
 PER_SEGMENT = ("segmented_logsumexp", *VARIANCE)
 THREADS = 256
+#: the most blocks per SM a call launches (its workers loop over the rest)
+BLOCKS_PER_SM = 64
 #: the fewest workers (segments, or segments x features) per SM the kernel serves: one warp reads
 #: about a cache line per load in flight, so the GPU's bandwidth needs thousands of them
 MIN_WORKERS_PER_SM = 16
@@ -197,7 +199,7 @@ def run(
             bounds = "FixedOffsets{L}" if fixed else f"ArrayOffsets<{index}>{{offsets}}"
             build = (CTYPES[dtype_name(x.dtype)], CTYPES[accumulator], CTYPES[result], index, bounds)
             launch = _launch(device, key, build)
-        grid = max(1, min(-(-workers * group // THREADS), 64 * _multiprocessors(device)))
+        grid = max(1, min(-(-workers * group // THREADS), BLOCKS_PER_SM * _multiprocessors(device)))
         # (var and std read ddof as the bits of a double; the other functions ignore it)
         ddof_bits = _DOUBLE_BITS.unpack(_DOUBLE.pack(float(ddof)))[0] if ddof else 0
         if fixed:

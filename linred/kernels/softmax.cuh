@@ -176,17 +176,20 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
         next_begin = off(w % m);
         next_end = off(w % m + 1);
     }
+    // (a batch of one row, the common case, needs no 64-bit division per segment: b = 0, s = bs)
+    const bool one_row = G > 1 && workers == m;
     for (; w < workers; w += stride) {
         const i64 d = G == 1 ? w % D : lane % DW;  // the lane's feature
         const i64 bs = G == 1 ? w / D : w;         // row of the batch * m + segment
-        const i64 b = bs / m, s = bs - b * m;
+        const i64 b = one_row ? 0 : bs / m, s = bs - b * m;
         i64 begin, end;
         if (G > 1) {
             begin = next_begin;
             end = next_end;
             if (w + stride < workers) {
-                next_begin = off((w + stride) % m);
-                next_end = off((w + stride) % m + 1);
+                const i64 sn = one_row ? w + stride : (w + stride) % m;
+                next_begin = off(sn);
+                next_end = off(sn + 1);
             }
         } else {
             begin = off(s);
