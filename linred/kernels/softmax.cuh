@@ -15,7 +15,8 @@
 //    of a few hundred rows costs one or two round trips to memory: a warp takes whole steps
 //    without a test per row, then one partial step (each_step); softmax's writes end in single
 //    steps, so that no lane computes an exp past the segment's end; a warp reads its next
-//    segment's bounds before this one's rows.  On an H100 the kernel is bound by the
+//    segment's bounds before this one's rows, and its first pass over a long segment asks L2
+//    for the lines SOFTMAX_AHEAD steps ahead of its loads (prefetch_step).  On an H100 the kernel is bound by the
 //    instructions it issues (ncu), not by memory, so the per-element work is kept short;
 //  - variance: var and std of a worker's segment;
 //  - load_steps: a lane's UNROLL steps, rows past the end read as a fill value; each_step: one
@@ -39,6 +40,10 @@
 #pragma once
 
 #include "offsets.cuh"
+
+// Loop steps ahead of its loads that a warp's first pass over a long segment asks L2 for
+// (prefetch_step), so that its loads wait for L2, not for memory.
+constexpr int SOFTMAX_AHEAD = 4;
 
 // Steps of a worker's lanes loaded at once (load_steps): 8 for a warp over 2- and 4-byte data,
 // else 4 (about 1 KiB a step for a warp; more registers than that cost occupancy or spill).
@@ -73,17 +78,30 @@ __device__ __forceinline__ void load_steps(const T* __restrict__ p, i64 i, i64 e
     for (int u = 0; u < UNROLL; ++u, row += step) v[u] = FULL || u * RS < left ? to_acc<A>(*row) : fill;
 }
 
+// The lanes of a warp ask L2 for the 128-byte lines of the loop step of SR rows from row a of
+// `rows` (D elements a row; rows past end left out), lane k for the k-th line (a step is at
+// most 9 lines).  The lines lie within the step's bytes (the first rounded down to its line).
+template <int SR, class T>
+__device__ __forceinline__ void prefetch_step(const T* rows, i64 a, i64 end, i64 D, int lane) {
+    if (a >= end) return;
+    const unsigned long long first = (unsigned long long)(rows + a * D) & ~127ull;
+    const unsigned long long line = first + 128ull * (unsigned)lane;
+    if (line < (unsigned long long)(rows + min(a + SR, end) * D)) asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+}
+
 // One pass of a worker over its segment [begin, end): f(v) for each loop step's UNROLL values of
 // the lane (p, last: the lane's first row and end, as load_steps takes them).  A warp (G > 1)
 // takes whole steps without a test per row, then at most one partial step whose rows past the
 // end read as `fill`: the kernel's work is mostly the instructions it issues per element, so they
 // are few.  A thread per feature (G = 1) tests every row: the threads of its warp read different
 // segments, and a second loop for their partial steps would run once for each group of them.
-template <int UNROLL, int RS, int G, class T, class A, class F>
-__device__ __forceinline__ void each_step(const T* __restrict__ p, i64 begin, i64 end, i64 last, i64 D, A fill, F f) {
+template <int UNROLL, int RS, int G, int AHEAD = 0, class T, class A, class F>
+__device__ __forceinline__ void each_step(const T* __restrict__ p, i64 begin, i64 end, i64 last, i64 D, A fill, F f,
+                                          const T* rows = nullptr, int lane = 0) {
     constexpr int SR = UNROLL * RS;
     i64 i = begin;
     for (; G > 1 && i + SR <= end; i += SR) {  // (none for G = 1)
+        if constexpr (AHEAD > 0) prefetch_step<SR>(rows, i + AHEAD * SR, end, D, lane);
         A v[UNROLL];
         load_steps<UNROLL, RS, true>(p, i, last, D, fill, v);
         f(v);
@@ -129,14 +147,17 @@ __device__ __forceinline__ double sum_exp(double t) { return exp(t); }
 // mean, then the squared deviations from it, summed in A (double).
 template <class T, class A, class O, int MODE, int G, int DW, int UNROLL>
 __device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict__ q, i64 begin, i64 end, i64 D,
-                                         int r0, double ddof) {
+                                         int r0, double ddof, const T* rows, int lane) {
     constexpr int RS = G / DW;
     const i64 last = end - r0;  // (p: the lane's first row)
     A s = 0;
-    each_step<UNROLL, RS, G>(p, begin, end, last, D, (A)0, [&](A(&v)[UNROLL]) {
+    each_step<UNROLL, RS, G, SOFTMAX_AHEAD>(
+        p, begin, end, last, D, (A)0,
+        [&](A(&v)[UNROLL]) {
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) s += v[u];
-    });
+            for (int u = 0; u < UNROLL; ++u) s += v[u];
+        },
+        rows, lane);
     if (G > 1) s = lanes_sum<DW>(s);
     const A count = (A)(end - begin);
     const A mean = s / count;  // (0 / 0 for an empty segment: its result is NaN below anyway)
@@ -199,15 +220,18 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
         const T* p = x + (b * n + r0) * D + d;  // the lane's first row (RS rows a step from it)
         const i64 last = end - r0;               // the segment's end, counted from that row
         if constexpr (MODE == SOFTMAX_VAR || MODE == SOFTMAX_STD) {
-            variance<T, A, O, MODE, G, DW, UNROLL>(p, out + bs * D + d, begin, end, D, r0, ddof);
+            variance<T, A, O, MODE, G, DW, UNROLL>(p, out + bs * D + d, begin, end, D, r0, ddof, x + b * n * D, lane);
             continue;
         }
         // 1. the maximum (NaN if the segment holds one), and the shift
         A mx = Limits<A>::lowest();
-        each_step<UNROLL, RS, G>(p, begin, end, last, D, Limits<A>::lowest(), [&](A(&v)[UNROLL]) {
+        each_step<UNROLL, RS, G, SOFTMAX_AHEAD>(
+            p, begin, end, last, D, Limits<A>::lowest(),
+            [&](A(&v)[UNROLL]) {
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) mx = nan_max(mx, v[u]);
-        });
+                for (int u = 0; u < UNROLL; ++u) mx = nan_max(mx, v[u]);
+            },
+            x + b * n * D, lane);
         if (G > 1) mx = lanes_max<DW>(mx);
         const bool finite = mx - mx == (A)0;  // (false for +-inf and NaN)
         const A shift =
