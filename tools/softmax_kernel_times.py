@@ -1,0 +1,152 @@
+"""Device time per call of the softmax family's kernel (and its accuracy), case by case.
+
+For comparing two versions of ``linred/kernels/softmax.cuh`` on one machine: run this once per
+version (``PYTHONPATH`` pointing at each tree), in the order a, b, b, a, with a ``label`` each;
+every line names the label, the case, the function and the median [min, max] per call of 9
+samples of about 15 ms of back-to-back calls (CUDA events on the current stream), and the % of
+a device-to-device copy of the data measured the same way (the data read once and the result
+written once).  CUDA torch tensors, ``check=False``.
+
+Cases: 64M x 1 values in segments of 1 .. 511 rows (``64Mx1 m256``), the same with one segment
+of about 86,000 rows (``64Mx1 m256 skew``), float16 and float64 variants, and smaller calls
+(2M x 8, 4M x 1, 4M x 3, 500k x 64), which a call's host time bounds.
+
+``--accuracy`` prints instead the relative error of the float32 results against float64 (the
+same data) for logsumexp, softmax and log_softmax on 4,000,000 values.
+
+    python tools/softmax_kernel_times.py new
+    python tools/softmax_kernel_times.py new --cases "64Mx1 m256" "64Mx1 m256 skew" --functions logsumexp var
+    python tools/softmax_kernel_times.py new --accuracy
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import linred
+
+#: label -> (rows, features, mean length, dtype, one long segment)
+CASES = {
+    "64Mx1 m256": (1 << 26, 1, 256, "float32", False),
+    "64Mx1 m256 skew": (1 << 26, 1, 256, "float32", True),
+    "64Mx1 m256 f16": (1 << 26, 1, 256, "float16", False),
+    "32Mx1 m256 f64": (1 << 25, 1, 256, "float64", False),
+    "2Mx8 m32": (2_000_000, 8, 32, "float32", False),
+    "4Mx1 m64": (4_000_000, 1, 64, "float32", False),
+    "4Mx3 m32": (4_000_000, 3, 32, "float32", False),
+    "500kx64 m32": (500_000, 64, 32, "float32", False),
+}
+FUNCTIONS = ("logsumexp", "softmax", "log_softmax", "var")
+
+
+def _time(torch: Any, fn: Callable[[], Any], ms: float = 15.0, samples: int = 9) -> tuple[float, float, float]:
+    """Median, min and max µs per call of ``samples`` samples of back-to-back calls."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    k = max(1, int(ms / max(start.elapsed_time(end), 1e-3)))
+    times = []
+    for _ in range(samples):
+        start.record()
+        for _ in range(k):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / k)
+    return statistics.median(times), min(times), max(times)
+
+
+def offsets(n: int, mean: int, seed: int, skew: bool = False) -> np.ndarray:
+    """Offsets of segments of 1 .. 2 * mean - 1 rows over ``n`` rows; with ``skew``, the last
+    segment takes the rows of the last 330 (about 86,000 rows for 64M rows of mean 256)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 2 * mean, n // mean + 2 * int(np.sqrt(n)) + 64)
+    off = np.concatenate([[0], np.cumsum(lengths)])
+    off = off[off <= n]
+    if skew:
+        off = off[: len(off) - 330]
+    if off[-1] != n:
+        off = np.append(off, n)
+    return off
+
+
+def times(label: str, cases: list[str], functions: list[str]) -> None:
+    import torch
+
+    for case in cases:
+        n, d, mean, dtype, skew = CASES[case]
+        off = torch.as_tensor(offsets(n, mean, 0, skew), device="cuda")
+        x = torch.randn(n, d, device="cuda", dtype=getattr(torch, dtype))
+        if d == 1:
+            x = x.squeeze(1)
+        m = off.numel() - 1
+        longest = int((off[1:] - off[:-1]).max())
+        buf = torch.empty_like(x)
+        copy = _time(torch, functools.partial(buf.copy_, x))[0]
+        nbytes = x.numel() * x.element_size()
+        for name in functions:
+            f = getattr(linred, f"segmented_{name}")
+            moved = nbytes + (nbytes if name in ("softmax", "log_softmax") else m * d * x.element_size())
+            med, lo, hi = _time(torch, functools.partial(f, x, offsets=off, check=False))
+            pct = 100 * (moved / med) / (2 * nbytes / copy)
+            print(f"{label} | {case} (m={m}, longest {longest}) | {name} | {med:.1f} [{lo:.1f}, {hi:.1f}] us | "
+                  f"{pct:.1f}% of copy ({copy:.1f} us)", flush=True)  # fmt: skip
+        del x, buf  # (before the next case's arrays)
+
+
+def accuracy(label: str) -> None:
+    import torch
+
+    rng = np.random.default_rng(1)
+    n = 4_000_000
+    for scale, mean in ((1.0, 256), (30.0, 256), (1.0, 8192)):
+        off = np.concatenate([[0], np.cumsum(rng.integers(1, 2 * mean, n // mean + 5000))])
+        off = off[off <= n]
+        off = torch.as_tensor(off if off[-1] == n else np.append(off, n), device="cuda")
+        x = torch.as_tensor(rng.normal(size=n) * scale, device="cuda").float()
+        xd = x.double()
+        lengths = off[1:] - off[:-1]
+        mx = torch.segment_reduce(xd, "max", offsets=off)
+        shifted = xd - torch.repeat_interleave(mx, lengths)
+        total = torch.segment_reduce(torch.exp(shifted), "sum", offsets=off)
+        reference = {
+            "logsumexp": mx + torch.log(total),
+            "softmax": torch.exp(shifted) / torch.repeat_interleave(total, lengths),
+            "log_softmax": shifted - torch.repeat_interleave(torch.log(total), lengths),
+        }
+        for name, ref in reference.items():
+            got = getattr(linred, f"segmented_{name}")(x, offsets=off).double()
+            rel = (got - ref).abs() / ref.abs().clamp_min(1e-30)
+            if name == "softmax":
+                rel = rel[ref.abs() > 1e-6]
+            q = torch.quantile(rel[:1_000_000], 0.999).item()
+            print(f"{label} | scale {scale} mean {mean} | {name} | max rel {rel.max().item():.2e} | 99.9% {q:.2e} | "
+                  f"median {rel.median().item():.2e}", flush=True)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("label", help="names this tree's lines")
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--functions", nargs="+", default=list(FUNCTIONS), choices=FUNCTIONS)
+    parser.add_argument("--accuracy", action="store_true", help="relative errors against float64 instead of times")
+    args = parser.parse_args(argv)
+    if args.accuracy:
+        accuracy(args.label)
+    else:
+        times(args.label, args.cases, args.functions)
+
+
+if __name__ == "__main__":
+    main()
