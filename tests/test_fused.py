@@ -535,6 +535,25 @@ def test_gpu_kernel_variance_far_from_zero(kernel_calls, kind, name, dtype):
     assert kernel_calls == [f"segmented_{name}"]
 
 
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("name", VARIANCE)
+@pytest.mark.parametrize("features", [1, 3])
+def test_gpu_kernel_variance_of_an_overflowing_float64_sum(kernel_calls, kind, name, features):
+    """float64 data whose segment's sum overflows: its mean is inf and its var and std are inf, as
+    the composition's (not NaN), for segments that end in a partial step of the kernel (2 and 130
+    rows) and one that does not (128 rows: 4 steps of 32 lanes), beside an ordinary segment."""
+    lengths = [2, 128, 130, 5]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    x = np.full((int(offsets[-1]), features), 1e308)
+    x[offsets[-2] :] = np.arange(5 * features).reshape(5, features)
+    got = to_numpy(fn(name)(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = _fast_reference(name, x, offsets, 0)
+    assert np.isinf(expected[:3]).all() and np.isfinite(expected[3]).all()
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=0)
+    assert kernel_calls == [f"segmented_{name}"]
+
+
 def kernel_unroll(warp: bool, dtype: str) -> int:
     """The kernel's steps loaded at once (softmax.cuh: softmax_unroll): 8 for a warp over 2- and
     4-byte data, else 4."""

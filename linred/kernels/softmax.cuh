@@ -162,8 +162,13 @@ __device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict_
     const A count = (A)(end - begin);
     const A mean = s / count;  // (0 / 0 for an empty segment: its result is NaN below anyway)
     A ss = 0;
-    // (rows past the end read as the mean and add (mean - mean)^2 = 0)
-    each_step<UNROLL, RS, G>(p, begin, end, last, D, mean, [&](A(&v)[UNROLL]) {
+    // Rows past the end read as the mean and add (mean - mean)^2 = 0.  Where float64 data's sum
+    // overflows, the mean is +-inf and every row adds inf (the composition's var is inf): they
+    // read as 0, which adds inf too (inf - inf would add NaN).  (Narrower data summed in double
+    // has an infinite or NaN mean only where it holds an infinity or a NaN: the result is NaN
+    // whatever the fill rows add.)
+    const A fill = sizeof(T) < sizeof(A) || isfinite(mean) ? mean : (A)0;
+    each_step<UNROLL, RS, G>(p, begin, end, last, D, fill, [&](A(&v)[UNROLL]) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) ss += (v[u] - mean) * (v[u] - mean);
     });
