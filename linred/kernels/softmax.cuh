@@ -16,8 +16,9 @@
 //    without a test per row, then one partial step (each_step); softmax's writes end in single
 //    steps, so that no lane computes an exp past the segment's end; a warp reads its next
 //    segment's bounds before this one's rows, and its first pass over a long segment asks L2
-//    for the lines SOFTMAX_AHEAD steps ahead of its loads (prefetch_step).  On an H100 the kernel is bound by the
-//    instructions it issues (ncu), not by memory, so the per-element work is kept short;
+//    for the lines SOFTMAX_AHEAD steps ahead of its loads (prefetch_step).  On an H100 the
+//    kernel is bound by the instructions it issues (ncu), not by memory, so the per-element
+//    work is kept short;
 //  - variance: var and std of a worker's segment;
 //  - load_steps: a lane's UNROLL steps, rows past the end read as a fill value; each_step: one
 //    pass over a segment in such steps; nan_max: NaN-propagating max (one instruction on
@@ -289,6 +290,6 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
         linred_softmax(const T* x, O* out, const I* offsets, int* bad, long long L, long long n, long long m,  \
                        long long d, long long workers, long long ddof) {                                       \
         static_assert(THREADS % 32 == 0, "a worker of G = 32 lanes is a whole warp of the block");            \
-        softmax_family<T, A, O, MODE, G, DW, softmax_unroll<T, G>()>(x, out, OFFSETS, bad, n, m, d, workers,                        \
-                                                __longlong_as_double(ddof));                                   \
+        softmax_family<T, A, O, MODE, G, DW, softmax_unroll<T, G>()>(x, out, OFFSETS, bad, n, m, d, workers,   \
+                                                                     __longlong_as_double(ddof));              \
     }
