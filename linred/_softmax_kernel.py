@@ -59,8 +59,8 @@ MIN_WORKERS_PER_SM = 16
 MAX_MEAN_ROWS = 1 << 14
 
 _DOUBLE, _DOUBLE_BITS = struct.Struct("<d"), struct.Struct("<q")
-_local = threading.local()
-_NONE: dict[Any, PackedLaunch] = {}  # this thread's launches (PackedLaunch slots are rewritten per call)
+_local = threading.local()  # this thread's launches (PackedLaunch slots are rewritten per call)
+_NONE: dict[Any, PackedLaunch] = {}  # (the launches of a thread that has none yet)
 _sms: dict[int, int] = {}
 
 
@@ -126,23 +126,24 @@ def _workers(batch: int, m: int, features: int) -> tuple[int, int, int]:
     return 1, 1, batch * m * features
 
 
-def _launch(device: int, key: tuple[Any, ...], build: tuple[str, str, str, str, str]) -> PackedLaunch:
-    """This thread's launch of the kernel for ``key`` (the call's cheap description: device,
-    function, dtypes, worker layout, offsets dtype), compiled from ``build`` (the C types of the
-    data, the accumulator, the result and the offsets, and the bounds' expression) on a miss."""
+def _compile(key: tuple[Any, ...]) -> PackedLaunch:
+    """This thread's launch of the kernel for ``key`` (what a call's kernel depends on: device,
+    function, data dtype, compute and result dtypes, worker layout (G, DW), and the offsets'
+    dtype, None for a fixed length), compiled and kept."""
+    device, name, x_dtype, compute, result, group, width, index_dtype = key
+    index = "long long" if index_dtype is None else CTYPES[dtype_name(index_dtype)]
+    bounds = "FixedOffsets{L}" if index_dtype is None else f"ArrayOffsets<{index}>{{offsets}}"
+    t, o = CTYPES[dtype_name(x_dtype)], CTYPES[result]
+    a = CTYPES["float64" if name in VARIANCE else "float32" if compute in HALF else compute]
+    wrapper = (
+        f'#include "softmax.cuh"\n'
+        f"LINRED_SOFTMAX({t}, {a}, {o}, {MODES[name]}, {group}, {width}, {THREADS}, {index}, {bounds})\n"
+    )
+    (kernel,) = get_kernels(device, wrapper, ("linred_softmax",))
     launches = getattr(_local, "launches", None)
     if launches is None:
         launches = _local.launches = {}
-    launch = launches.get(key)
-    if launch is None:
-        t, a, o, index, bounds = build
-        _, name, _, _, _, group, width, _ = key
-        wrapper = (
-            f'#include "softmax.cuh"\n'
-            f"LINRED_SOFTMAX({t}, {a}, {o}, {MODES[name]}, {group}, {width}, {THREADS}, {index}, {bounds})\n"
-        )
-        (kernel,) = get_kernels(device, wrapper, ("linred_softmax",))
-        launch = launches[key] = PackedLaunch(kernel, 10, "linred_softmax", device)
+    launch = launches[key] = PackedLaunch(kernel, 10, "linred_softmax", device)
     return launch
 
 
@@ -189,25 +190,20 @@ def run(
     out = adapter.allocator(result, device)(out_shape)
     group, width, workers = _workers(batch, m, features)
     if workers and features:
-        fixed = isinstance(seg, FixedSegments)
-        index_dtype = None if fixed else seg.offsets.dtype
+        if isinstance(seg, FixedSegments):
+            index_dtype, offsets_pointer, word, length = None, 0, 0, seg.length
+        else:
+            index_dtype, offsets_pointer, word, length = seg.offsets.dtype, adapter.pointer(seg.offsets), seg.word, 0
+        # (the key is made of cheap values: the kernel's C source is built only to compile it)
         key = (device, name, x.dtype, compute, result, group, width, index_dtype)
         launch = getattr(_local, "launches", _NONE).get(key)
         if launch is None:
-            index = "long long" if fixed else CTYPES[dtype_name(index_dtype)]
-            accumulator = "float64" if name in VARIANCE else "float32" if compute in HALF else compute
-            bounds = "FixedOffsets{L}" if fixed else f"ArrayOffsets<{index}>{{offsets}}"
-            build = (CTYPES[dtype_name(x.dtype)], CTYPES[accumulator], CTYPES[result], index, bounds)
-            launch = _launch(device, key, build)
+            launch = _compile(key)
         grid = max(1, min(-(-workers * group // THREADS), BLOCKS_PER_SM * _multiprocessors(device)))
         # (var and std read ddof as the bits of a double; the other functions ignore it)
         ddof_bits = _DOUBLE_BITS.unpack(_DOUBLE.pack(float(ddof)))[0] if ddof else 0
-        if fixed:
-            launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(out), 0, 0, seg.length, n, m,
-                   features, workers, ddof_bits)  # fmt: skip
-        else:
-            launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(out), adapter.pointer(seg.offsets),
-                   seg.word, 0, n, m, features, workers, ddof_bits)  # fmt: skip
+        launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(out), offsets_pointer, word, length, n, m,
+               features, workers, ddof_bits)  # fmt: skip
     if not isinstance(seg, FixedSegments) and seg.word:
         verify(seg, adapter, stream, lengths, n=n, axis=axis, device=device)
     return out
