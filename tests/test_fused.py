@@ -23,6 +23,7 @@ from support import HAS_CUPY_GPU, HAS_TORCH, HAS_TORCH_CUDA, to_numpy
 from support.dtypes import ml_dtypes
 
 import linred
+from linred import _softmax_kernel
 
 if HAS_TORCH:
     import torch
@@ -456,8 +457,6 @@ def test_std_gradient_of_a_zero_variance_segment_is_zero():
 def kernel_calls(monkeypatch):
     """Counts the calls the kernel computed (the others were composed).  The kernel serves these
     tests' small calls, whatever their number of workers (tested apart)."""
-    from linred import _softmax_kernel
-
     monkeypatch.setattr(_softmax_kernel, "MIN_WORKERS_PER_SM", 0)
     calls = []
     real = _softmax_kernel.run
@@ -568,8 +567,9 @@ def test_gpu_kernel_step_boundaries(kernel_calls, kind, name, features, dtype):
     """Segments whose lengths cross each of the kernel's steps: RS rows per step of a worker's
     lanes (32 / D for a warp over D features, 1 for a thread per feature) and the UNROLL steps of
     its unrolled loop, at k * T - 1, k * T and k * T + 1 rows."""
-    warp = features <= 32 and features & (features - 1) == 0
-    rs = 32 // features if warp else 1
+    group, width, _ = _softmax_kernel._workers(1, 1, features)  # (the kernel's worker layout)
+    warp = group == 32
+    rs = group // width
     unroll = kernel_unroll(warp, dtype) * rs
     lengths = [0, 1]
     for t in (rs, 2 * rs, unroll, 2 * unroll, 5 * unroll + rs):
@@ -592,12 +592,12 @@ def test_gpu_kernel_workers_past_the_grid(kernel_calls, kind, name, features, ba
     """More workers than one stride of the grid: each worker takes two or three segments in turn
     (reading the next one's bounds ahead for a warp), the last workers' loops ending at a partial
     stride; a batch (axis=1) wraps the segment index.  Segments of 1 to 9 rows, float32."""
-    from linred._softmax_kernel import THREADS, _multiprocessors
-
-    warp = features <= 32 and features & (features - 1) == 0
+    group = _softmax_kernel._workers(1, 1, features)[0]  # (32: a warp per segment; 1: a thread per feature)
     device = 0 if kind == "cupy" else torch.cuda.current_device()
-    stride = 64 * _multiprocessors(device) * (THREADS // 32 if warp else THREADS)  # (run's grid cap)
-    m = -(-(2 * stride + 123) // (batch * (1 if warp else features)))
+    stride = (
+        _softmax_kernel.BLOCKS_PER_SM * _softmax_kernel._multiprocessors(device) * (_softmax_kernel.THREADS // group)
+    )
+    m = -(-(2 * stride + 123) // (batch * (1 if group == 32 else features)))
     rng = np.random.default_rng(features + batch)
     offsets = np.concatenate([[0], np.cumsum(rng.integers(1, 10, m))])
     n = int(offsets[-1])
@@ -702,7 +702,6 @@ def test_what_the_gpu_kernel_serves(monkeypatch):
     """(No GPU needed.) The kernel serves one segment argument of the three, a bool check, real
     data, no gradient, C-contiguous device arrays, bfloat16 only from compute capability 8.0;
     every other call is composed (which raises the errors of bad arguments)."""
-    from linred import _softmax_kernel
     from linred.backends import nvrtc
 
     class Device:
