@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from fused_bench import CudaTimer, measure  # (tools/: the same timer as the composition bench)
 
 import linred
 
@@ -45,26 +46,11 @@ CASES = {
 FUNCTIONS = ("logsumexp", "softmax", "log_softmax", "var")
 
 
-def _time(torch: Any, fn: Callable[[], Any], ms: float = 15.0, samples: int = 9) -> tuple[float, float, float]:
-    """Median, min and max µs per call of ``samples`` samples of back-to-back calls."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    k = max(1, int(ms / max(start.elapsed_time(end), 1e-3)))
-    times = []
-    for _ in range(samples):
-        start.record()
-        for _ in range(k):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / k)
-    return statistics.median(times), min(times), max(times)
+def _time(fn: Callable[[], Any]) -> tuple[float, float, float]:
+    """Median, min and max µs per call: 9 samples of about 15 ms of back-to-back calls between
+    CUDA events (``tools/fused_bench.py``'s timer, after its warm-up calls)."""
+    seconds = measure(fn, CudaTimer("torch"), 9, 15.0)
+    return 1e6 * statistics.median(seconds), 1e6 * min(seconds), 1e6 * max(seconds)
 
 
 def offsets(n: int, mean: int, seed: int, skew: bool = False) -> np.ndarray:
@@ -93,12 +79,12 @@ def times(label: str, cases: list[str], functions: list[str]) -> None:
         m = off.numel() - 1
         longest = int((off[1:] - off[:-1]).max())
         buf = torch.empty_like(x)
-        copy = _time(torch, functools.partial(buf.copy_, x))[0]
+        copy = _time(functools.partial(buf.copy_, x))[0]
         nbytes = x.numel() * x.element_size()
         for name in functions:
             f = getattr(linred, f"segmented_{name}")
             moved = nbytes + (nbytes if name in ("softmax", "log_softmax") else m * d * x.element_size())
-            med, lo, hi = _time(torch, functools.partial(f, x, offsets=off, check=False))
+            med, lo, hi = _time(functools.partial(f, x, offsets=off, check=False))
             pct = 100 * (moved / med) / (2 * nbytes / copy)
             print(f"{label} | {case} (m={m}, longest {longest}) | {name} | {med:.1f} [{lo:.1f}, {hi:.1f}] us | "
                   f"{pct:.1f}% of copy ({copy:.1f} us)", flush=True)  # fmt: skip
