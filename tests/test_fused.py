@@ -517,9 +517,9 @@ def test_gpu_kernel_long_and_many_segments(kernel_calls, kind, name, shape, axis
 @pytest.mark.parametrize("name", VARIANCE)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
 def test_gpu_kernel_variance_far_from_zero(kernel_calls, kind, name, dtype):
-    """var and std sum in float64 whatever the data: data whose mean is far from 0 beside its
-    spread (1000 + N(0, 1), and an outlier as a segment's first value) keeps the float64 result of
-    the same values to 1e-6 (1e-12 for float64; float16: its own rounding)."""
+    """Data whose mean is far from 0 beside its spread (1000 + N(0, 1), and an outlier as a
+    segment's first value) keeps the float64 result of the same values to 1e-6 (1e-12 for
+    float64; float16: its own rounding): the deviations from the mean, never E[x^2] - E[x]^2."""
     rng = np.random.default_rng(7)
     n = 40_000
     x = (1000 + rng.normal(size=n)).astype(dtype)
@@ -550,6 +550,55 @@ def test_gpu_kernel_variance_of_an_overflowing_float64_sum(kernel_calls, kind, n
         expected = _fast_reference(name, x, offsets, 0)
     assert np.isinf(expected[:3]).all() and np.isfinite(expected[3]).all()
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=0)
+    assert kernel_calls == [f"segmented_{name}"]
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("name", VARIANCE)
+@pytest.mark.parametrize("features", [1, 8, 3])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_gpu_kernel_variance_of_narrow_data_at_its_extremes(kernel_calls, kind, name, features, dtype):
+    """Data narrower than 8 bytes takes one pass, its sums shifted by each segment's first value
+    (softmax.cuh: variance_one_pass), and keeps the float64 result of the same values:
+    deviations of 3e19 (their squares beyond float's range; std is 3e19) and of 1e-18, constant
+    segments and single rows (var 0), an infinity and a NaN (NaN), beside ordinary segments of 1
+    to 300 rows."""
+    rng = np.random.default_rng(features)
+    lengths = [1, 7, 300, 33, 64, 300, 2, 65, 129, 5, 0, 257]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    x = rng.normal(size=(int(offsets[-1]), features))
+    seg = [slice(a, b) for a, b in itertools.pairwise(offsets)]
+    big, tiny = (3e19, 1e-18) if dtype == "float32" else (300.0, 0.05)  # (float16: 65504 at most)
+    x[seg[1]] *= tiny
+    x[seg[2]] = big * x[seg[2]] + (big if dtype == "float32" else 0.0)
+    x[seg[3]] = 5.0
+    x[seg[4]] *= tiny
+    x[seg[5]] *= big
+    x[seg[6]] = [[np.inf], [1.0]]
+    x[seg[7]][3] = np.nan
+    x = x.astype(dtype)
+    got = to_numpy(fn(name)(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = _fast_reference(name, x, offsets, 0)
+    assert np.isnan(expected[[6, 7, 10]]).all() and (expected[[0, 3]] == 0).all()
+    tol = {"float32": 1e-6, "float16": 2e-3}[dtype]  # (float16: an ulp of its own rounding)
+    with np.errstate(over="ignore"):
+        np.testing.assert_allclose(got.astype(np.float64), expected.astype(dtype), rtol=tol, atol=0, equal_nan=True)
+    assert kernel_calls == [f"segmented_{name}"]
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("name", VARIANCE)
+def test_gpu_kernel_variance_of_float32_data_as_float64(kernel_calls, kind, name):
+    """float32 data with ``dtype="float64"``: the float64 pass, so the result keeps the float64
+    result of the same values to 1e-12 (not the float pass's ~1e-7), data far from 0 included."""
+    rng = np.random.default_rng(3)
+    n = 20_000
+    x = (1000 + rng.normal(size=(n, 2))).astype(np.float32)
+    offsets = np.concatenate([[0], np.sort(rng.integers(0, n + 1, 100)), [n]])
+    got = to_numpy(fn(name)(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind), dtype="float64"))
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, _fast_reference(name, x, offsets, 0), rtol=1e-12, atol=0, equal_nan=True)
     assert kernel_calls == [f"segmented_{name}"]
 
 

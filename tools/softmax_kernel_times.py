@@ -12,7 +12,8 @@ of about 86,000 rows (``64Mx1 m256 skew``), float16 and float64 variants, and sm
 (2M x 8, 4M x 1, 4M x 3, 500k x 64), which a call's host time bounds.
 
 ``--accuracy`` prints instead the relative error of the float32 results against float64 (the
-same data) for logsumexp, softmax and log_softmax on 4,000,000 values.
+same data) for logsumexp, softmax, log_softmax, var and std on 4,000,000 values (and var and
+std of values far from 0 beside their spread: 1000 + N(0, 1)).
 
     python tools/softmax_kernel_times.py new
     python tools/softmax_kernel_times.py new --cases "64Mx1 m256" "64Mx1 m256 skew" --functions logsumexp var
@@ -96,29 +97,35 @@ def accuracy(label: str) -> None:
 
     rng = np.random.default_rng(1)
     n = 4_000_000
-    for scale, mean in ((1.0, 256), (30.0, 256), (1.0, 8192)):
+    for scale, mean, shift in ((1.0, 256, 0.0), (30.0, 256, 0.0), (1.0, 8192, 0.0), (1.0, 256, 1000.0)):
         off = np.concatenate([[0], np.cumsum(rng.integers(1, 2 * mean, n // mean + 5000))])
         off = off[off <= n]
         off = torch.as_tensor(off if off[-1] == n else np.append(off, n), device="cuda")
-        x = torch.as_tensor(rng.normal(size=n) * scale, device="cuda").float()
+        x = torch.as_tensor(shift + rng.normal(size=n) * scale, device="cuda").float()
         xd = x.double()
         lengths = off[1:] - off[:-1]
-        mx = torch.segment_reduce(xd, "max", offsets=off)
-        shifted = xd - torch.repeat_interleave(mx, lengths)
-        total = torch.segment_reduce(torch.exp(shifted), "sum", offsets=off)
-        reference = {
-            "logsumexp": mx + torch.log(total),
-            "softmax": torch.exp(shifted) / torch.repeat_interleave(total, lengths),
-            "log_softmax": shifted - torch.repeat_interleave(torch.log(total), lengths),
-        }
+        mean_ = torch.segment_reduce(xd, "sum", offsets=off) / lengths
+        var = torch.segment_reduce((xd - torch.repeat_interleave(mean_, lengths)) ** 2, "sum", offsets=off) / lengths
+        reference = {"var": var, "std": var.sqrt()}
+        if not shift:
+            mx = torch.segment_reduce(xd, "max", offsets=off)
+            shifted = xd - torch.repeat_interleave(mx, lengths)
+            total = torch.segment_reduce(torch.exp(shifted), "sum", offsets=off)
+            reference |= {
+                "logsumexp": mx + torch.log(total),
+                "softmax": torch.exp(shifted) / torch.repeat_interleave(total, lengths),
+                "log_softmax": shifted - torch.repeat_interleave(torch.log(total), lengths),
+            }
         for name, ref in reference.items():
             got = getattr(linred, f"segmented_{name}")(x, offsets=off).double()
+            if name in ("var", "std"):  # (segments of one row: 0 in both)
+                got, ref = got[lengths > 1], ref[lengths > 1]
             rel = (got - ref).abs() / ref.abs().clamp_min(1e-30)
             if name == "softmax":
                 rel = rel[ref.abs() > 1e-6]
             q = torch.quantile(rel[:1_000_000], 0.999).item()
-            print(f"{label} | scale {scale} mean {mean} | {name} | max rel {rel.max().item():.2e} | 99.9% {q:.2e} | "
-                  f"median {rel.median().item():.2e}", flush=True)  # fmt: skip
+            print(f"{label} | scale {scale} shift {shift} mean {mean} | {name} | max rel {rel.max().item():.2e} | "
+                  f"99.9% {q:.2e} | median {rel.median().item():.2e}", flush=True)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,8 +9,10 @@
 //    and log_softmax, a third time to write each element (the later reads mostly from L1/L2:
 //    a single pass with a running maximum that rescales the sum was slower on an H100, its
 //    merge across lanes costing more exps than it saved reads);
-//    var and std (SOFTMAX_VAR, SOFTMAX_STD) read a segment twice: for its mean, then for the sum of the
-//    squared deviations from it (never E[x^2] - E[x]^2), in double whatever the data;
+//    var and std (SOFTMAX_VAR, SOFTMAX_STD) of data and results narrower than 8 bytes read a
+//    segment once, summing its deviations from its first value and their squares in double
+//    (variance_one_pass: the shifted-data formula, exact differences); of float64, twice: for its
+//    mean, then for the sum of the squared deviations from it (never E[x^2] - E[x]^2);
 //    A worker's passes load UNROLL steps of its lanes at once (load_steps), so that a segment
 //    of a few hundred rows costs one or two round trips to memory: a warp takes whole steps
 //    without a test per row, then one partial step (each_step); softmax's writes end in single
@@ -19,7 +21,7 @@
 //    for the lines SOFTMAX_AHEAD steps ahead of its loads (prefetch_step).  On an H100 the
 //    kernel is bound by the instructions it issues (ncu), not by memory, so the per-element
 //    work is kept short;
-//  - variance: var and std of a worker's segment;
+//  - variance, variance_one_pass: var and std of a worker's segment;
 //  - load_steps: a lane's UNROLL steps, rows past the end read as a fill value; each_step: one
 //    pass over a segment in such steps; nan_max: NaN-propagating max (one instruction on
 //    sm_80+); sum_exp: exp of a term of the sum (ex2.approx for float: the kernel's work is
@@ -144,11 +146,65 @@ __device__ __forceinline__ float sum_exp(float t) {
 }
 __device__ __forceinline__ double sum_exp(double t) { return exp(t); }
 
-// var and std of a worker's segment [begin, end) (every lane calls; lane r0 == 0 writes): the
-// mean, then the squared deviations from it, summed in A (double).
+// var and std of a worker's segment [begin, end) of data, and results, narrower than 8 bytes, in
+// one pass: with K the segment's first value (each lane: its feature's), S1 = sum of (x - K) and
+// S2 = sum of (x - K)^2 in double, var = (n S2 - S1^2) / (n (n - ddof)) (the shifted-data
+// formula).  A value and x - K are exact in double (but for values 2^29 times apart), so only the
+// sums round, their error magnified by 1 + (mean - K)^2 / var_n (at most n, where K is the
+// segment's extreme outlier): far below the float rounding of the result.  One read of the data
+// and about 5 instructions a value, against two reads and 7 for variance's two passes (the kernel
+// is bound by the instructions it issues: 118 against 127 us for 64M float32 values on an H100).
+// An infinity or a NaN among the values makes S1 or S2 so, and the result NaN (inf - inf, or
+// NaN), as the composition's.
+template <class T, class O, int MODE, int G, int DW, int UNROLL>
+__device__ __forceinline__ void variance_one_pass(const T* __restrict__ p, O* __restrict__ q, i64 begin, i64 end,
+                                                  i64 D, int r0, double ddof, const T* rows, int lane) {
+    constexpr int RS = G / DW;
+    const i64 last = end - r0;                                           // (p: the lane's first row)
+    // K, the value of row begin in the lane's feature, as a float (exact: T is at most a float)
+    const float kf = begin < end ? to_acc<float>(p[(begin - r0) * D]) : 0.0f;
+    const double k = kf;
+    double s1 = 0, s2 = 0;
+    // rows past the end read as K: they add 0 to both sums
+    each_step<UNROLL, RS, G, SOFTMAX_AHEAD>(
+        p, begin, end, last, D, kf,
+        [&](float(&v)[UNROLL]) {
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const double d = (double)v[u] - k;
+                s1 += d;
+                s2 = fma(d, d, s2);
+            }
+        },
+        rows, lane);
+    if (G > 1) {
+        s1 = lanes_sum<DW>(s1);
+        s2 = lanes_sum<DW>(s2);
+    }
+    if (r0 == 0) {
+        // var = (n S2 - S1^2) / (n (n - ddof)): one division (n (n - ddof) is within a rounding of
+        // its value); NaN where n <= ddof, and where the data held an infinity or a NaN
+        const double count = (double)(end - begin);
+        double var = (double)__longlong_as_double(0x7ff8000000000000ll);
+        if (count > ddof) {
+            const double m2 = fma(s2, count, -(s1 * s1));
+            var = (m2 < 0 ? 0.0 : m2) / (count * (count - ddof));  // (m2 < 0 only by rounding, where var is ~0)
+        }
+        if (MODE == SOFTMAX_STD) var = sqrt(var);
+        *q = finish<O, false>(var, 1);
+    }
+}
+
+// var and std of a worker's segment [begin, end) (every lane calls; lane r0 == 0 writes): data
+// and results narrower than 8 bytes in one pass (variance_one_pass); else the mean, then the
+// squared deviations from it, summed in A (double).
 template <class T, class A, class O, int MODE, int G, int DW, int UNROLL>
 __device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict__ q, i64 begin, i64 end, i64 D,
                                          int r0, double ddof, const T* rows, int lane) {
+    if constexpr (sizeof(T) < 8 && sizeof(O) < 8) {
+        variance_one_pass<T, O, MODE, G, DW, UNROLL>(p, q, begin, end, D, r0, ddof, rows, lane);
+        return;
+    }
     constexpr int RS = G / DW;
     const i64 last = end - r0;  // (p: the lane's first row)
     A s = 0;
