@@ -156,11 +156,14 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
     if big:  # the smallest row that gets runs of 2 tiles
         shapes.append(_fixed(5, 4 * T.min_blocks * sms * 2 * tile // 5 + 1))
     fam["tile_reduce"] = shapes
-    # features_reduce: d around the vector, short and long segments.
+    # features_reduce: d around the vector, short and long segments; every tail of its loop of
+    # T.unroll rows a step (the tail in steps of halving powers of two) and lengths around k * unroll.
     shapes = []
+    tails = (*range(2 * T.unroll + 2), *around(3 * T.unroll), 7 * T.unroll - 1)
     for d in around(vec, 2 * vec, lo=2):
         shapes += [_fixed(L, m, d) for L, m in ((1, 33), (7, 40), (64, 9), (3000, 2))]
         shapes += [_variable(s, ls, d) for s, ls, _ in _styles(rng, [50, 7], 20)]
+        shapes.append(_variable("offsets", tails, d))
     # features_split: each segment's rows dealt to R lanes (features_lanes) where segments are
     # few; lengths around multiples of unroll * R (the unrolled loop's step), segment counts
     # around a block's pairs, empty segments.  (Its grid-stride loop starts past 64 blocks per SM

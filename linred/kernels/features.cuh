@@ -39,6 +39,10 @@ struct FeatureArgs {
 template <class OP, class A> struct SumWide { typedef A type; };
 template <> struct SumWide<OpSum, float> { typedef double type; };
 
+// The largest power of two at most n (0 for n < 1): features_reduce's first tail step.
+__host__ __device__ constexpr int pow2_at_most(int n, int p = 1) { return n < 1 ? 0 : 2 * p > n ? p : pow2_at_most(n, 2 * p); }
+static_assert(pow2_at_most(7) == 4 && pow2_at_most(8) == 8 && pow2_at_most(1) == 1 && pow2_at_most(0) == 0, "");
+
 template <class T, class A0, class O, class OP, bool MEAN, int W, int UNROLL, class Off>
 __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, FeatureArgs a,
                                                 int* bad) {
@@ -65,10 +69,24 @@ __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __re
                 for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(buf[u].v[k]));
             }
         }
-        for (; i < end; ++i) {
-            const G v = *reinterpret_cast<const G*>(p + i * a.row_stride);
+        // the last rows (fewer than UNROLL) in steps of TAIL, TAIL / 2, ... 1 rows (TAIL the
+        // largest power of two below UNROLL: together they cover UNROLL - 1 rows), each step's
+        // loads at once: a round trip to memory per step, not per row (UNROLL 8: a tail of 7
+        // rows takes 3 trips, not 7; segments of 100 rows end in one trip of 4)
+        constexpr int TAIL = pow2_at_most(UNROLL - 1);
 #pragma unroll
-            for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(v.v[k]));
+        for (int h = TAIL; h >= 1; h /= 2) {
+            if (end - i >= h) {
+                G buf[TAIL > 0 ? TAIL : 1];
+#pragma unroll
+                for (int u = 0; u < h; ++u) buf[u] = *reinterpret_cast<const G*>(p + (i + u) * a.row_stride);
+#pragma unroll
+                for (int u = 0; u < h; ++u) {
+#pragma unroll
+                    for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(buf[u].v[k]));
+                }
+                i += h;
+            }
         }
         O* o = out + rs * a.features + g * W;
         if constexpr ((W * sizeof(O)) % 16 == 0) {  // whole 16-byte vectors of results
