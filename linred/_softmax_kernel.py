@@ -7,8 +7,10 @@ where a call is mostly those launches, :func:`run` does the same in one kernel
 (``linred/kernels/softmax.cuh``): each (row of the batch, segment) reads its segment for the
 maximum, again for the sum of ``exp(x - shift)`` (mostly from L1/L2) and, for softmax and
 log_softmax, a third time to write each element, with the composition's results for every
-value (NaN, infinities, empty segments); for var and std it reads each segment for its mean,
-then again for the squared deviations from it, in float64 whatever the data.
+value (NaN, infinities, empty segments); for var and std of float16, bfloat16 and float32 data
+with a result of that width it reads each segment once, summing its deviations from its first
+value and their squares in float64, and for float64 it reads each segment for its mean, then
+again for the squared deviations from it.
 
 A worker is one warp (or one thread per feature), so a segment is read by one worker: the
 kernel serves only calls with enough workers to fill the GPU (:data:`MIN_WORKERS_PER_SM` per

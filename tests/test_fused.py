@@ -515,22 +515,56 @@ def test_gpu_kernel_long_and_many_segments(kernel_calls, kind, name, shape, axis
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
 @pytest.mark.parametrize("name", VARIANCE)
-@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
-def test_gpu_kernel_variance_far_from_zero(kernel_calls, kind, name, dtype):
-    """Data whose mean is far from 0 beside its spread (1000 + N(0, 1), and an outlier as a
+@pytest.mark.parametrize("dtype, offset", [("float32", 1000), ("float32", 1e7), ("float16", 1000), ("float64", 1000),
+                                           ("float64", 1e7)])  # fmt: skip
+def test_gpu_kernel_variance_far_from_zero(kernel_calls, kind, name, dtype, offset):
+    """Data whose mean is far from 0 beside its spread (offset + N(0, 1), and an outlier as a
     segment's first value) keeps the float64 result of the same values to 1e-6 (1e-12 for
-    float64; float16: its own rounding): the deviations from the mean, never E[x^2] - E[x]^2."""
+    float64; float16: its own rounding): the deviations from the mean (or, in one pass, from a
+    segment's first value), never E[x^2] - E[x]^2 (at 1e7 float32's E[x^2] - E[x]^2 in float64
+    is 2e-3 off)."""
     rng = np.random.default_rng(7)
     n = 40_000
-    x = (1000 + rng.normal(size=n)).astype(dtype)
+    x = (offset + rng.normal(size=n)).astype(dtype)
     offsets = np.concatenate([[0], np.sort(rng.integers(0, n + 1, 300)), [n]])
     first = next(int(a) for a, b in itertools.pairwise(offsets) if b - a > 10)
-    x[first] = 1200 if dtype == "float16" else 1e6  # (an outlier as the shift)
+    x[first] = 1200 if dtype == "float16" else 1e6 + offset  # (an outlier as the shift)
     got = to_numpy(fn(name)(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind)))
     expected = _fast_reference(name, x, offsets, 0)
     assert got.dtype == np.dtype(dtype)
     tol = {"float64": 1e-12, "float32": 1e-6, "float16": 1e-3}[dtype]
     np.testing.assert_allclose(got.astype(np.float64), expected, rtol=tol, atol=0, equal_nan=True)
+    assert kernel_calls == [f"segmented_{name}"]
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("name", VARIANCE)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+@pytest.mark.parametrize("ddof", [1, 2])
+def test_gpu_kernel_variance_ddof_and_infinities_in_a_batch(kernel_calls, kind, name, dtype, ddof):
+    """``ddof`` through the kernel (segments of at most ``ddof`` rows give NaN), over a batch of
+    three rows (``axis=1``), with infinities after a segment's first value (+inf; -inf; both) and
+    a NaN deep in a segment: NaN there, the float64 result elsewhere."""
+    rng = np.random.default_rng(ddof)
+    lengths = [0, 1, 2, 3, 40, 300, 5, 6, 7, 129]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    x = rng.normal(size=(3, int(offsets[-1]))) * 3 + 5
+    x[0, offsets[6] + 2] = np.inf
+    x[1, offsets[7] + 3] = -np.inf
+    x[2, offsets[8] + 1], x[2, offsets[8] + 4] = np.inf, -np.inf
+    x[0, offsets[9] + 100] = np.nan
+    x = x.astype(dtype)
+    got = to_numpy(fn(name)(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind), axis=1, ddof=ddof))
+    expected = np.full((3, len(lengths)), np.nan)
+    for r in range(3):
+        for s, (a, b) in enumerate(itertools.pairwise(offsets)):
+            seg = x[r, a:b].astype(np.float64)
+            if b - a > ddof and np.isfinite(seg).all():
+                var = ((seg - seg.mean()) ** 2).sum() / (b - a - ddof)
+                expected[r, s] = np.sqrt(var) if name == "std" else var
+    assert np.isnan(expected[:, : ddof + 1]).all() and np.isnan(expected[[0, 1, 2, 0], [6, 7, 8, 9]]).all()
+    tol = {"float64": 1e-12, "float32": 1e-6, "float16": 2e-3}[dtype]
+    np.testing.assert_allclose(got.astype(np.float64), expected.astype(dtype), rtol=tol, atol=0, equal_nan=True)
     assert kernel_calls == [f"segmented_{name}"]
 
 

@@ -42,6 +42,8 @@ template <> struct SumWide<OpSum, float> { typedef double type; };
 // The largest power of two at most n (0 for n < 1): features_reduce's first tail step.
 __host__ __device__ constexpr int pow2_at_most(int n, int p = 1) { return n < 1 ? 0 : 2 * p > n ? p : pow2_at_most(n, 2 * p); }
 static_assert(pow2_at_most(7) == 4 && pow2_at_most(8) == 8 && pow2_at_most(1) == 1 && pow2_at_most(0) == 0, "");
+// log2 of a power of two (0 for 1 and below).
+__host__ __device__ constexpr int log2_of(int n) { return n <= 1 ? 0 : 1 + log2_of(n / 2); }
 
 template <class T, class A0, class O, class OP, bool MEAN, int W, int UNROLL, class Off>
 __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, FeatureArgs a,
@@ -73,17 +75,23 @@ __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __re
         // largest power of two below UNROLL: together they cover UNROLL - 1 rows), each step's
         // loads at once: a round trip to memory per step, not per row (UNROLL 8: a tail of 7
         // rows takes 3 trips, not 7; segments of 100 rows end in one trip of 4)
-        constexpr int TAIL = pow2_at_most(UNROLL - 1);
+        // (every bound known at compile time, so the loops unroll and buf stays in registers)
+        constexpr int TAIL = pow2_at_most(UNROLL - 1), STEPS = log2_of(TAIL) + (TAIL > 0);
 #pragma unroll
-        for (int h = TAIL; h >= 1; h /= 2) {
+        for (int step = 0; step < STEPS; ++step) {
+            const int h = TAIL >> step;
             if (end - i >= h) {
                 G buf[TAIL > 0 ? TAIL : 1];
 #pragma unroll
-                for (int u = 0; u < h; ++u) buf[u] = *reinterpret_cast<const G*>(p + (i + u) * a.row_stride);
+                for (int u = 0; u < TAIL; ++u) {
+                    if (u < h) buf[u] = *reinterpret_cast<const G*>(p + (i + u) * a.row_stride);
+                }
 #pragma unroll
-                for (int u = 0; u < h; ++u) {
+                for (int u = 0; u < TAIL; ++u) {
+                    if (u < h) {
 #pragma unroll
-                    for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(buf[u].v[k]));
+                        for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(buf[u].v[k]));
+                    }
                 }
                 i += h;
             }

@@ -146,12 +146,22 @@ __device__ __forceinline__ float sum_exp(float t) {
 }
 __device__ __forceinline__ double sum_exp(double t) { return exp(t); }
 
-// var and std of a worker's segment [begin, end) of data, and results, narrower than 8 bytes, in
-// one pass: with K the segment's first value (each lane: its feature's), S1 = sum of (x - K) and
-// S2 = sum of (x - K)^2 in double, var = (n S2 - S1^2) / (n (n - ddof)) (the shifted-data
-// formula).  A value and x - K are exact in double (but for values 2^29 times apart), so only the
-// sums round, their error magnified by 1 + (mean - K)^2 / var_n (at most n, where K is the
-// segment's extreme outlier): far below the float rounding of the result.  One read of the data
+// float16, bfloat16 and float32: the data variance_one_pass serves (exact in double, and so are
+// their differences but for values 2^29 times apart).
+template <class T> struct IsNarrowFloat { static constexpr bool value = false; };
+template <> struct IsNarrowFloat<float> { static constexpr bool value = true; };
+template <> struct IsNarrowFloat<half_t> { static constexpr bool value = true; };
+template <> struct IsNarrowFloat<bf16_t> { static constexpr bool value = true; };
+
+// var and std of a worker's segment [begin, end) of float16, bfloat16 or float32 data, and a
+// result narrower than 8 bytes, in one pass: with K the segment's first value (each lane: its
+// feature's), S1 = sum of (x - K) and S2 = sum of (x - K)^2 in double, var = (n S2 - S1^2) /
+// (n (n - ddof)) (the shifted-data formula).  A value and x - K are exact in double (but for
+// values 2^29 times apart), so only the sums round, their error magnified by 1 + (mean - K)^2 /
+// var_n (at most n, where K is the segment's extreme outlier): about n^1.5 2^-53 at worst, below
+// a float32 result's rounding up to about 2^21 rows (an emulation of the kernel's order, the
+// first value an outlier: 0 ulp at 10^6 rows, 1 ulp at 10^7, 8 ulp (6.5e-7) at 3 10^7; a second
+// pass shifted by the mean would remove it, but took 4 more registers).  One read of the data
 // and about 5 instructions a value, against two reads and 7 for variance's two passes (the kernel
 // is bound by the instructions it issues: 118 against 127 us for 64M float32 values on an H100).
 // An infinity or a NaN among the values makes S1 or S2 so, and the result NaN (inf - inf, or
@@ -201,7 +211,7 @@ __device__ __forceinline__ void variance_one_pass(const T* __restrict__ p, O* __
 template <class T, class A, class O, int MODE, int G, int DW, int UNROLL>
 __device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict__ q, i64 begin, i64 end, i64 D,
                                          int r0, double ddof, const T* rows, int lane) {
-    if constexpr (sizeof(T) < 8 && sizeof(O) < 8) {
+    if constexpr (IsNarrowFloat<T>::value && sizeof(O) < 8) {
         variance_one_pass<T, O, MODE, G, DW, UNROLL>(p, q, begin, end, D, r0, ddof, rows, lane);
         return;
     }
