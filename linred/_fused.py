@@ -627,10 +627,16 @@ infinity in a segment makes its result NaN; a NaN propagates.  A segment of leng
 ``<= ddof`` gives NaN (NumPy gives NaN, or inf where the squared deviations do not
 sum to 0, with a warning).
 
-Composed from linred's reductions and elementwise operations of the array library
-(NumPy, CuPy, PyTorch) today: the mean reads the data, the deviations read it again
-and are written to a temporary, squared in place and summed: four passes over the
-data's size (a one-pass Welford kernel would read the data once).  The means go
+On a GPU, a call of CuPy arrays or CUDA tensors with nothing to differentiate runs as
+one kernel (``linred/kernels/softmax.cuh``; docs/api.md says when): float16, bfloat16
+and float32 data with a result of that width is read once, summing each segment's
+deviations from its first value and their squares in float64 (the shifted-data
+formula: its rounding is magnified by at most the segment's length, where that first
+value is an extreme outlier); float64 is read for the mean, then for the squared
+deviations.  Elsewhere it is composed from linred's reductions and elementwise
+operations of the array library (NumPy, CuPy, PyTorch): the mean reads the data, the
+deviations read it again and are written to a temporary, squared in place and summed:
+four passes over the data's size.  The means go
 back to the elements through a view for ``segment_length``, a gather through an
 int64 element -> segment index for ``offsets`` and ``lengths``, and a gather
 through the ids for ``segment_ids`` (each reduction by unsorted ids also sorts them
