@@ -16,6 +16,9 @@ A "shape" names a problem as that suite's case names do: its size, its reduction
 - Windowed time series: a float32 series in windows of 60 or 1440 values, mean and max:
   ``linred-auto``, ``torch-view`` (``x.view(-1, L).mean(1)`` / ``.amax(1)``) and, on the CPU,
   ``numpy-reshape``.
+- Per-segment spread (PNA's std aggregation): var and std of float32 rows in sorted segments:
+  ``linred-auto``, ``linred-nocheck``, and the two-pass compositions ``torch-segment_reduce``
+  and ``torch-index_add``.
 
 The sizes are those of the suite; no tensor holds more than ``N_CPU`` (CPU: 2^22, the suite's
 CPU cap) or ``N_GPU`` values (the mean graph and bag sizes are kept).  ``time_sum`` is asv's
@@ -450,3 +453,83 @@ class GpuAttention(_Attention):
 
     gpu = True
     params = (ATTENTION_METHODS, _shapes(list(ATTENTION_SIZES), ("softmax", "logsumexp"), ("fwd",)), ["float32"])
+
+
+# ---------------------------------------------------------------- per-graph spread (PNA's std aggregation)
+
+#: (N rows, d features, segments): segments sorted, random sizes (mean N / segments)
+SPREAD_SIZES = {
+    "N=2M d=8 segments=62k": (2_000_000, 8, 62_500),
+    "N=64M d=1 segments=262k": (1 << 26, 1, 1 << 18),
+}
+SPREAD_METHODS = ["linred-auto", "linred-nocheck", "torch-segment_reduce", "torch-index_add"]
+
+
+class _Spread(_Workload):
+    """The variance and standard deviation of each segment's rows (PNA's std aggregation, per-graph
+    feature statistics), forward: ``linred.segmented_var`` / ``segmented_std`` (one kernel on the
+    GPU), against the two-pass compositions users write: ``torch.segment_reduce`` mean and sum of
+    the squared deviations with ``repeat_interleave``, and the ``index_add_`` form (as
+    ``torch_scatter.scatter_std``)."""
+
+    def build(self, method: str, size: str, reduction: str) -> tuple[Any, ...]:
+        torch, device = self.torch, self.device
+        n, d, segments = SPREAD_SIZES[size]
+        n_capped = _shrink(n, d, self.cap)
+        n, segments = n_capped, max(1, min(n_capped - 1, round(segments * n_capped / n)))  # the same mean size
+        gen = torch.Generator(device=device).manual_seed(n + d + segments)
+        cuts = (torch.randperm(n - 1, generator=gen, device=device)[: segments - 1] + 1).sort().values
+        ptr = torch.cat([torch.zeros(1, dtype=cuts.dtype, device=device), cuts, torch.full((1,), n, device=device)])
+        counts, batch = _batch(torch, ptr)
+        rows = torch.randn(n, d, generator=gen, device=device) * 3 + 10
+        if d == 1:
+            rows = rows[:, 0]
+        std = reduction == "std"
+
+        def finish(total: Any, dtype: Any) -> Any:
+            var = total / counts.to(dtype).reshape((-1,) + (1,) * (total.dim() - 1))
+            return var.sqrt() if std else var
+
+        def compose(t: Any, dtype: Any) -> Any:  # the torch.segment_reduce composition, in dtype
+            t = t.to(dtype)
+            mean = torch.segment_reduce(t, "mean", offsets=ptr, axis=0)
+            dev = t - mean.repeat_interleave(counts, dim=0, output_size=n)
+            return finish(torch.segment_reduce(dev * dev, "sum", offsets=ptr, axis=0), dtype)
+
+        def reference(backward: bool) -> tuple[Any, ...]:
+            return (compose(rows, torch.float64),)
+
+        if method.startswith("linred-"):
+            import linred
+
+            fn = getattr(linred, f"segmented_{reduction}", None)
+            if fn is None:
+                raise NotImplementedError(f"this linred has no segmented_{reduction}")
+            check_arg = {"check": False} if method == "linred-nocheck" else {}
+            forward = lambda t: fn(t, offsets=ptr, **check_arg)
+        elif method == "torch-segment_reduce":
+            forward = lambda t: compose(t, t.dtype)
+        elif method == "torch-index_add":
+            shape = (segments, *rows.shape[1:])
+            per_row = counts.to(rows.dtype).reshape((-1,) + (1,) * (rows.dim() - 1))
+
+            def forward(t: Any) -> Any:
+                mean = torch.zeros(shape, device=device).index_add_(0, batch, t) / per_row
+                dev = t - mean[batch]
+                return finish(torch.zeros(shape, device=device).index_add_(0, batch, dev * dev), t.dtype)
+        else:
+            raise ValueError(f"unknown method {method!r}")
+        return forward, rows, reference, None, 4 * d * (n + segments)
+
+
+class CpuSpread(_Spread):
+    """var and std of each segment's rows on CPU tensors (composed from linred's reductions)."""
+
+    params = (SPREAD_METHODS, _shapes(list(SPREAD_SIZES), ("var", "std"), ("fwd",)), ["float32"])
+
+
+class GpuSpread(_Spread):
+    """var and std of each segment's rows on CUDA tensors (linred: one kernel)."""
+
+    gpu = True
+    params = (SPREAD_METHODS, _shapes(list(SPREAD_SIZES), ("var", "std"), ("fwd",)), ["float32"])
