@@ -5,7 +5,8 @@
 //    features), walking the segment's rows with UNROLL loads in flight;
 //  - features_split: the same with each segment's rows dealt to R lanes whose partials a
 //    fixed tree in shared memory adds (segments too few to fill the device otherwise);
-//  - Group (W features), FeatureArgs, SumWide (float32 sums accumulated in double);
+//  - Group (W features), FeatureArgs, SumWide (float32 sums accumulated in double),
+//    pow2_at_most and log2_of (the steps of features_reduce's last rows);
 //  - its entry points: LINRED_FEATURES (linred_features), LINRED_FEATURES_SPLIT
 //    (linred_features_split).
 
@@ -40,7 +41,9 @@ template <class OP, class A> struct SumWide { typedef A type; };
 template <> struct SumWide<OpSum, float> { typedef double type; };
 
 // The largest power of two at most n (0 for n < 1): features_reduce's first tail step.
-__host__ __device__ constexpr int pow2_at_most(int n, int p = 1) { return n < 1 ? 0 : 2 * p > n ? p : pow2_at_most(n, 2 * p); }
+__host__ __device__ constexpr int pow2_at_most(int n, int p = 1) {
+    return n < 1 ? 0 : 2 * p > n ? p : pow2_at_most(n, 2 * p);
+}
 static_assert(pow2_at_most(7) == 4 && pow2_at_most(8) == 8 && pow2_at_most(1) == 1 && pow2_at_most(0) == 0, "");
 // log2 of a power of two (0 for 1 and below).
 __host__ __device__ constexpr int log2_of(int n) { return n <= 1 ? 0 : 1 + log2_of(n / 2); }
