@@ -180,11 +180,13 @@ def _reshaped(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
 
 #: the most elements of a segment that one BLAS product adds up, for one feature column and
 #: for several.  BLAS keeps a few running sums per row (per column of feature rows), each as
-#: long as the row allows: one float32 segment of 2^24 values came out 3e-3 off, (n/4, 4)
-#: feature rows of 2^17 3e-6 off (6e-7 for 1024 rows).  A longer segment is cut into blocks
-#: of at most this many, whose sums are added in float64.
-BLAS_BLOCK = 1024
-BLAS_BLOCK_FEATURES = 256
+#: long as the row allows, and a product's last rows or columns (past a multiple of its
+#: kernel's width) one: one float32 segment of 2^24 values came out 3e-3 off, (n/4, 4) feature
+#: rows of 2^17 3e-6 off, and constant float32 data 3.4e-6 off at 256 rows (the 9th of 9
+#: columns; 2 segments of 1,024 values likewise), 3.7e-7 at 128 (OpenBLAS 0.3.31).  A longer
+#: segment is cut into blocks of at most this many, whose sums are added in float64.
+BLAS_BLOCK = 128
+BLAS_BLOCK_FEATURES = 128
 
 
 def _blas_block(D: int) -> int:
