@@ -70,4 +70,8 @@ def call_jax(function: Any, x: Any, segment_length: Any, *, offsets: Any, length
         lengths=_as_local(lengths, platform, "lengths"),
         **{k: _as_local(v, platform, k) if k == "segment_ids" else v for k, v in kwargs.items()},
     )
+    if not result.flags.c_contiguous:
+        # (a result can be a view of a larger buffer, as unsorted ids with check=False give;
+        # JAX takes only compact strides through DLPack)
+        result = result.copy()
     return jax.dlpack.from_dlpack(result)

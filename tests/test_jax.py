@@ -44,6 +44,23 @@ def test_jax_remainder_and_refusals():
         jax.jit(lambda a: linred.segmented_sum(a, 5))(x)
 
 
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max", "min", "prod"])
+def test_jax_results_that_are_views_come_back(reduction):
+    """Unsorted ids with ``check=False`` along a later axis give a view of a larger buffer (the
+    dropped ids' column), which JAX refused through DLPack: copied to compact strides first."""
+    host = np.arange(8.0).reshape(2, 4)
+    kwargs = {"segment_ids": [0, 0, 1, 5], "num_segments": 2, "check": False, "axis": 1}
+    got = getattr(linred, f"segmented_{reduction}")(jnp.asarray(host), **kwargs)
+    assert isinstance(got, jax.Array)
+    expected = getattr(linred, f"segmented_{reduction}")(host, **kwargs)
+    np.testing.assert_allclose(np.asarray(got), expected)
+    columns = {"sum": [0, 1], "mean": [0, 1], "max": [0, 1], "min": [0, 1], "prod": [0, 1]}[reduction]
+    want = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[reduction]
+    first = want.reduce(host[:, columns], axis=1) / (2 if reduction == "mean" else 1)
+    np.testing.assert_allclose(np.asarray(got)[:, 0], first)
+    np.testing.assert_allclose(np.asarray(got)[:, 1], host[:, 2])
+
+
 def _jax_gpu() -> object | None:
     try:
         return next(iter(jax.devices("gpu")), None)
