@@ -230,6 +230,16 @@ def _as_dtype_name(dtype: Any) -> Any:
     return dtype_name(dtype)
 
 
+def _index_tensor(obj: Any, device: Any) -> Tensor:
+    """Offsets or lengths given as a sequence, as a tensor on ``device``: an empty one as int64
+    (``torch.as_tensor([])`` is float32, which the segment parser refuses), as the other paths
+    make it."""
+    t = torch.as_tensor(obj, device=device)
+    if t.numel() == 0 and not hasattr(obj, "dtype"):
+        t = t.to(torch.int64)
+    return t
+
+
 def _through_op(
     reduction: str,
     x: Tensor,
@@ -247,9 +257,9 @@ def _through_op(
         what = "inside torch.compile" if torch.compiler.is_compiling() else "for a tensor that requires grad"
         raise TypeError(f"out= and stream= are not supported {what}: the result is a new tensor on the current stream")
     if offsets is not None and not isinstance(offsets, Tensor):
-        offsets = torch.as_tensor(offsets, device=x.device)
+        offsets = _index_tensor(offsets, x.device)
     if lengths is not None and not isinstance(lengths, Tensor):
-        lengths = torch.as_tensor(lengths, device=x.device)
+        lengths = _index_tensor(lengths, x.device)
     if segment_length is not None and not isinstance(segment_length, bool) and hasattr(segment_length, "__index__"):
         segment_length = int(segment_length)
     args = (x, offsets, lengths, segment_length, axis, reduction, _as_dtype_name(dtype), backend, check)

@@ -295,3 +295,18 @@ def test_cuda_feature_rows_max_backward_goes_to_the_first_maximum(spec):
             first = a + values[a:b].argmax(axis=0)
             expected[first, np.arange(d)] += gh[s]
     np.testing.assert_array_equal(x.grad.cpu().numpy(), expected)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max", "min", "prod"])
+def test_empty_segment_lists_for_a_tensor_that_requires_grad(reduction):
+    """``lengths=[]`` (and ``offsets=[0]``) over an empty tensor that requires grad: an empty
+    result with a gradient, as without grad (``torch.as_tensor([])`` is float32, which the
+    segment parser refused with a TypeError)."""
+    fn = getattr(linred, f"segmented_{reduction}")
+    for kwargs in ({"lengths": []}, {"offsets": [0]}):
+        x = torch.zeros(0, requires_grad=True)
+        got = fn(x, **kwargs)
+        assert got.shape == (0,) and got.requires_grad
+        assert fn(torch.zeros(0), **kwargs).shape == (0,)
+    with pytest.raises(TypeError, match="lengths must be an array of integers"):
+        fn(torch.zeros(3, requires_grad=True), lengths=[1.0, 2.0])
