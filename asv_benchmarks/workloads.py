@@ -128,6 +128,23 @@ def _linred(method: str, reduction: str) -> Callable[..., Any]:
     return fn
 
 
+def _random_ptr(torch: Any, rows: int, segments: int, gen: Any, device: Any) -> Any:
+    """int64 offsets of ``segments`` non-empty segments of random sizes over ``rows`` rows."""
+    cuts = (torch.randperm(rows - 1, generator=gen, device=device)[: segments - 1] + 1).sort().values
+    return torch.cat([torch.zeros(1, dtype=cuts.dtype, device=device), cuts, torch.full((1,), rows, device=device)])
+
+
+def _linred_composed(method: str, name: str, ptr: Any) -> Callable[[Any], Any]:
+    """``linred.segmented_<name>`` over ``ptr`` (``check=False`` for ``linred-nocheck``)."""
+    import linred
+
+    fn = getattr(linred, f"segmented_{name}", None)
+    if fn is None:
+        raise NotImplementedError(f"this linred has no segmented_{name}")
+    check_arg = {"check": False} if method == "linred-nocheck" else {}
+    return lambda t: fn(t, offsets=ptr, **check_arg)
+
+
 class _Workload(_SegmentedSum):
     """One workload problem by one method (``time_sum`` times one call of it, whatever its reduction)."""
 
@@ -206,8 +223,7 @@ class _Gnn(_Workload):
         if method == "torch-index_add" and reduction == "max":
             raise NotImplementedError("index_add_ sums")
         gen = torch.Generator(device=device).manual_seed(n + d + graphs)
-        cuts = (torch.randperm(n - 1, generator=gen, device=device)[: graphs - 1] + 1).sort().values
-        ptr = torch.cat([torch.zeros(1, dtype=cuts.dtype, device=device), cuts, torch.full((1,), n, device=device)])
+        ptr = _random_ptr(torch, n, graphs, gen, device)
         counts, batch = _batch(torch, ptr)
         # every column a permutation of distinct values: no ties, so max's gradient is one-hot
         ranks = torch.rand(n, d, generator=gen, device=device).argsort(dim=0)
@@ -401,8 +417,7 @@ class _Attention(_Workload):
         e_capped = _shrink(e, heads, self.cap)
         e, nodes = e_capped, max(1, min(e_capped - 1, round(nodes * e_capped / e)))  # the same mean in-degree
         gen = torch.Generator(device=device).manual_seed(e + heads + nodes)
-        cuts = (torch.randperm(e - 1, generator=gen, device=device)[: nodes - 1] + 1).sort().values
-        ptr = torch.cat([torch.zeros(1, dtype=cuts.dtype, device=device), cuts, torch.full((1,), e, device=device)])
+        ptr = _random_ptr(torch, e, nodes, gen, device)
         counts, batch = _batch(torch, ptr)
         scores = torch.randn(e, heads, generator=gen, device=device) * 3
         per_edge = reduction == "softmax"
@@ -420,13 +435,7 @@ class _Attention(_Workload):
             return (compose(scores, torch.float64),)
 
         if method.startswith("linred-"):
-            import linred
-
-            fn = getattr(linred, f"segmented_{reduction}", None)
-            if fn is None:
-                raise NotImplementedError(f"this linred has no segmented_{reduction}")
-            check_arg = {"check": False} if method == "linred-nocheck" else {}
-            forward = lambda t: fn(t, offsets=ptr, **check_arg)
+            forward = _linred_composed(method, reduction, ptr)
         elif method == "torch-segment_reduce":
             forward = lambda t: compose(t, t.dtype)
         elif method == "torch-scatter_reduce":
@@ -478,8 +487,7 @@ class _Spread(_Workload):
         n_capped = _shrink(n, d, self.cap)
         n, segments = n_capped, max(1, min(n_capped - 1, round(segments * n_capped / n)))  # the same mean size
         gen = torch.Generator(device=device).manual_seed(n + d + segments)
-        cuts = (torch.randperm(n - 1, generator=gen, device=device)[: segments - 1] + 1).sort().values
-        ptr = torch.cat([torch.zeros(1, dtype=cuts.dtype, device=device), cuts, torch.full((1,), n, device=device)])
+        ptr = _random_ptr(torch, n, segments, gen, device)
         counts, batch = _batch(torch, ptr)
         rows = torch.randn(n, d, generator=gen, device=device) * 3 + 10
         if d == 1:
@@ -500,13 +508,7 @@ class _Spread(_Workload):
             return (compose(rows, torch.float64),)
 
         if method.startswith("linred-"):
-            import linred
-
-            fn = getattr(linred, f"segmented_{reduction}", None)
-            if fn is None:
-                raise NotImplementedError(f"this linred has no segmented_{reduction}")
-            check_arg = {"check": False} if method == "linred-nocheck" else {}
-            forward = lambda t: fn(t, offsets=ptr, **check_arg)
+            forward = _linred_composed(method, reduction, ptr)
         elif method == "torch-segment_reduce":
             forward = lambda t: compose(t, t.dtype)
         elif method == "torch-index_add":
