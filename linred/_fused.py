@@ -632,7 +632,8 @@ one kernel (``linred/kernels/softmax.cuh``; docs/api.md says when): float16, bfl
 and float32 data with a result of that width is read once, summing each segment's
 deviations from its first value and their squares in float64 (the shifted-data
 formula: its rounding is magnified by at most the segment's length, where that first
-value is an extreme outlier); float64 is read for the mean, then for the squared
+value is an extreme outlier, so a segment of more than 2**20 rows is read again, shifted
+by its mean); float64 is read for the mean, then for the squared
 deviations.  Elsewhere it is composed from linred's reductions and elementwise
 operations of the array library (NumPy, CuPy, PyTorch): the mean reads the data, the
 deviations read it again and are written to a temporary, squared in place and summed:

@@ -570,6 +570,27 @@ def test_gpu_kernel_variance_ddof_and_infinities_in_a_batch(kernel_calls, kind, 
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
 @pytest.mark.parametrize("name", VARIANCE)
+def test_gpu_kernel_variance_of_a_long_segment_whose_first_value_is_an_outlier(kernel_calls, kind, name):
+    """One pass shifted by a segment's first value magnifies its rounding by up to the segment's
+    length where that value is an outlier (about n^1.5 2^-53: 8 float32 ulps at 3e7 rows); a
+    segment over 2^20 rows is read again, shifted by its mean: 2^25 rows of N(0, 1) after a first
+    value of 6e4, beside 2,200 single rows, keep the float64 result to 3e-7."""
+    n = 1 << 25
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=n + 2200).astype(np.float32)
+    x[0] = 6e4
+    offsets = np.concatenate([[0], np.arange(n, n + 2201)])
+    got = to_numpy(fn(name)(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind)))
+    seg = x[:n].astype(np.float64)
+    var = ((seg - seg.mean()) ** 2).mean()
+    want = np.sqrt(var) if name == "std" else var
+    np.testing.assert_allclose(got[0], want, rtol=3e-7)
+    assert (got[1:] == 0).all()
+    assert kernel_calls == [f"segmented_{name}"]
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("name", VARIANCE)
 @pytest.mark.parametrize("features", [1, 3])
 def test_gpu_kernel_variance_of_an_overflowing_float64_sum(kernel_calls, kind, name, features):
     """float64 data whose segment's sum overflows: its mean is inf and its var and std are inf, as

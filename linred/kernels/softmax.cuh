@@ -160,21 +160,23 @@ template <> struct IsNarrowFloat<bf16_t> { static constexpr bool value = true; }
 // values 2^29 times apart), so only the sums round, their error magnified by 1 + (mean - K)^2 /
 // var_n (at most n, where K is the segment's extreme outlier): about n^1.5 2^-53 at worst, below
 // a float32 result's rounding up to about 2^21 rows (an emulation of the kernel's order, the
-// first value an outlier: 0 ulp at 10^6 rows, 1 ulp at 10^7, 8 ulp (6.5e-7) at 3 10^7; a second
-// pass shifted by the mean would remove it, but took 4 more registers).  One read of the data
+// first value an outlier: 0 ulp at 10^6 rows, 1 ulp at 10^7, 8 ulp (6.5e-7) at 3 10^7), so a
+// segment over 2^20 rows is read a second time, shifted by the mean the first pass gave (K + S1/n,
+// rounded to float: the magnification is then about 1).  One read of the data
 // and about 5 instructions a value, against two reads and 7 for variance's two passes (the kernel
 // is bound by the instructions it issues: 118 against 127 us for 64M float32 values on an H100).
 // An infinity or a NaN among the values makes S1 or S2 so, and the result NaN (inf - inf, or
 // NaN), as the composition's.
-template <class T, class O, int MODE, int G, int DW, int UNROLL>
-__device__ __forceinline__ void variance_one_pass(const T* __restrict__ p, O* __restrict__ q, i64 begin, i64 end,
-                                                  i64 D, int r0, double ddof, const T* rows, int lane) {
+
+// The sums of x - K and (x - K)^2 of a worker's segment (every lane's after the shuffles).
+template <class T, int G, int DW, int UNROLL>
+__device__ __forceinline__ void shifted_sums(const T* __restrict__ p, i64 begin, i64 end, i64 D, int r0, float kf,
+                                             const T* rows, int lane, double& s1, double& s2) {
     constexpr int RS = G / DW;
-    const i64 last = end - r0;                                           // (p: the lane's first row)
-    // K, the value of row begin in the lane's feature, as a float (exact: T is at most a float)
-    const float kf = begin < end ? to_acc<float>(p[(begin - r0) * D]) : 0.0f;
+    const i64 last = end - r0;
     const double k = kf;
-    double s1 = 0, s2 = 0;
+    s1 = 0;
+    s2 = 0;
     // rows past the end read as K: they add 0 to both sums
     each_step<UNROLL, RS, G, SOFTMAX_AHEAD>(
         p, begin, end, last, D, kf,
@@ -190,6 +192,20 @@ __device__ __forceinline__ void variance_one_pass(const T* __restrict__ p, O* __
     if (G > 1) {
         s1 = lanes_sum<DW>(s1);
         s2 = lanes_sum<DW>(s2);
+    }
+}
+
+template <class T, class O, int MODE, int G, int DW, int UNROLL>
+__device__ __forceinline__ void variance_one_pass(const T* __restrict__ p, O* __restrict__ q, i64 begin, i64 end,
+                                                  i64 D, int r0, double ddof, const T* rows, int lane) {
+    // K, the value of row begin in the lane's feature, as a float (exact: T is at most a float;
+    // p: the lane's first row)
+    float kf = begin < end ? to_acc<float>(p[(begin - r0) * D]) : 0.0f;
+    double s1, s2;
+    shifted_sums<T, G, DW, UNROLL>(p, begin, end, D, r0, kf, rows, lane, s1, s2);
+    if (end - begin > (1 << 20)) {  // long: again, shifted by the mean
+        kf = (float)((double)kf + s1 / (double)(end - begin));
+        shifted_sums<T, G, DW, UNROLL>(p, begin, end, D, r0, kf, rows, lane, s1, s2);
     }
     if (r0 == 0) {
         // var = (n S2 - S1^2) / (n (n - ddof)): one division (n (n - ddof) is within a rounding of
