@@ -141,6 +141,8 @@ def call(
                     # Checked by the kernel that reads them (as parse_offsets arranges it when
                     # deferred): this thread's word armed, one wait for the stream after the call.
                     segments = VariableSegments(offsets, plan._count, word=plan._arm(offsets))
+                    if plan._ahead:
+                        return _checked_ahead(plan, x, out, handle, segments, None)
                     result = plan._run(x, out, handle, segments)
                     if not plan._check_passed(handle, plan._device):
                         req = plan._request
@@ -150,6 +152,8 @@ def call(
             if segments.offsets.dtype == plan._offsets_dtype:
                 if not segments.word:
                     return plan._run(x, out, handle, segments)
+                if plan._ahead:
+                    return _checked_ahead(plan, x, out, handle, segments, lengths)
                 # Checked by the kernel that reads them: one wait for the stream, after the call.
                 result = plan._run(x, out, handle, segments)
                 req = plan._request
@@ -185,9 +189,53 @@ def call(
     # (offsets on a device that the plan's kernel checks as it reads them: a later checked call
     # with offsets of this layout arms the check word itself, as parse_offsets would)
     plan._armed = plan._offsets_as_given and plan._checks_offsets and plan._device is not None and segments.count > 0
+    # (a large call whose offsets are few: the verdict from a check enqueued ahead of the reduction)
+    plan._ahead = _ahead(plan, segments) if check and plan._checks_offsets and plan._device is not None else False
     if key is not None and _cache.maxsize:
         _cache.put(key, plan)
     return plan._run(x, out, handle, req.segments)
+
+
+def _ahead(plan: SegmentedReduction, segments: Any) -> bool:
+    """Whether the plan's checked calls take their verdict from the offsets check launched ahead
+    of the reduction (:func:`linred.arrays._device_checks.ahead_pays`); if so, the plan gets what
+    :func:`_checked_ahead` calls."""
+    if segments.__class__ is not VariableSegments or not segments.count:
+        return False
+    from linred._dtypes import itemsize
+    from linred.arrays import _device_checks
+
+    problem = plan._request.problem
+    offsets = segments.offsets
+    data = problem.batch * problem.n * problem.features * itemsize(problem.dtype)
+    if not _device_checks.ahead_pays(data, (segments.count + 1) * offsets.itemsize):
+        return False
+    plan._wide = offsets.itemsize == 8
+    plan._check_ahead = _device_checks.check_ahead
+    plan._verdict = _device_checks.verdict
+    return True
+
+
+def _checked_ahead(plan: SegmentedReduction, x: Any, out: Any, handle: Any, segments: VariableSegments,
+                   lengths: Any) -> Any:  # fmt: skip
+    """A checked call (``segments.word`` armed) whose verdict comes from the offsets check
+    enqueued ahead of its reduction: it waits for that check, not for the reduction, and
+    returns while the reduction runs (the next call's host work overlaps it).  Bad offsets
+    are read by the checking reduction as empty segments; the call then waits for the stream
+    and raises the ValueError that names them, as a call that waits for its reduction does."""
+    req, device = plan._request, plan._device
+    if plan._check_ahead(plan._pointer(segments.offsets), plan._wide, segments.count, req.problem.n, device, handle):
+        try:
+            result = plan._run(x, out, handle, segments)
+        except BaseException:
+            plan._check_passed(handle, device)  # (the check ends before this thread's word is armed again)
+            raise
+        if plan._verdict(device):
+            return result
+    else:  # (the check cannot run on this device: the reduction's own check, waited for)
+        result = plan._run(x, out, handle, segments)
+    verify(segments, req.adapter, handle, lengths, n=req.problem.n, axis=req.axis, device=device)
+    return result
 
 
 def _first_tensor(x: Any) -> bool:

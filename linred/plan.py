@@ -172,6 +172,7 @@ class SegmentedReduction:
         plan._checks_offsets = getattr(plan._executor, "checks_offsets", False)
         # What a checked call of such offsets asks of the adapter (see linred._plan_cache.call).
         plan._armed = False  # (set by the plan cache)
+        plan._ahead = False  # (set by the plan cache: checked calls take the verdict of a check enqueued ahead)
         plan._capturing = req.adapter.capturing
         plan._arm = req.adapter.check_word
         plan._check_passed = req.adapter.check_passed

@@ -42,6 +42,35 @@ def warp_checks(request, monkeypatch):
     linred.clear_plan_cache()
 
 
+@pytest.fixture(params=["after the reduction", "ahead"])
+def verdict_route(request, monkeypatch):
+    """Fresh plans whose checked calls learn the verdict after their reduction (the call waits
+    for the stream), or from the one-kernel check enqueued ahead of it (the call waits for that
+    check alone: :func:`_device_checks.check_ahead`), whatever the size of the call.  Yields the
+    route and the counts of the checks launched ahead and of the waits for a whole stream."""
+    counts = {"ahead": 0, "waits": 0}
+    if request.param == "ahead":
+        monkeypatch.setattr(_device_checks, "AHEAD_MIN_BYTES", 0)
+        monkeypatch.setattr(_device_checks, "AHEAD_MAX_SHARE", float("inf"))
+    else:
+        monkeypatch.setattr(_device_checks, "AHEAD_MIN_BYTES", 1 << 62)
+    check_ahead, passed = _device_checks.check_ahead, _device_checks.passed
+
+    def counting_ahead(*args):
+        counts["ahead"] += 1
+        return check_ahead(*args)
+
+    def counting_passed(*args):
+        counts["waits"] += 1
+        return passed(*args)
+
+    monkeypatch.setattr(_device_checks, "check_ahead", counting_ahead)
+    monkeypatch.setattr(_device_checks, "passed", counting_passed)
+    linred.clear_plan_cache()
+    yield request.param, counts
+    linred.clear_plan_cache()
+
+
 @pytest.fixture
 def kernel_checked(monkeypatch):
     """Counts the calls checked by a kernel (:func:`_device_checks.arm`) and those checked by the
@@ -133,7 +162,7 @@ def _broken(good: np.ndarray, n: int, dtype: str) -> list[np.ndarray]:
         ((3, 20_000), 1, 300),
     ],
 )
-def test_kernel_checked_offsets(warp_checks, kernel_checked, kind, dtype, reduction, shape, axis, m):
+def test_kernel_checked_offsets(warp_checks, verdict_route, kernel_checked, kind, dtype, reduction, shape, axis, m):
     rng = np.random.default_rng(m + shape[axis])
     n = shape[axis]
     fn = getattr(linred, f"segmented_{reduction}")
@@ -142,6 +171,8 @@ def test_kernel_checked_offsets(warp_checks, kernel_checked, kind, dtype, reduct
     xd = to_kind(x, kind)
     fn(xd, offsets=to_kind(good.astype(dtype), kind), axis=axis, backend="nvrtc")  # plans (checked by the pass)
     kernel_checked.update({"kernel": 0, "pass": 0})
+    route, counts = verdict_route
+    counts.update({"ahead": 0, "waits": 0})
     for bad in _broken(good, n, dtype):
         expected = _host_message(fn, x, offsets=bad.astype(dtype), axis=axis)
         before = kernel_checked["kernel"]
@@ -155,11 +186,16 @@ def test_kernel_checked_offsets(warp_checks, kernel_checked, kind, dtype, reduct
         )
     assert kernel_checked["kernel"] == 2 * len(_broken(good, n, dtype))
     assert kernel_checked["pass"] == 0
+    calls = 2 * len(_broken(good, n, dtype))
+    if route == "ahead":  # every call checked ahead; only a refused one waits for its stream
+        assert counts == {"ahead": calls, "waits": calls // 2}
+    else:  # every call waits for its stream
+        assert counts == {"ahead": 0, "waits": calls}
 
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
 @pytest.mark.parametrize("dtype", ["int32", "int64"])
-def test_kernel_checked_lengths(kernel_checked, kind, dtype):
+def test_kernel_checked_lengths(verdict_route, kernel_checked, kind, dtype):
     rng = np.random.default_rng(5)
     lengths = rng.integers(1, 40, 100)
     n = int(lengths.sum())
@@ -167,6 +203,7 @@ def test_kernel_checked_lengths(kernel_checked, kind, dtype):
     xd = to_kind(x, kind)
     linred.segmented_sum(xd, lengths=to_kind(lengths.astype(dtype), kind), backend="nvrtc")  # planned
     kernel_checked.update({"kernel": 0, "pass": 0})
+    verdict_route[1].update({"ahead": 0, "waits": 0})
     cases = []
     for at in (0, 50, 99):
         for value in (-1, lengths[at] + 1, lengths[at] - 1):
@@ -186,10 +223,14 @@ def test_kernel_checked_lengths(kernel_checked, kind, dtype):
     np.testing.assert_allclose(to_numpy(got), _reference("sum", x, off, 0), rtol=2e-5, atol=2e-5)
     assert kernel_checked["kernel"] == len(cases) + 1
     assert kernel_checked["pass"] == 0
+    route, counts = verdict_route
+    if route == "ahead":
+        assert counts["ahead"] == len(cases) + 1
+        assert counts["waits"] == len(cases)
 
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
-def test_kernel_checked_out_and_a_new_result(kernel_checked, kind):
+def test_kernel_checked_out_and_a_new_result(verdict_route, kernel_checked, kind):
     """``out=``: a valid call writes it; a broken one raises (``out`` may have been written)."""
     rng = np.random.default_rng(1)
     x = rng.standard_normal((1000, 8)).astype(np.float32)
@@ -208,7 +249,7 @@ def test_kernel_checked_out_and_a_new_result(kernel_checked, kind):
 
 
 @pytest.mark.skipif("cupy" not in GPU_KINDS, reason="needs CuPy")
-def test_kernel_check_waits_for_the_calls_stream(kernel_checked):
+def test_kernel_check_waits_for_the_calls_stream(verdict_route, kernel_checked):
     """Offsets broken on a non-blocking stream just before the call: the verdict is read after
     that stream's work, not the current stream's."""
     import cupy
@@ -249,7 +290,7 @@ def test_kernel_checked_offsets_with_autograd():
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
 @pytest.mark.parametrize("reduction", ["sum", "max"])
-def test_kernel_checked_rows_not_aligned(warp_checks, kernel_checked, kind, reduction):
+def test_kernel_checked_rows_not_aligned(warp_checks, verdict_route, kernel_checked, kind, reduction):
     """One column whose data is not 16-byte aligned (a view one element in): warp_reduce hands it
     to tile_reduce, which does not check offsets; they are checked first into the same word."""
     rng = np.random.default_rng(3)
@@ -277,7 +318,7 @@ def test_kernel_checked_rows_not_aligned(warp_checks, kernel_checked, kind, redu
     (4096, [0, 1000, 2000, 3000, 4096], [0, 1000, 2000, 3000, 3010]),
     (1000, [0, 1000], [0, 5]),
 ])  # fmt: skip
-def test_kernel_checked_short_last_offset(warp_checks, kernel_checked, kind, n, good, bad):
+def test_kernel_checked_short_last_offset(warp_checks, verdict_route, kernel_checked, kind, n, good, bad):
     """The offsets' common mistake, a last offset short of n, in a tile that is not the row's
     last: refused with the host's message, and (under compute-sanitizer) nothing read or written
     out of bounds; the next valid call is right."""
@@ -321,7 +362,7 @@ def _valid_offsets(layout: str, n: int, tile: int, rng: np.random.Generator) -> 
 @pytest.mark.parametrize("kind", GPU_KINDS)
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32"])
 @pytest.mark.parametrize("reduction", ["sum", "mean", "max"])
-def test_kernel_checked_valid_offsets_across_tiles(warp_checks, kernel_checked, kind, dtype, reduction):
+def test_kernel_checked_valid_offsets_across_tiles(warp_checks, verdict_route, kernel_checked, kind, dtype, reduction):
     """Valid offsets are never refused by warp_reduce's check, and its checked variant gives
     the unchecked variant's exact results: around one warp tile (n at k * T - 1, k * T,
     k * T + 1 for the tile T of the dtype), many runs, a ragged last tile, empty segments at
@@ -351,3 +392,121 @@ def test_kernel_checked_valid_offsets_across_tiles(warp_checks, kernel_checked, 
             want = _reference(reduction, x, good, 0)
             tol = {"float16": 2e-2, "float32": 1e-4}.get(dtype, 1e-9)
             np.testing.assert_allclose(checked.astype(np.float64), want, rtol=tol, atol=tol * np.sqrt(n))
+
+
+def _plan_of_last_call():
+    from linred import _plan_cache
+
+    (plan,) = _plan_cache._plans.values()
+    return plan
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("shape, mean, ahead", [
+    ((1 << 24,), 256, True),  # 64 MiB of data, offsets 1/128 of it
+    ((1 << 24,), 8, False),  # offsets 1/4 of the data: the call waits for its checking reduction
+    ((1 << 20, 16), 64, True),  # feature rows
+    ((1 << 16,), 256, False),  # 256 KiB: too short a reduction for the next call to hide behind
+])  # fmt: skip
+def test_checked_ahead_by_default_where_it_pays(monkeypatch, kind, shape, mean, ahead):
+    """With the default thresholds, a large checked call whose offsets are a small part of its
+    bytes takes its verdict from the check enqueued ahead of its reduction and waits for no
+    stream when they are valid; the others wait for their reduction.  Results against float64,
+    broken offsets with the host's message either way, the next valid call right."""
+    counts = {"ahead": 0, "waits": 0}
+    check_ahead, passed = _device_checks.check_ahead, _device_checks.passed
+
+    def counting_ahead(*args):
+        counts["ahead"] += 1
+        return check_ahead(*args)
+
+    def counting_passed(*args):
+        counts["waits"] += 1
+        return passed(*args)
+
+    monkeypatch.setattr(_device_checks, "check_ahead", counting_ahead)
+    monkeypatch.setattr(_device_checks, "passed", counting_passed)
+    linred.clear_plan_cache()
+    rng = np.random.default_rng(mean)
+    n = shape[0]
+    x = rng.standard_normal(shape).astype(np.float32)
+    good = np.unique(np.concatenate([[0], rng.integers(0, n, n // mean), [n]])).astype(np.int64)
+    xd, offd = to_kind(x, kind), to_kind(good, kind)
+    linred.segmented_sum(xd, offsets=offd)  # planned
+    assert _plan_of_last_call()._ahead is ahead
+    for _ in range(3):
+        got = linred.segmented_sum(xd, offsets=offd)
+    np.testing.assert_allclose(to_numpy(got).astype(np.float64), _reference("sum", x, good, 0), rtol=1e-4, atol=1e-3)
+    assert counts == ({"ahead": 3, "waits": 0} if ahead else {"ahead": 0, "waits": 3})
+    bad = good.copy()
+    bad[len(good) // 2] = n + 1
+    with pytest.raises(ValueError, match=re.escape(_host_message(linred.segmented_sum, x, offsets=bad))):
+        linred.segmented_sum(xd, offsets=to_kind(bad, kind))
+    got = linred.segmented_sum(xd, offsets=offd)
+    np.testing.assert_allclose(to_numpy(got).astype(np.float64), _reference("sum", x, good, 0), rtol=1e-4, atol=1e-3)
+    linred.clear_plan_cache()
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+def test_checked_ahead_back_to_back_calls_keep_their_verdicts(verdict_route, kind):
+    """Calls that return while their reduction runs, queued back to back on one stream with
+    valid and broken offsets alternating: each valid call's result is right once the stream
+    ends, each broken one raises, and no verdict leaks into the next call."""
+    route, counts = verdict_route
+    rng = np.random.default_rng(4)
+    n = 1 << 20
+    x = rng.standard_normal(n).astype(np.float32)
+    good = [np.sort(np.concatenate([[0], rng.integers(0, n, 999), [n]])).astype(np.int64) for _ in range(3)]
+    xd = to_kind(x, kind)
+    linred.segmented_sum(xd, offsets=to_kind(good[0], kind))  # planned
+    results = []
+    for i in range(12):
+        off = good[i % 3]
+        if i % 4 == 3:
+            bad = off.copy()
+            bad[500] = bad[499] - 1
+            with pytest.raises(ValueError, match=r"offsets must be non-decreasing: offsets\[500\]"):
+                linred.segmented_sum(xd, offsets=to_kind(bad, kind))
+        else:
+            results.append((linred.segmented_sum(xd, offsets=to_kind(off, kind)), off))
+    for got, off in results:
+        np.testing.assert_allclose(to_numpy(got).astype(np.float64), _reference("sum", x, off, 0), rtol=1e-4,
+                                   atol=1e-4)  # fmt: skip
+    if route == "ahead":
+        assert counts == {"ahead": 12, "waits": 3}
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+def test_checked_ahead_in_threads(verdict_route, kind):
+    """Threads checking ahead at once, each its own offsets (some broken), on its own plan, word
+    and event: every thread gets its own verdict and result."""
+    import threading
+
+    rng = np.random.default_rng(8)
+    n = 1 << 18
+    x = rng.standard_normal((n, 4)).astype(np.float32)
+    xd = to_kind(x, kind)
+    good = np.sort(np.concatenate([[0], rng.integers(0, n, 300), [n]])).astype(np.int64)
+    bad = good.copy()
+    bad[-1] = n - 1
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(10):
+                if (t + i) % 3 == 0:
+                    with pytest.raises(ValueError, match=re.escape("offsets[-1] must equal the length of axis 0")):
+                        linred.segmented_sum(xd, offsets=to_kind(bad, kind))
+                else:
+                    got = linred.segmented_sum(xd, offsets=to_kind(good, kind))
+                    np.testing.assert_allclose(to_numpy(got).astype(np.float64), _reference("sum", x, good, 0),
+                                               rtol=1e-4, atol=1e-4)  # fmt: skip
+        except BaseException as e:  # (reported by the main thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]

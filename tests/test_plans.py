@@ -345,3 +345,28 @@ def test_the_first_call_with_a_librarys_array_is_cached():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["1", "1"]
+
+
+def test_checked_calls_take_the_verdict_ahead_only_where_it_pays():
+    """The rule of :func:`linred.arrays._device_checks.ahead_pays`: a large call (at least 32 MiB
+    of data) whose offsets are at most 1/16 of its data's bytes checks them ahead of its
+    reduction; a small call, or one whose offsets are a large part of its bytes (short
+    segments), waits for its checking reduction.  Host plans never do either."""
+    import numpy as np
+
+    from linred import _plan_cache
+    from linred.arrays._device_checks import AHEAD_MAX_SHARE, AHEAD_MIN_BYTES, ahead_pays
+
+    assert (AHEAD_MIN_BYTES, AHEAD_MAX_SHARE) == (32 << 20, 1 / 16)
+    gib = 1 << 30
+    assert ahead_pays(gib, gib // 1024)  # float32 segments of 2048 values, int64 offsets
+    assert ahead_pays(gib, gib // 16)  # segments of 32 float32 values
+    assert not ahead_pays(gib, gib // 8)  # segments of 16 float32 values
+    assert ahead_pays(32 << 20, 1 << 20)
+    assert not ahead_pays((32 << 20) - 1, 8)
+    linred.clear_plan_cache()
+    x = np.ones(1 << 23, np.float32)  # 32 MiB on the host: checked there, with no device to wait for
+    linred.segmented_sum(x, offsets=np.array([0, 1 << 22, 1 << 23]))
+    (plan,) = _plan_cache._plans.values()
+    assert plan._ahead is False
+    linred.clear_plan_cache()

@@ -12,6 +12,10 @@ each layout, checks that each raises ValueError and that a valid call after it i
 and prints a count; then the same for the softmax family's kernel.  Run it under the sanitizer on a GPU machine::
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python tools/sanitize_checked_offsets.py
+
+``--ahead`` sends every checked call the route of large calls whose offsets are few: the
+one-kernel check enqueued ahead of the checking reduction, the call waiting for the check alone
+(:func:`linred.arrays._device_checks.check_ahead`), whatever the call's size.
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ import linred
 
 def main() -> int:
     import cupy
+
+    if "--ahead" in sys.argv[1:]:
+        from linred.arrays import _device_checks
+
+        _device_checks.AHEAD_MIN_BYTES, _device_checks.AHEAD_MAX_SHARE = 0, float("inf")
 
     kinds = {"cupy": (cupy.asarray, cupy.asnumpy)}
     try:
