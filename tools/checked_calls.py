@@ -37,6 +37,9 @@ def main() -> None:
     parser.add_argument("--torch", action="store_true", help="PyTorch input (default: CuPy)")
     parser.add_argument("--layouts", default=LAYOUTS)
     parser.add_argument("--log2n", type=int, default=28)
+    parser.add_argument(
+        "--max-share", type=float, default=None, help="AHEAD_MAX_SHARE of the ahead route (inf: every layout ahead)"
+    )
     args = parser.parse_args()
 
     import cupy as cp
@@ -107,6 +110,8 @@ def main() -> None:
           f"({8 * n / copy_us / 1e3:.0f} GB/s); 7 samples of 30 back-to-back calls, "
           "median (min-max) us per call")  # fmt: skip
     saved = _device_checks.AHEAD_MIN_BYTES
+    if args.max_share is not None:
+        _device_checks.AHEAD_MAX_SHARE = args.max_share
 
     def route(ahead: bool) -> None:
         _device_checks.AHEAD_MIN_BYTES = saved if ahead else 1 << 62
@@ -119,7 +124,7 @@ def main() -> None:
         m = host.shape[0] - 1
         out = torch.empty(m, device="cuda") if args.torch else cp.empty(m, cp.float32)
         nbytes = 4 * n + 8 * (m + 1) + 4 * m
-        pays = _device_checks.ahead_pays(4 * n, 8 * (m + 1))
+        pays = _device_checks.ahead_pays(4 * n, 8 * (m + 1))  # (the ahead route's; "after" never pays)
 
         def fmt(name: str, r: tuple[float, float, float]) -> str:
             return f"{name} {r[0]:.1f} ({r[1]:.1f}-{r[2]:.1f}) {nbytes / r[0] / (8 * n / copy_us):.1%}"
