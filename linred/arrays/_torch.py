@@ -259,7 +259,9 @@ class TorchAdapter(ArrayAdapter):
         return lo, at, hi, bool(wrapped), total
 
     def lengths_to_offsets(self, lengths: torch.Tensor) -> torch.Tensor:
-        off = torch.zeros(lengths.shape[0] + 1, dtype=torch.int64, device=lengths.device)
+        # (empty, not zeros: only the first offset needs its 0; the scan writes the others)
+        off = torch.empty(lengths.shape[0] + 1, dtype=torch.int64, device=lengths.device)
+        off[:1].zero_()
         torch.cumsum(lengths, 0, dtype=torch.int64, out=off[1:])
         return off
 
