@@ -8,10 +8,8 @@
 //
 // A decoupled look-back scan: block t takes tile t (SCAN_TILE lengths), sums it, publishes the
 // sum (flag 1) and, once it has the sum of every tile before it, its inclusive prefix (flag 2);
-// its first warp finds that sum by looking back over the tiles before it, 32 at a time (a lane a
-// tile), adding the published values up to the nearest tile with a prefix.  (One thread walking
-// back a tile at a time took 300 us for 4,096 tiles on an H200: a tile's predecessors in flight
-// have only their sums, and each step is a round trip to L2.)  A tile waits only for tiles of lower index, which the hardware
+// it finds that sum by walking back over the tiles before it, adding published sums until one
+// that published its prefix.  A tile waits only for tiles of lower index, which the hardware
 // started no later than it (blocks are dispatched in index order; CUB's single-pass scans rely on
 // the same), so the wait ends.  The flags must be 0 before the launch (the caller clears them:
 // they are per call, so two scans on two streams never share them).  A value is written before
@@ -74,42 +72,29 @@ __device__ __forceinline__ void lengths_to_offsets(const I* __restrict__ lengths
             if (lane >= o) w += y;
         }
         if (lane < SCAN_THREADS / 32) warp_sums[lane] = w;  // inclusive
-        const u64 total = __shfl_sync(0xffffffffu, w, SCAN_THREADS / 32 - 1);  // the tile's sum
-        volatile u64* vsums = sums;
-        volatile u64* vprefixes = prefixes;
-        volatile unsigned* vflags = flags;
-        u64 before = 0;
-        if (t > 0) {
-            if (lane == 0) {
+        if (lane == SCAN_THREADS / 32 - 1) {
+            const u64 total = w;  // the tile's sum
+            volatile u64* vsums = sums;
+            volatile u64* vprefixes = prefixes;
+            volatile unsigned* vflags = flags;
+            u64 before = 0;
+            if (t > 0) {
                 vsums[t] = total;
                 __threadfence();
                 vflags[t] = 1;
-            }
-            // The warp looks back 32 tiles at a time, lane l at tile end - 1 - l: it adds the
-            // published values up to the nearest tile with a prefix (tile 0 always has one), or
-            // all 32 sums and looks further back.
-            for (i64 end = t;; end -= 32) {
-                const i64 p = end - 1 - lane;
-                unsigned f = 0;
-                u64 value = 0;
-                if (p >= 0) {
+                for (i64 p = t - 1;; --p) {
+                    unsigned f;
                     do {
                         f = vflags[p];
                     } while (f == 0);
                     __threadfence();
-                    value = f == 2 ? vprefixes[p] : vsums[p];
+                    if (f == 2) {
+                        before += vprefixes[p];
+                        break;
+                    }
+                    before += vsums[p];
                 }
-                const unsigned with_prefix = __ballot_sync(0xffffffffu, f == 2);
-                // (no prefix among the 32: every lane's tile exists, since tile 0 has one)
-                const int nearest = with_prefix ? __ffs(with_prefix) - 1 : 31;
-                u64 add = lane <= nearest ? value : 0;
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) add += __shfl_xor_sync(0xffffffffu, add, o);
-                before += add;
-                if (with_prefix) break;
             }
-        }
-        if (lane == 0) {
             vprefixes[t] = before + total;
             __threadfence();
             vflags[t] = 2;
