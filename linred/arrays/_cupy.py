@@ -9,7 +9,7 @@ import cupy
 import numpy
 
 from linred._dtypes import dtype_name
-from linred.arrays import _device_checks, _device_scan
+from linred.arrays import _device_checks
 from linred.arrays._base import ArrayAdapter, ArrayInfo, adapters, byte_range, ranges_overlap
 from linred.arrays._numpy import _int_array, _lengths_summary, _lengths_to_offsets, _offsets_summary
 from linred.arrays._streams import ProtocolStream, stream_handle
@@ -181,21 +181,8 @@ class CupyAdapter(ArrayAdapter):
 
     def lengths_to_offsets(self, lengths: cupy.ndarray) -> cupy.ndarray:
         with lengths.device:
-            if lengths.ndim == 1 and lengths.dtype in _SCANNED and lengths.flags.c_contiguous:
-                # One pass (scan.cuh): cupy.cumsum(out=) scans a copy and copies it into out.
-                m = lengths.shape[0]
-                buffer = cupy.empty(_device_scan.words(m), cupy.int64)
-                first, count = _device_scan.flags(m)
-                buffer[first : first + count].fill(0)
-                stream = cupy.cuda.get_current_stream().ptr
-                wide = lengths.dtype == cupy.int64
-                if _device_scan.scan(lengths.data.ptr, wide, m, buffer.data.ptr, lengths.device.id, stream):
-                    return buffer[: m + 1]
             return _lengths_to_offsets(cupy, lengths)
 
-
-#: the lengths dtypes scan.cuh reads (index_array gives one of them)
-_SCANNED = (numpy.dtype(numpy.int32), numpy.dtype(numpy.int64))
 
 CUPY = CupyAdapter()
 adapters[cupy.ndarray] = CUPY

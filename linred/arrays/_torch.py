@@ -11,7 +11,7 @@ import torch
 
 from linred._dtypes import dtype_name
 from linred._dynamo import register_torch
-from linred.arrays import _device_checks, _device_scan
+from linred.arrays import _device_checks
 from linred.arrays._base import ArrayAdapter, ArrayInfo, adapters, byte_range, ranges_overlap
 from linred.arrays._streams import stream_handle
 
@@ -259,21 +259,6 @@ class TorchAdapter(ArrayAdapter):
         return lo, at, hi, bool(wrapped), total
 
     def lengths_to_offsets(self, lengths: torch.Tensor) -> torch.Tensor:
-        if (
-            lengths.device.type == "cuda"
-            and lengths.dim() == 1
-            and lengths.dtype in (torch.int32, torch.int64)
-            and lengths.is_contiguous()
-        ):
-            # One pass (scan.cuh), into a buffer that also holds the scan's state.
-            m, device = lengths.shape[0], lengths.device.index
-            buffer = torch.empty(_device_scan.words(m), dtype=torch.int64, device=lengths.device)
-            first, count = _device_scan.flags(m)
-            buffer[first : first + count].zero_()
-            stream = _raw_stream(device) if _raw_stream is not None else torch.cuda.current_stream(device).cuda_stream
-            wide = lengths.dtype == torch.int64
-            if _device_scan.scan(lengths.data_ptr(), wide, m, buffer.data_ptr(), device, stream):
-                return buffer[: m + 1]
         # (empty, not zeros: only the first offset needs its 0; the scan writes the others)
         off = torch.empty(lengths.shape[0] + 1, dtype=torch.int64, device=lengths.device)
         off[:1].zero_()

@@ -22,7 +22,6 @@
 //  - features.cuh: features_reduce (segments of rows of feature columns);
 //  - offsets.cuh: segment boundaries and the tiling of rows those families share.
 // checks.cuh holds the check of offsets that check=True runs on the device (any backend).
-// scan.cuh turns device lengths into offsets in one pass (any backend).
 // Each family header also defines the macros that instantiate its kernels as
 // extern "C" entry points (plain names, so that a compiled binary can be cached);
 // linred/backends/nvrtc/kernels.py writes one such line per kernel it compiles, and
