@@ -21,7 +21,9 @@
 //    for the lines SOFTMAX_AHEAD steps ahead of its loads (prefetch_step).  On an H100 the
 //    kernel is bound by the instructions it issues (ncu), not by memory, so the per-element
 //    work is kept short;
-//  - variance, variance_one_pass: var and std of a worker's segment;
+//  - variance, variance_one_pass: var and std of a worker's segment (shifted_sums: the sums of
+//    its deviations from a shift and of their squares, once, or twice for a segment of more
+//    than 2^20 rows, the second shifted by the first's mean);
 //  - load_steps: a lane's UNROLL steps, rows past the end read as a fill value; each_step: one
 //    pass over a segment in such steps; nan_max: NaN-propagating max (one instruction on
 //    sm_80+); sum_exp: exp of a term of the sum (ex2.approx for float: the kernel's work is
