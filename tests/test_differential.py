@@ -226,6 +226,9 @@ def host_shapes(rng: np.random.Generator) -> list:
     shapes += _styles(rng, around(nb.THREAD_ELEMENTS // 64, 2 * nb.THREAD_ELEMENTS // 64), 64)
     shapes += _styles(rng, [1, 3, 17, 400], 10) + _styles(rng, [6, 40], 12, d=3)
     shapes += [_fixed(L, m) for L in (1, 2, 3, 7, 32, 33) for m in (1, 5, 64)]
+    # max, min and prod of short segments as elementwise calls over the columns (and sums of
+    # L <= 2): across CHAIN_LONGEST
+    shapes += [_fixed(L, m) for L in around(nb.CHAIN_LONGEST) for m in (1, 5, 64)]
     # short segments of narrow feature rows as one product with a stacked identity: L * d * d
     # across IDENTITY_PRODUCT_MAX (d = 4: L = 31, 32, 33) and the segments across its minimum
     m0 = nb.IDENTITY_PRODUCT_MIN_SEGMENTS
@@ -372,7 +375,8 @@ def test_boundaries_straddle_the_constants():
     """The shapes cross each host constant at k*T - 1, k*T and k*T + 1 (read from the code)."""
     rng = np.random.default_rng(0)
     lengths = {c[1][0] for c in host_shapes(rng) if c[0] == "fixed"}
-    for T in (numpy_backend.BLAS_BLOCK, numpy_backend.BLAS_BLOCK_FEATURES, HOST_SPLIT_ABOVE):
+    nb = numpy_backend
+    for T in (nb.BLAS_BLOCK, nb.BLAS_BLOCK_FEATURES, HOST_SPLIT_ABOVE, nb.CHAIN_LONGEST):
         assert {T - 1, T, T + 1} <= lengths, T
     narrow = [c for c in host_shapes(rng) if c[0] == "fixed" and c[2] in (2, 3, 4)]
     T = numpy_backend.IDENTITY_PRODUCT_MAX

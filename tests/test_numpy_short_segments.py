@@ -1,0 +1,71 @@
+"""Short fixed segments of one contiguous NumPy column, reduced as elementwise calls over the
+columns of the ``(m, L)`` view (``linred.backends.numpy._chained``): max, min and prod up to
+``CHAIN_LONGEST`` elements, sum and mean of one or two.  The results must be those of
+``ufunc.reduce`` along the segments (the same order of operations: bit for bit), and for sums
+those of the float64 reference within one rounding; every ``L`` across the constant."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import linred
+from linred.backends import numpy as numpy_backend
+
+T = numpy_backend.CHAIN_LONGEST
+LENGTHS = sorted({1, 2, 3, T - 1, T, T + 1})
+REDUCE = {"max": np.maximum.reduce, "min": np.minimum.reduce, "prod": np.multiply.reduce}
+
+
+def _data(dtype: str, n: int) -> np.ndarray:
+    rng = np.random.default_rng(n)
+    if dtype.startswith("int") or dtype.startswith("uint"):
+        return rng.integers(0, 9, n).astype(dtype)
+    x = rng.uniform(0.5, 1.5, n).astype(dtype)
+    x[::97] = -x[::97]
+    x[5::211] = np.nan  # (max and min propagate NaN, as ufunc.reduce does)
+    return x
+
+
+@pytest.mark.parametrize("L", LENGTHS)
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32", "int64", "uint8"])
+@pytest.mark.parametrize("reduction", ["max", "min", "prod"])
+def test_ufunc_reductions_of_short_segments_are_those_of_reduce(reduction, dtype, L):
+    m = 301
+    x = _data(dtype, m * L)
+    if reduction == "prod" and dtype.startswith("float"):
+        x = np.abs(np.nan_to_num(x, nan=1.0)).astype(dtype)
+    fn = getattr(linred, f"segmented_{reduction}")
+    want = REDUCE[reduction](x.reshape(m, L), axis=1)
+    got = fn(x, L, backend="numpy", dtype=want.dtype)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    out = np.empty_like(want)
+    assert fn(x, L, backend="numpy", dtype=want.dtype, out=out) is out
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("L", [1, 2, 3])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_sums_of_one_or_two_elements_round_once(reduction, dtype, L):
+    m = 1001
+    x = np.random.default_rng(L).standard_normal(m * L).astype(dtype)
+    fn = getattr(linred, f"segmented_{reduction}")
+    got = fn(x, L, backend="numpy")
+    ref = x.reshape(m, L).astype(np.float64)
+    want = ref.sum(1) if reduction == "sum" else ref.mean(1)
+    if L <= 2:  # one rounding of the exact value (and for the mean, the exact halving)
+        np.testing.assert_array_equal(got, want.astype(dtype))
+    else:  # (a BLAS product: linred's bound, 1e-6 of sum|x| plus two roundings of the sum)
+        scale = np.abs(ref).sum(1) if reduction == "sum" else np.abs(ref).mean(1)
+        bound = 1e-6 * scale + 2 * np.finfo(dtype).eps * np.abs(want)
+        assert (np.abs(got - want) <= bound).all()
+
+
+def test_a_batch_of_rows_along_the_last_axis():
+    """``(B, n)`` data with ``axis=-1``: the same chained calls over each row's segments."""
+    x = _data("float32", 3 * 40).reshape(3, 40)
+    for L in (2, 5):
+        got = linred.segmented_max(x, L, axis=-1, backend="numpy")
+        np.testing.assert_array_equal(got, np.maximum.reduce(x.reshape(3, 40 // L, L), axis=2))
