@@ -69,3 +69,38 @@ def test_a_batch_of_rows_along_the_last_axis():
     for L in (2, 5):
         got = linred.segmented_max(x, L, axis=-1, backend="numpy")
         np.testing.assert_array_equal(got, np.maximum.reduce(x.reshape(3, 40 // L, L), axis=2))
+
+
+@pytest.mark.parametrize("L", LENGTHS)
+@pytest.mark.parametrize(
+    "dtype", ["int8", "int32", "int64", "uint8", "uint32", "bool", "float16", "float32", "float64"]
+)
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max", "min", "prod"])
+def test_short_segments_of_a_strided_column(reduction, dtype, L):
+    """A strided column (or data whose accumulator differs from it) takes the general fixed path,
+    which chains the columns' elementwise calls where that is faster and exact (integer sums,
+    means of one or two, max, min, prod): the results against NumPy's own reductions."""
+    m = 257
+    base = _data("int8" if dtype == "bool" else dtype, 2 * m * L)
+    if dtype == "bool":
+        base = base.astype(bool)
+    if reduction == "prod" and base.dtype.kind == "f":
+        base = np.abs(np.nan_to_num(base, nan=1.0)).astype(dtype)
+    elif reduction in ("sum", "mean") and base.dtype.kind == "f":
+        base = np.nan_to_num(base, nan=0.5).astype(dtype)
+    x = base[::2]  # (strided: not the direct path)
+    fn = getattr(linred, f"segmented_{reduction}")
+    got = fn(x, L, backend="numpy")
+    view = np.ascontiguousarray(x).reshape(m, L)
+    if reduction in ("max", "min"):
+        want = REDUCE[reduction](view, axis=1).astype(got.dtype)
+        np.testing.assert_array_equal(got, want)
+    elif reduction == "prod":
+        np.testing.assert_array_equal(got, np.multiply.reduce(view, axis=1, dtype=got.dtype))
+    elif got.dtype.kind in "iu":  # integer sums: exact
+        np.testing.assert_array_equal(got, np.add.reduce(view, axis=1, dtype=got.dtype))
+    else:
+        ref = view.astype(np.float64)
+        want = ref.sum(1) if reduction == "sum" else ref.mean(1)
+        tol = {"float16": 1e-3, "float32": 1e-6}.get(str(got.dtype), 1e-14)
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * np.abs(ref).sum(1).max())
