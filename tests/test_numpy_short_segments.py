@@ -1,8 +1,9 @@
 """Short fixed segments of one contiguous NumPy column, reduced as elementwise calls over the
-columns of the ``(m, L)`` view (``linred.backends.numpy._chained``): max, min and prod up to
-``CHAIN_LONGEST`` elements, sum and mean of one or two.  The results must be those of
-``ufunc.reduce`` along the segments (the same order of operations: bit for bit), and for sums
-those of the float64 reference within one rounding; every ``L`` across the constant."""
+columns of the ``(m, L)`` view (``linred.backends.numpy._chained``, ``_chain_rule``): max, min
+and prod up to ``CHAIN_LONGEST`` elements, integer sums and means of few.  The results must be
+those of ``ufunc.reduce`` along the segments (the same order of operations: bit for bit), and
+for floating sums (a product with ones) those of the float64 reference within one rounding, the
+sign of a zero sum included; every ``L`` across the constant."""
 
 from __future__ import annotations
 
@@ -104,3 +105,14 @@ def test_short_segments_of_a_strided_column(reduction, dtype, L):
         want = ref.sum(1) if reduction == "sum" else ref.mean(1)
         tol = {"float16": 1e-3, "float32": 1e-6}.get(str(got.dtype), 1e-14)
         np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * np.abs(ref).sum(1).max())
+
+
+@pytest.mark.parametrize("L", [1, 2, 3])
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_a_sum_of_negative_zeros_is_positive_zero(reduction, L):
+    """As ``add.reduce`` (and the product with ones) gives it, for any layout: ``a + b`` alone would
+    keep ``-0.0``."""
+    x = np.full(2 * 4 * L, -0.0)
+    for data in (x[: 4 * L], x[::2], x[: 4 * L].astype(np.float32)):
+        got = getattr(linred, f"segmented_{reduction}")(data, L, backend="numpy")
+        assert (got == 0).all() and not np.signbit(got).any(), (data.dtype, data.strides, got)

@@ -421,17 +421,6 @@ def _fixed_direct(problem: Problem):
         return run
     if acc.kind != "f" or _blas_block(1) < L:
         return None
-    if L <= 2:  # x[0::2] + x[1::2] (one rounding, as the GEMV's fused product gives): 1.4x faster
-        chained = _chained(np.add, rows, flat)
-        if problem.reduction == "sum":
-            return chained
-
-        def run(x: Any, out: Any, segments: Segments, stream: Any) -> None:
-            result = out if out.shape == flat else out.reshape(flat)
-            chained(x, result, segments, stream)
-            np.divide(result, L, out=result)
-
-        return run
     ones = np.ones(L, dtype=acc)
     matmul, divide = np.matmul, np.divide
     if problem.reduction == "sum":
@@ -473,8 +462,8 @@ def _chain_rule(problem: Problem, acc: np.dtype) -> tuple[Any, np.dtype] | None:
     (NumPy's half-precision elementwise loops convert each value: 82 -> 121 at L = 2); integer
     sums into an integer accumulator up to 4 elements, or 8 of 1-byte data (int32 L = 2
     179 -> 39, L = 4 91 -> 46, L = 8 54 -> 64; uint8 L = 8 73 -> 33), exact; means of up to
-    2 integers (103 -> 70; at 4, 42 -> 64); sums of up to 2 float32/float64 values (one rounding,
-    as the product's)."""
+    2 integers (103 -> 70; at 4, 42 -> 64).  Not floating sums: ``a + b`` keeps the sign of
+    ``-0.0 + -0.0``, where the product with ones (and ``add.reduce``) gives ``+0.0``."""
     _, _, D = problem.in_shape
     L, reduction = problem.segment_length, problem.reduction
     data = numpy_dtype(problem.dtype)
@@ -485,9 +474,7 @@ def _chain_rule(problem: Problem, acc: np.dtype) -> tuple[Any, np.dtype] | None:
         return _UFUNCS[reduction], (data if reduction in ("max", "min") else acc)
     if data.kind in "biu" and acc.kind in "iu" and reduction == "sum" and (L <= 4 or data.itemsize == 1):
         return np.add, acc
-    if L <= 2 and (data.kind in "biu" or acc.kind == "f") and acc.itemsize == 8:
-        return np.add, acc
-    if L <= 2 and data.kind == "f" and acc == data:
+    if L <= 2 and data.kind in "biu" and acc.itemsize == 8:
         return np.add, acc
     return None
 
