@@ -95,6 +95,14 @@ def _load(device: int) -> tuple[Any, Any] | str:
         return reason
 
 
+def _kernels(device: int) -> tuple[Any, Any] | str:
+    """The check's kernels on ``device``, or why they cannot be had (loaded once per device)."""
+    functions = _functions.get(device)
+    if functions is None:
+        functions = _functions[device] = _load(device)
+    return functions
+
+
 def _thread_state(pinned_int32: Callable[[], tuple[Any, int]]) -> None:
     owner, address = pinned_int32()
     _state.owner, _state.word = owner, ctypes.c_int32.from_address(address)
@@ -124,9 +132,7 @@ def offsets_ok(
     ``pinned_int32`` allocates 4 bytes of pinned host memory (the first call in a thread) and
     returns the object that owns them and their address.
     """
-    functions = _functions.get(device)
-    if functions is None:
-        functions = _functions[device] = _load(device)
+    functions = _kernels(device)
     if isinstance(functions, str):
         return None
     _clear(pinned_int32)  # (this thread's word, whose address is the fourth argument)
@@ -138,9 +144,7 @@ def check_armed(pointer: int, wide: bool, m: int, n: int, device: int, stream: i
     that word whose kernel cannot check the offsets as it reads them (a layout it hands to
     another kernel), which then checks them first and reduces only if they pass.  Raises
     RuntimeError if the check cannot run on ``device`` (the reduction kernels could not either)."""
-    functions = _functions.get(device)
-    if functions is None:
-        functions = _functions[device] = _load(device)
+    functions = _kernels(device)
     if isinstance(functions, str):
         raise RuntimeError(f"cannot check offsets on CUDA device {device}: {functions}")
     return _check_and_wait(functions, pointer, wide, m, n, device, stream)
@@ -167,18 +171,13 @@ def check_ahead(pointer: int, wide: bool, m: int, n: int, device: int, stream: i
     it, on ``stream``, and record this thread's event on ``device`` behind it, without waiting: the
     reduction is enqueued next, and :func:`verdict` waits for the check alone.  False (nothing
     launched) where the check cannot run on ``device``: the call then waits for its reduction."""
-    functions = _functions.get(device)
-    if functions is None:
-        functions = _functions[device] = _load(device)
+    functions = _kernels(device)
     if isinstance(functions, str):
         return False
     state, driver = _state, _driver
     events = state.events
     if events is None:
         events = state.events = {}
-    args = state.args
-    args[0], args[1], args[2] = pointer, m, n
-    blocks = min(m // _THREADS + 1, _MAX_BLOCKS)
     with on_device(device):
         event = events.get(device)
         if event is None:
@@ -186,7 +185,7 @@ def check_ahead(pointer: int, wide: bool, m: int, n: int, device: int, stream: i
             if err != driver.CUresult.CUDA_SUCCESS:
                 raise RuntimeError(f"cannot create an event for the offsets check on CUDA device {device}: {err}")
             events[device] = event
-        (err,) = driver.cuLaunchKernel(functions[wide], blocks, 1, 1, _THREADS, 1, 1, 0, stream, state.params, 0)
+        err = _launch(functions, pointer, wide, m, n, stream)
         if err == driver.CUresult.CUDA_SUCCESS:
             (err,) = driver.cuEventRecord(event, stream)
     if err != driver.CUresult.CUDA_SUCCESS:
@@ -211,17 +210,25 @@ def _check_and_wait(
 ) -> bool:
     """Launch the check of the offsets at ``pointer`` into this thread's word, wait for
     ``stream`` and read the word."""
-    state, driver = _state, _driver
-    args = state.args
-    args[0], args[1], args[2] = pointer, m, n
-    blocks = min(m // _THREADS + 1, _MAX_BLOCKS)
+    driver = _driver
     with on_device(device):
-        (err,) = driver.cuLaunchKernel(functions[wide], blocks, 1, 1, _THREADS, 1, 1, 0, stream, state.params, 0)
+        err = _launch(functions, pointer, wide, m, n, stream)
         if err == driver.CUresult.CUDA_SUCCESS:
             (err,) = driver.cuStreamSynchronize(stream)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"checking the offsets on CUDA device {device} failed: {err}")
-    return state.word.value == 0
+    return _state.word.value == 0
+
+
+def _launch(functions: tuple[Any, Any], pointer: int, wide: bool, m: int, n: int, stream: int) -> Any:
+    """Enqueue the check of the ``m + 1`` offsets at ``pointer`` into this thread's word on
+    ``stream`` (in the current context); the driver's result."""
+    state = _state
+    args = state.args
+    args[0], args[1], args[2] = pointer, m, n
+    blocks = min(m // _THREADS + 1, _MAX_BLOCKS)
+    (err,) = _driver.cuLaunchKernel(functions[wide], blocks, 1, 1, _THREADS, 1, 1, 0, stream, state.params, 0)
+    return err
 
 
 def _clear(pinned_int32: Callable[[], tuple[Any, int]]) -> int:
