@@ -42,18 +42,10 @@ def warp_checks(request, monkeypatch):
     linred.clear_plan_cache()
 
 
-@pytest.fixture(params=["after the reduction", "ahead"])
-def verdict_route(request, monkeypatch):
-    """Fresh plans whose checked calls learn the verdict after their reduction (the call waits
-    for the stream), or from the one-kernel check enqueued ahead of it (the call waits for that
-    check alone: :func:`_device_checks.check_ahead`), whatever the size of the call.  Yields the
-    route and the counts of the checks launched ahead and of the waits for a whole stream."""
+def _route_counts(monkeypatch) -> dict[str, int]:
+    """Counts, from now on, the checks launched ahead of a reduction (``ahead``) and the waits for
+    a whole stream after a checking reduction (``waits``)."""
     counts = {"ahead": 0, "waits": 0}
-    if request.param == "ahead":
-        monkeypatch.setattr(_device_checks, "AHEAD_MIN_BYTES", 0)
-        monkeypatch.setattr(_device_checks, "AHEAD_MAX_SHARE", float("inf"))
-    else:
-        monkeypatch.setattr(_device_checks, "AHEAD_MIN_BYTES", 1 << 62)
     check_ahead, passed = _device_checks.check_ahead, _device_checks.passed
 
     def counting_ahead(*args):
@@ -66,6 +58,21 @@ def verdict_route(request, monkeypatch):
 
     monkeypatch.setattr(_device_checks, "check_ahead", counting_ahead)
     monkeypatch.setattr(_device_checks, "passed", counting_passed)
+    return counts
+
+
+@pytest.fixture(params=["after the reduction", "ahead"])
+def verdict_route(request, monkeypatch):
+    """Fresh plans whose checked calls learn the verdict after their reduction (the call waits
+    for the stream), or from the one-kernel check enqueued ahead of it (the call waits for that
+    check alone: :func:`_device_checks.check_ahead`), whatever the size of the call.  Yields the
+    route and the counts of the checks launched ahead and of the waits for a whole stream."""
+    counts = _route_counts(monkeypatch)
+    if request.param == "ahead":
+        monkeypatch.setattr(_device_checks, "AHEAD_MIN_BYTES", 0)
+        monkeypatch.setattr(_device_checks, "AHEAD_MAX_SHARE", float("inf"))
+    else:
+        monkeypatch.setattr(_device_checks, "AHEAD_MIN_BYTES", 1 << 62)
     linred.clear_plan_cache()
     yield request.param, counts
     linred.clear_plan_cache()
@@ -413,19 +420,7 @@ def test_checked_ahead_by_default_where_it_pays(monkeypatch, kind, shape, mean, 
     bytes takes its verdict from the check enqueued ahead of its reduction and waits for no
     stream when they are valid; the others wait for their reduction.  Results against float64,
     broken offsets with the host's message either way, the next valid call right."""
-    counts = {"ahead": 0, "waits": 0}
-    check_ahead, passed = _device_checks.check_ahead, _device_checks.passed
-
-    def counting_ahead(*args):
-        counts["ahead"] += 1
-        return check_ahead(*args)
-
-    def counting_passed(*args):
-        counts["waits"] += 1
-        return passed(*args)
-
-    monkeypatch.setattr(_device_checks, "check_ahead", counting_ahead)
-    monkeypatch.setattr(_device_checks, "passed", counting_passed)
+    counts = _route_counts(monkeypatch)
     linred.clear_plan_cache()
     rng = np.random.default_rng(mean)
     n = shape[0]
