@@ -368,12 +368,21 @@ _UFUNCS = {"max": np.maximum, "min": np.minimum, "prod": np.multiply}
 CHAIN_LONGEST = 8
 
 
-def _chained(ufunc: Any, rows: tuple[int, int], flat: tuple[int], dtype: np.dtype):
-    """``run`` for one contiguous column of fixed segments of ``rows[1]`` elements of ``dtype``:
-    ``ufunc`` along each segment by :func:`_chain_into` over the columns of the ``rows`` view."""
+def _chained(ufunc: Any, rows: tuple[int, int], flat: tuple[int]):
+    """``run`` for one contiguous column of fixed segments of ``L = rows[1]`` elements: ``ufunc``
+    applied along each segment as ``L - 1`` elementwise calls over the columns of the ``rows``
+    view (a copy for L = 1)."""
+    L = rows[1]
 
     def run(x: Any, out: Any, segments: Segments, stream: Any) -> None:
-        _chain_into(ufunc, x.reshape(rows), out if out.shape == flat else out.reshape(flat), dtype)
+        result = out if out.shape == flat else out.reshape(flat)
+        columns = x.reshape(rows)
+        if L == 1:
+            np.copyto(result, columns[:, 0])
+            return
+        ufunc(columns[:, 0], columns[:, 1], out=result)
+        for k in range(2, L):
+            ufunc(result, columns[:, k], out=result)
 
     return run
 
@@ -403,7 +412,7 @@ def _fixed_direct(problem: Problem):
     if problem.reduction in _UFUNCS:
         ufunc = _UFUNCS[problem.reduction]
         if L <= CHAIN_LONGEST:
-            return _chained(ufunc, rows, flat, acc)
+            return _chained(ufunc, rows, flat)
         reduce = ufunc.reduce
 
         def run(x: Any, out: Any, segments: Segments, stream: Any) -> None:
@@ -429,20 +438,19 @@ def _fixed_direct(problem: Problem):
     return run
 
 
-def _chain_into(ufunc: Any, xs: np.ndarray, out: np.ndarray, dtype: np.dtype) -> None:
-    """``out = ufunc.reduce(xs, axis=-1, dtype=dtype)`` (cast into ``out``) as ``L - 1``
-    elementwise calls over the columns ``xs[..., k]``, in the order the reduce takes (a copy for
-    L = 1): NumPy's reduce over so short a last axis pays its inner loop's setup per segment."""
-    L = xs.shape[-1]
-    target = out if out.dtype == dtype else np.empty(out.shape, dtype=dtype)
+def _chain_into(ufunc: Any, x3: np.ndarray, out2: np.ndarray, dtype: np.dtype) -> None:
+    """``out2 = ufunc.reduce(x3, axis=2, dtype=dtype)`` (cast into ``out2``) as ``L - 1``
+    elementwise calls over the columns ``x3[:, :, k]``, in the order the reduce takes."""
+    L = x3.shape[2]
+    target = out2 if out2.dtype == dtype else np.empty(out2.shape, dtype=dtype)
     if L == 1:
-        np.copyto(target, xs[..., 0], casting="unsafe")
+        np.copyto(target, x3[:, :, 0], casting="unsafe")
     else:
-        ufunc(xs[..., 0], xs[..., 1], out=target, dtype=dtype, casting="unsafe")
+        ufunc(x3[:, :, 0], x3[:, :, 1], out=target, dtype=dtype, casting="unsafe")
         for k in range(2, L):
-            ufunc(target, xs[..., k], out=target, dtype=dtype, casting="unsafe")
-    if target is not out:
-        np.copyto(out, target, casting="unsafe")
+            ufunc(target, x3[:, :, k], out=target, dtype=dtype, casting="unsafe")
+    if target is not out2:
+        np.copyto(out2, target, casting="unsafe")
 
 
 def _chain_rule(problem: Problem, acc: np.dtype) -> tuple[Any, np.dtype] | None:
