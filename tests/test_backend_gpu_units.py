@@ -1298,3 +1298,50 @@ def test_packed_launch_hands_the_driver_its_values_in_order(monkeypatch):
     driver.fail = True
     with pytest.raises(RuntimeError, match="launching linred_test failed"):
         packed(0, 1, 32, 0, 1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    ("d", "rows", "segments", "lanes"),
+    [
+        (16, 100, 100_000, 8),  # narrow rows (4 groups): about 12 rows a lane, 32 threads a segment
+        (8, 100, 100_000, 8),  # 2 groups: 8 lanes (16 would leave 6 rows a lane)
+        (4, 100, 100_000, 8),  # 1 group
+        (16, 20, 100_000, 1),  # short segments: one thread per group
+        (32, 100, 100_000, 1),  # 8 groups: not narrow, and enough threads to fill the device
+        (128, 100, 10_000, 1),
+        (64, 244, 4096, 2),  # too few threads to fill the device: the rule before (unchanged)
+        (16, 244, 4096, 8),  # both rules: the larger
+    ],
+)
+def test_nvrtc_features_lanes(d, rows, segments, lanes):
+    """features_split's lanes: narrow rows (at most FEATURE_NARROW_GROUPS 16-byte groups) get
+    about FEATURE_LANE_ROWS rows a lane with a segment's threads in one warp; wider rows keep
+    one thread per group unless the device would not be filled."""
+    from linred.backends.nvrtc.kernels import FEATURE_LANE_ROWS, features_split_lanes
+
+    p = problem(shape=(1, rows * segments, d), length=rows, segments=segments)
+    got = features_split_lanes(p, 4, DEFAULT_OPTIONS.threads, 132)
+    assert got == lanes
+    if d <= 16 and lanes > 1:
+        assert lanes * (d // 4) <= 32 and rows >= lanes * FEATURE_LANE_ROWS
+
+
+@pytest.mark.parametrize(
+    ("shape", "strides", "xp", "op", "width"),
+    [
+        ((1, 64, 8), None, 0, 0, 4),  # aligned rows of 32 bytes: 16-byte groups
+        ((1, 64, 8), None, 4, 0, 1),  # data 4 bytes past 16
+        ((1, 64, 8), None, 0, 4, 1),  # results stored as vectors, not aligned
+        ((1, 64, 6), None, 0, 0, 1),  # rows of 24 bytes
+        ((1, 64, 8), (0, 12, 1), 0, 0, 4),  # rows 48 bytes apart: aligned
+        ((1, 64, 8), (0, 10, 1), 0, 0, 1),  # rows 40 bytes apart
+        ((2, 64, 8), (600, 8, 1), 0, 0, 4),  # batch rows 2400 bytes apart: aligned
+        ((2, 64, 8), (601, 8, 1), 0, 0, 1),  # batch rows 2404 bytes apart
+    ],
+)
+def test_nvrtc_features_width(shape, strides, xp, op, width):
+    """Features a thread reads at once: 16 bytes where every row (and batch row) is 16-byte
+    aligned and the results' vectors are too, else 1."""
+    from linred.backends.nvrtc.kernels import features_width
+
+    assert features_width(problem(shape=shape, strides=strides), xp, op) == width

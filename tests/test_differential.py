@@ -164,18 +164,22 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
         shapes += [_fixed(L, m, d) for L, m in ((1, 33), (7, 40), (64, 9), (3000, 2))]
         shapes += [_variable(s, ls, d) for s, ls, _ in _styles(rng, [50, 7], 20)]
         shapes.append(_variable("offsets", tails, d))
-    # features_split: each segment's rows dealt to R lanes (features_lanes) where segments are
-    # few; lengths around multiples of unroll * R (the unrolled loop's step), segment counts
+    # features_split: each segment's rows dealt to R lanes (features_split_lanes) where segments are
+    # few or long; lengths around multiples of unroll * R (the unrolled loop's step) and past one
+    # step by 1 to unroll - 1 rows a lane (the tail's steps); partials added by shuffles (a
+    # segment's threads in one warp: d = 2 * vec) or in shared memory (d = 16 * vec + 1); counts
     # around a block's pairs, empty segments.  (Its grid-stride loop starts past 64 blocks per SM
     # of pairs, over 10^8 elements at two lanes: not reached here.)
-    from linred.backends.nvrtc.kernels import features_lanes
+    from linred.backends.nvrtc.kernels import features_split_lanes
 
     for d in (16 * vec, 16 * vec + 1, 2 * vec):
         width = vec if d % vec == 0 else 1
         for L, m in ((62, 32), (500, 3), (3000, 1)):
-            lanes = features_lanes(_problem(dtype, "sum", fixed=L, n=L * m, d=d), d // width, T.threads, sms)
+            lanes = features_split_lanes(_problem(dtype, "sum", fixed=L, n=L * m, d=d), width, T.threads, sms)
             step = T.unroll * lanes
             shapes += [_fixed(length, m, d) for length in around(step * max(1, L // step))]
+            if L == 62:  # each lane's last rows, 0 to unroll - 1 of them: every step of the tail
+                shapes += [_fixed(step + t * lanes + 1, m, d) for t in range(T.unroll)]
             lengths = [int(v) for v in rng.integers(0, 2 * L, m)]
             lengths[m // 2] = 0
             shapes.append(_variable(("offsets", "lengths")[m % 2], tuple(lengths), d))

@@ -120,6 +120,7 @@ NVRTC_ENTRY_POINTS = (
     "linred_bounds",
     "linred_fixup",
     "linred_features",
+    "linred_features_split",
 )
 #: the CuPy ElementwiseKernels of linred/kernels/elementwise.py (by name prefix)
 CUPY_ENTRY_POINTS = ("linred_strided", "linred_divide_by_lengths", "linred_fill_empty", "linred_cast_bf16")
@@ -633,6 +634,16 @@ def _features_sets(sets: list[ShapeSet], c: Constants) -> None:
         Case("features/float32-sum-stride2-rows", "sum", "float32", "cupy", (700, 4), 0, "stride2",
              lengths=_lengths_to(700, 0, 20, _rng("features/f32"), 0.2)),
     ])  # fmt: skip
+    # features_split: rows dealt to lanes, their partials added by shuffles (a segment's threads in
+    # one warp) or in shared memory (d = 65: groups of one feature), every step of the lanes' tails
+    _singles(sets, "features/split", "linred_features_split", [
+        Case("features/split-float32-sum-d8-shuffles", "sum", "float32", "cupy", (62 * 40, 8), 0, L=62),
+        Case("features/split-float32-mean-d16-offsets", "mean", "float32", "torch", (4000, 16), 0,
+             lengths=_lengths_to(4000, 0, 150, _rng("features/split16"), 0.1)),
+        Case("features/split-float64-max-d65-shared", "max", "float64", "cupy", (97 * 30, 65), 0, L=97),
+        Case("features/split-float16-sum-d8-tail", "sum", "float16", "torch", (61 * 20, 8), 0, L=61),
+        Case("features/split-int32-min-batch-d4", "min", "int32", "cupy", (2, 900, 4), 1, L=75),
+    ])  # fmt: skip
 
 
 def _cub_sets(sets: list[ShapeSet]) -> None:
@@ -775,8 +786,11 @@ def planned_entries(case: Case, problem: Any, misalignment: int, sms: int | None
     if reason is not None:
         return (f"refused: {reason}",)
     route = nv.route(problem, nv.BACKEND.options)
-    if route == "features":
-        return ("linred_features",)
+    if route == "features":  # nvrtc._FeaturesExecutor: its width, then its lanes
+        kern = _nvrtc_kernels()
+        width = kern.features_width(problem, misalignment, 0)
+        lanes = kern.features_split_lanes(problem, width, nv.BACKEND.options.threads, sms)
+        return ("linred_features_split",) if lanes > 1 else ("linred_features",)
     if route in ("fixed", "staged", "long"):
         if misalignment % 16:
             return tuple(_tile_entries(problem, _rows_aligned(problem, misalignment)))

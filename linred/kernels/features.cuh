@@ -4,7 +4,8 @@
 //  - features_reduce: one thread per (row of the batch, segment, group of W consecutive
 //    features), walking the segment's rows with UNROLL loads in flight;
 //  - features_split: the same with each segment's rows dealt to R lanes whose partials a
-//    fixed tree in shared memory adds (segments too few to fill the device otherwise);
+//    fixed tree adds, by shuffles within a warp or in shared memory (segments too few to
+//    fill the device otherwise, or rows too narrow for one thread to read them fast);
 //  - Group (W features), FeatureArgs, SumWide (float32 sums accumulated in double),
 //    pow2_at_most and log2_of (the steps of features_reduce's last rows);
 //  - its entry points: LINRED_FEATURES (linred_features), LINRED_FEATURES_SPLIT
@@ -121,8 +122,9 @@ __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __re
 // too few to fill the device one thread per feature group.  A block holds P = blockDim / (R *
 // groups) (row of the batch, segment) pairs; thread (p, j, g) adds rows begin + j, begin + j + R,
 // ... of pair p's segment for feature group g (lanes of the same j read one row: coalesced),
-// then the R partials of a group are added by a fixed tree in shared memory (lane 0 + lane R/2,
-// ...), so a result does not depend on timing.  R is a power of two and R * groups <= blockDim.
+// then the R partials of a group are added by a fixed tree (lane 0 + lane R/2, ...), so a
+// result does not depend on timing: by shuffles where a pair's R * groups threads lie in one
+// warp, else in shared memory.  R is a power of two and R * groups <= blockDim.
 template <class T, class A0, class O, class OP, bool MEAN, int W, int UNROLL, class Off>
 __device__ __forceinline__ void features_split(const T* __restrict__ x, O* __restrict__ out, Off off, FeatureArgs a,
                                                int* bad, int lanes) {
@@ -135,6 +137,8 @@ __device__ __forceinline__ void features_split(const T* __restrict__ x, O* __res
     const int p = threadIdx.x / per_pair, within = threadIdx.x - p * per_pair;
     const int j = within / (int)a.groups, g = within - j * (int)a.groups;
     const i64 count = a.total;  // (row of the batch, segment) pairs
+    // (per_pair divides 32 only where lanes and groups are powers of two: the host's lanes are)
+    const bool in_warp = (32 % per_pair) == 0 && (a.groups & (a.groups - 1)) == 0;
     // Every thread of a block runs the same number of rounds (the barriers below).
     for (i64 base = (i64)blockIdx.x * pairs; base < count; base += (i64)gridDim.x * pairs) {
         const i64 rs = base + p;
@@ -160,13 +164,45 @@ __device__ __forceinline__ void features_split(const T* __restrict__ x, O* __res
                     for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(buf[u].v[k]));
                 }
             }
-            for (; i < end; i += lanes) {
-                const G v = *reinterpret_cast<const G*>(q + i * a.row_stride);
+            // The lane's last rows (fewer than UNROLL) in steps of TAIL, TAIL / 2, ... 1 rows, each
+            // step's loads at once, as in features_reduce: a round trip per step, not per row.
+            constexpr int TAIL = pow2_at_most(UNROLL - 1), STEPS = log2_of(TAIL) + (TAIL > 0);
 #pragma unroll
-                for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(v.v[k]));
+            for (int step = 0; step < STEPS; ++step) {
+                const int h = TAIL >> step;
+                if (i + (h - 1) * (i64)lanes < end) {
+                    G buf[TAIL > 0 ? TAIL : 1];
+#pragma unroll
+                    for (int u = 0; u < TAIL; ++u) {
+                        if (u < h) buf[u] = *reinterpret_cast<const G*>(q + (i + u * lanes) * a.row_stride);
+                    }
+#pragma unroll
+                    for (int u = 0; u < TAIL; ++u) {
+                        if (u < h) {
+#pragma unroll
+                            for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(buf[u].v[k]));
+                        }
+                    }
+                    i += h * (i64)lanes;
+                }
             }
         }
         // The lanes' partials, added pairwise: lane j takes lane j + h for h = R/2, R/4, ..., 1.
+        if (in_warp) {
+            // A pair's threads lie in one warp (R * groups divides 32, both powers of two): the
+            // same tree by shuffles, no barrier.  For j < h, lane j ^ h is lane j + h, so lane 0
+            // adds what the tree in shared memory adds, in the same order.
+            for (int h = lanes / 2; h > 0; h /= 2) {
+#pragma unroll
+                for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], shfl_xor(acc[k], h * (int)a.groups));
+            }
+            if (live && j == 0) {
+                O* o = out + rs * a.features + g * W;
+#pragma unroll
+                for (int k = 0; k < W; ++k) o[k] = finish<O, MEAN>(acc[k], end - begin);
+            }
+            continue;
+        }
         A* mine = shared + (size_t)threadIdx.x * W;
 #pragma unroll
         for (int k = 0; k < W; ++k) mine[k] = acc[k];

@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings import driver
 from cuda.core import Device
 
-from linred._dtypes import itemsize
 from linred.arrays._context import on_device
 from linred.backends._device import StreamOrder, ops_for
 from linred.backends.base import INT32_MAX
 from linred.backends.nvrtc.kernels import (
     FUSED_FIXUP_PASSES,
     acc_dtype,
-    features_lanes,
     features_shared_bytes,
+    features_split_lanes,
+    features_width,
     features_wrapper,
     fixed_layout,
     fixed_wrapper,
@@ -486,24 +486,17 @@ class _FeaturesExecutor:
     def __init__(self, problem: Problem, options: NvrtcOptions, launch: _Launcher | None = None) -> None:
         self._problem, self._launch, self._tuning = problem, launch or _Launcher(problem), options
         self._kernels: dict[int, Any] = {}
-        b, _, d = problem.in_shape
+        _, _, d = problem.in_shape
         s0, s1, _ = problem.strides
-        size, out_size = itemsize(problem.dtype), itemsize(problem.out_dtype)
-        # What decides the width that the pointers do not (they are the only per-call inputs):
-        # 16 bytes of features per thread where rows are 16-byte aligned, and results stored as
-        # whole vectors when they fill some (the result rows must then be aligned too).
-        self._rows_aligned = all((v * size) % 16 == 0 for v in (s1, d, s0 if b > 1 else 0))
-        self._vec = vec(problem)
-        self._out_vectors = (self._vec * out_size) % 16 == 0
-        self._out_rows_aligned = (d * out_size) % 16 == 0
         self._fixed = (problem.segment_length or 0, problem.n, problem.num_segments, s0, s1, d)
+        # The width for each alignment of the pointers mod 16 (the only per-call inputs it
+        # depends on): (xp % 16 == 0, op % 16 == 0) -> width.
+        self._widths = {(a, o): features_width(problem, 16 * (not a), 16 * (not o)) for a in (0, 1) for o in (0, 1)}
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
         launch = self._launch
         xp, op = launch.ptr(x), launch.ptr(out)
-        width = self._vec if self._rows_aligned and xp % 16 == 0 else 1
-        if width > 1 and self._out_vectors and (op % 16 or not self._out_rows_aligned):
-            width = 1
+        width = self._widths[(xp % 16 != 0, op % 16 != 0)]
         compiled = self._kernels.get(width)
         if compiled is None:
             compiled = self._kernels[width] = self._compile(width)
@@ -522,10 +515,7 @@ class _FeaturesExecutor:
         problem, launch, tuning = self._problem, self._launch, self._tuning
         b, _, d = problem.in_shape
         groups = d // width
-        lanes = features_lanes(problem, groups, tuning.threads, launch.sms)
-        per_block = tuning.threads // (lanes * groups)
-        if lanes > 1 and features_shared_bytes(problem, width, per_block * lanes * groups) > SPLIT_SHARED_LIMIT:
-            lanes = 1  # (a larger threads option with wide accumulators: more than every GPU grants)
+        lanes = features_split_lanes(problem, width, tuning.threads, launch.sms)
         if lanes == 1:
             wrapper = features_wrapper(problem, index_ctype(problem), tuning, width)
             (kernel,) = get_kernels(launch.device, wrapper, ("linred_features",))
@@ -551,11 +541,6 @@ class _FeaturesExecutor:
 
     def free(self) -> None:
         self._kernels.clear()
-
-
-#: the most shared memory features_split asks for: the 48 KiB every GPU grants a block without
-#: opting in (the default 256 threads need at most 32 KiB)
-SPLIT_SHARED_LIMIT = 48 * 1024
 
 
 #: linred_warp's argument count, and the slot of its check word (the walks' pointer before it,

@@ -263,12 +263,19 @@ def features_shared_bytes(problem: Problem, width: int, threads: int) -> int:
 def features_lanes(problem: Problem, groups: int, threads: int, sms: int) -> int:
     """How many lanes ``features_split`` deals each segment's rows to (1: ``features_reduce``).
 
-    Doubled while the doubled threads stay within 1024 per SM (one thread per (row of the
-    batch, segment, feature group), each with its loads in flight, already reads at full
-    bandwidth from about half an H100's resident threads: 1,000,000 x 128 float32 rows in
-    4,096 segments took 173 us one thread per group against 182 us dealt to 8 lanes), every
-    lane keeps at least :data:`FEATURE_ROWS_PER_LANE` rows of an average segment, and a block
-    holds all the lanes of a group.
+    The larger of two counts, each a power of two:
+
+    - **to fill the device**: doubled while the doubled threads stay within 1024 per SM, every
+      lane keeps at least :data:`FEATURE_ROWS_PER_LANE` rows of an average segment, and a block
+      holds all the lanes of a group (one thread per (row of the batch, segment, feature group),
+      each with its loads in flight, already reads at full bandwidth from about half an H100's
+      resident threads);
+    - **for narrow rows** (at most :data:`FEATURE_NARROW_GROUPS` feature groups): about
+      :data:`FEATURE_LANE_ROWS` rows of an average segment per lane, with a segment's threads
+      in one warp (its partials added by shuffles).  One thread per feature group reads a
+      narrow row in one 16-byte load and walks its segment a round trip per ``unroll`` rows,
+      so the longest segment's thread sets the time where lengths vary, and even lengths
+      leave the device short of loads in flight: see :data:`FEATURE_NARROW_GROUPS`.
     """
     pairs = problem.batch * problem.num_segments
     if not pairs:
@@ -282,11 +289,56 @@ def features_lanes(problem: Problem, groups: int, threads: int, sms: int) -> int
         and 2 * pairs * groups * lanes <= target
     ):
         lanes *= 2
+    narrow = 1
+    if groups <= FEATURE_NARROW_GROUPS:
+        while 2 * narrow * groups <= min(threads, 32) and rows >= 2 * narrow * FEATURE_LANE_ROWS:
+            narrow *= 2
+    return max(lanes, narrow)
+
+
+def features_width(problem: Problem, xp: int, op: int) -> int:
+    """The features a thread of ``features_reduce``/``features_split`` reads at once for data at
+    address ``xp`` and results at ``op``: 16 bytes of them where every row is 16-byte aligned,
+    else 1; and 1 where the results would go out as 16-byte vectors that are not aligned."""
+    b, _, d = problem.in_shape
+    s0, s1, _ = problem.strides
+    size, out_size = itemsize(problem.dtype), itemsize(problem.out_dtype)
+    width = vec(problem)
+    if xp % 16 or not all((v * size) % 16 == 0 for v in (s1, d, s0 if b > 1 else 0)):
+        return 1
+    if (width * out_size) % 16 == 0 and (op % 16 or (d * out_size) % 16):
+        return 1
+    return width
+
+
+def features_split_lanes(problem: Problem, width: int, threads: int, sms: int) -> int:
+    """The lanes ``features_split`` is launched with for ``width`` features a thread (1:
+    ``features_reduce``): :func:`features_lanes`, unless the wide accumulators of a larger
+    ``threads`` option would need more shared memory than :data:`SPLIT_SHARED_LIMIT`."""
+    groups = problem.in_shape[2] // width
+    lanes = features_lanes(problem, groups, threads, sms)
+    per_block = threads // (lanes * groups)
+    if lanes > 1 and features_shared_bytes(problem, width, per_block * lanes * groups) > SPLIT_SHARED_LIMIT:
+        return 1
     return lanes
 
 
+#: the most shared memory features_split asks for: the 48 KiB every GPU grants a block without
+#: opting in (the default 256 threads need at most 32 KiB)
+SPLIT_SHARED_LIMIT = 48 * 1024
 #: the fewest rows of an average segment each lane of ``features_split`` adds
 FEATURE_ROWS_PER_LANE = 8
+#: the rows of an average segment per lane of narrow rows' ``features_split``
+FEATURE_LANE_ROWS = 12
+#: the most feature groups (16 bytes each where rows are aligned) of the rows that
+#: ``features_split`` deals to about :data:`FEATURE_LANE_ROWS` rows a lane.  Measured on an H200
+#: (float32, device us per call back to back, one thread per group -> lanes by this rule,
+#: ``torch.segment_reduce`` in brackets): segments of 100 rows, 10^7 x 4 70.2 -> 58.6 (74.3),
+#: 10^7 x 8 124.0 -> 93.7 (89.5), 10^7 x 16 179.5 -> 167.5 (160.3), 10^6 x 16 in 10^4 segments
+#: 25.1 -> 22.7 (24.5); geometric lengths of mean 100, 10^7 x 16 326.8 -> 208.4 (268),
+#: 10^6 x 16 113.5 -> 51.6 (103).  The same rule for 32 to 128 features cost 7-16% at even
+#: lengths (the tree of partials and each segment's bounds weigh on fewer rows a thread).
+FEATURE_NARROW_GROUPS = 4
 
 
 def features_wrapper(problem: Problem, index_ctype: str, tuning: NvrtcOptions, width: int, split: bool = False) -> str:
