@@ -230,7 +230,12 @@ def _checked_ahead(plan: SegmentedReduction, x: Any, out: Any, handle: Any, segm
         except BaseException:
             plan._check_passed(handle, device)  # (the check ends before this thread's word is armed again)
             raise
-        if plan._verdict(device):
+        try:
+            passed = plan._verdict(device)
+        except BaseException:
+            plan._check_passed(handle, device)  # (the reduction behind the check may still write)
+            raise
+        if passed:
             return result
     else:  # (the check cannot run on this device: the reduction's own check, waited for)
         result = plan._run(x, out, handle, segments)

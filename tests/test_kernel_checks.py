@@ -505,3 +505,62 @@ def test_checked_ahead_in_threads(verdict_route, kind):
     for t in threads:
         t.join()
     assert not errors, errors[0]
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+def test_checked_ahead_events_go_with_their_threads(verdict_route, kind):
+    """The event a thread's checks ahead record behind them is destroyed when the thread ends
+    (threads of a pool come and go): as many cuEventDestroy calls as threads checked ahead."""
+    import gc
+    import threading
+    import time
+
+    route, counts = verdict_route
+    rng = np.random.default_rng(9)
+    n = 1 << 16
+    x = to_kind(rng.standard_normal(n).astype(np.float32), kind)
+    off = to_kind(np.sort(np.concatenate([[0], rng.integers(0, n, 99), [n]])).astype(np.int64), kind)
+    linred.segmented_sum(x, offsets=off)  # the kernels loaded (and the driver module) in this thread
+    driver = _device_checks._driver
+    destroyed = []
+    real = driver.cuEventDestroy
+
+    class Recording:  # the driver module, with cuEventDestroy counted
+        def __getattr__(self, name: str):
+            return getattr(driver, name)
+
+        @staticmethod
+        def cuEventDestroy(handle):
+            destroyed.append(handle)
+            return real(handle)
+
+    _device_checks._driver = Recording()
+    try:
+        before = counts["ahead"]
+
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                for _ in range(3):  # (a thread's first call plans; its next ones check ahead)
+                    linred.segmented_sum(x, offsets=off)
+            except BaseException as e:  # (reported by the main thread)
+                errors.append(e)
+
+        threads = [threading.Thread(target=work) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        del threads
+        # (a thread's locals go a moment after join returns: the thread state is cleared last)
+        for _ in range(100):
+            gc.collect()
+            if len(destroyed) >= 3 or route != "ahead":
+                break
+            time.sleep(0.01)
+    finally:
+        _device_checks._driver = driver
+    assert not errors, errors[0]
+    assert (counts["ahead"] > before) == (route == "ahead")
+    assert len(destroyed) == (3 if route == "ahead" else 0), (route, destroyed)

@@ -65,7 +65,27 @@ class _State(threading.local):
     pointers: Any = None
     params: int = 0
     #: per device: the event that marks the end of this thread's last check launched ahead
-    events: dict[int, Any] | None = None
+    events: dict[int, _Event] | None = None
+
+
+class _Event:
+    """A CUDA event of one thread's :class:`_State`, destroyed with it: the threads of a pool come
+    and go, and each would otherwise leave an event per device behind.  (The driver releases an
+    event destroyed before the work it marks is done once that work is.)"""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def __del__(self) -> None:
+        driver = _driver
+        if driver is not None:
+            # (not contextlib.suppress: at interpreter exit the module's globals may be gone)
+            try:  # noqa: SIM105
+                driver.cuEventDestroy(self.handle)
+            except Exception:  # pragma: no cover
+                pass
 
 
 _state = _State()
@@ -181,13 +201,13 @@ def check_ahead(pointer: int, wide: bool, m: int, n: int, device: int, stream: i
     with on_device(device):
         event = events.get(device)
         if event is None:
-            err, event = driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+            err, handle = driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)
             if err != driver.CUresult.CUDA_SUCCESS:
                 raise RuntimeError(f"cannot create an event for the offsets check on CUDA device {device}: {err}")
-            events[device] = event
+            event = events[device] = _Event(handle)
         err = _launch(functions, pointer, wide, m, n, stream)
         if err == driver.CUresult.CUDA_SUCCESS:
-            (err,) = driver.cuEventRecord(event, stream)
+            (err,) = driver.cuEventRecord(event.handle, stream)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"checking the offsets on CUDA device {device} failed: {err}")
     return True
@@ -199,7 +219,7 @@ def verdict(device: int) -> bool:
     caller waits for the stream (:func:`passed`) before it raises: the reduction behind the check
     may still write the result and the word."""
     with on_device(device):
-        (err,) = _driver.cuEventSynchronize(_state.events[device])
+        (err,) = _driver.cuEventSynchronize(_state.events[device].handle)
     if err != _driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"waiting for the offsets check on CUDA device {device} failed: {err}")
     return _state.word.value == 0
