@@ -239,3 +239,23 @@ def test_torch_compile_runs_linred_eagerly(device):
         np.testing.assert_allclose(to_numpy(f(x)), to_numpy(linred.segmented_sum(x, 64) * 2 + 1), rtol=1e-6)
     off = torch.tensor([0, 100, 4096], device=device)
     np.testing.assert_allclose(float(g(x, off)), float(linred.segmented_mean(x, offsets=off).sum()), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64", "uint64", "bool"])
+@pytest.mark.parametrize("L", [4, 16, 200])
+@pytest.mark.parametrize("use_out", [False, True])
+def test_integer_means_of_batch_rows_converted_in_blocks(dtype, L, use_out):
+    """Integer means along axis 1 of (3, n) data large enough to be converted to float64 a block
+    of rows at a time came out as uninitialized memory: each block's product with ones wrote into
+    a reshape of a slice of the results, which was a copy (and was dropped)."""
+    from linred.backends.numpy import BLOCK_ELEMENTS
+
+    m = 2 * (BLOCK_ELEMENTS // L) + 3  # more segments than two blocks of rows
+    rng = np.random.default_rng(L)
+    x = rng.integers(0, 2 if dtype == "bool" else 100, (3, m * L)).astype(dtype)
+    want = x.astype(np.float64).reshape(3, m, L).mean(axis=2)
+    out = np.full((3, m), np.nan) if use_out else None
+    got = linred.segmented_mean(x, L, axis=1, out=out, backend="numpy")
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    if use_out:
+        assert got is out

@@ -128,8 +128,9 @@ def _reduceat(ufunc: Any, x3: np.ndarray, starts: np.ndarray, out: np.ndarray, d
     if chunks > 1:
         chunks = min(chunks, num_threads())
     if chunks <= 1:
-        if B == 1 and D == 1:  # 1-D: NumPy's reduceat is quickest on a 1-D array
-            ufunc.reduceat(x3.reshape(n), starts, dtype=dtype, out=out.reshape(k))
+        flat = _reshaped(out, (k,)) if B == 1 and D == 1 else None  # (None: not a view of out)
+        if flat is not None:  # 1-D: NumPy's reduceat is quickest on a 1-D array
+            ufunc.reduceat(x3.reshape(n), starts, dtype=dtype, out=flat)
         else:
             ufunc.reduceat(x3, starts, axis=1, dtype=dtype, out=out)
         return
@@ -329,9 +330,11 @@ def _product_with_ones(x4: np.ndarray, ones: np.ndarray, out3: np.ndarray) -> No
                     results[again] = np.matmul(ones, x4.reshape(B * m, L, D)[again])
             return
     if D == 1:
-        rows = _reshaped(x4[..., 0], (B * m, x4.shape[2]))
-        if rows is not None:
-            np.matmul(rows, ones, out=out3.reshape(B * m))
+        # (a reshape of out3 that is not a view, a slice of a batch's results, would be a copy
+        # that the product fills and drops: _reshaped says so)
+        rows, results = _reshaped(x4[..., 0], (B * m, x4.shape[2])), _reshaped(out3, (B * m,))
+        if rows is not None and results is not None:
+            np.matmul(rows, ones, out=results)
         else:
             np.matmul(x4[..., 0], ones, out=out3[..., 0])
     else:
