@@ -220,6 +220,10 @@ def host_shapes(rng: np.random.Generator) -> list:
     """The numpy backend's and nvmath's host constants."""
     nb = numpy_backend
     shapes = [_fixed(L, m) for L in around(nb.BLAS_BLOCK, 2 * nb.BLAS_BLOCK, 3 * nb.BLAS_BLOCK // 2) for m in (1, 3)]
+    # a segment's blocks added to the float64 totals one by one up to CHAIN_LONGEST of them
+    chained = nb.CHAIN_LONGEST * nb.BLAS_BLOCK
+    shapes += [_fixed(L, m) for L in around(chained, chained + nb.BLAS_BLOCK) for m in (1, 3)]
+    shapes += [_fixed(L, 2, 3) for L in around(nb.CHAIN_LONGEST * nb.BLAS_BLOCK_FEATURES)]
     shapes += [_fixed(L, m, d) for L in around(nb.BLAS_BLOCK_FEATURES, 4 * nb.BLAS_BLOCK_FEATURES) for m in (1, 2)
                for d in (2, 5)]  # fmt: skip
     shapes += [_fixed(L, 2) for L in around(HOST_SPLIT_ABOVE, HOST_CHUNK * 7)]

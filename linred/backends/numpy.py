@@ -259,7 +259,15 @@ def _long_sum(x4: np.ndarray, out3: np.ndarray, acc: np.dtype, ones: np.ndarray)
             piece = (piece.astype(acc) if convert else piece).reshape(B, s1 - s0, b1 - b0, K, D)  # a view
             sums = np.empty((B, s1 - s0, b1 - b0, D), dtype=acc)
             _blocks_with_ones(piece, ones[:K], sums)
-            total[:, s0:s1] += np.add.reduce(sums, axis=2, dtype=np.float64)
+            part = total[:, s0:s1]
+            if b1 - b0 <= CHAIN_LONGEST:
+                # A few blocks a segment: each block's sums added to the float64 totals in turn.
+                # np.add.reduce over so short an axis takes 7x longer (2 cores, 2^24 float32
+                # values in L = 256: 1.74 ms against 0.25 for the two blocks' sums).
+                for k in range(b1 - b0):
+                    np.add(part, sums[:, :, k], out=part)
+            else:
+                part += np.add.reduce(sums, axis=2, dtype=np.float64)
         if r:
             rest = x4[:, s0:s1, q * K :]
             sums = np.empty((B, s1 - s0, D), dtype=acc)
