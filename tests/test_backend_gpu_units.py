@@ -1345,3 +1345,19 @@ def test_nvrtc_features_width(shape, strides, xp, op, width):
     from linred.backends.nvrtc.kernels import features_width
 
     assert features_width(problem(shape=shape, strides=strides), xp, op) == width
+
+
+@pytest.mark.parametrize(
+    ("shape", "widths"),
+    [
+        ((1, 64, 8), {(False, False): 4, (True, False): 1, (False, True): 1, (True, True): 1}),
+        ((1, 64, 6), {(False, False): 1, (True, False): 1, (False, True): 1, (True, True): 1}),
+    ],
+)
+def test_nvrtc_features_widths(shape, widths):
+    """The width _FeaturesExecutor launches with for each alignment of its pointers: 16-byte
+    groups only where both the data and the results are 16-byte aligned (a misaligned pointer
+    read or written 16 bytes at a time faults)."""
+    from linred.backends.nvrtc.kernels import features_widths
+
+    assert features_widths(problem(shape=shape)) == widths

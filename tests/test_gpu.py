@@ -446,3 +446,25 @@ def test_more_than_2_31_segments(backend, free_gpu_memory):
     del got
     got = run_or_refused(linred.segmented_max, x, 2, backend=backend)
     assert bool(got.all())
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("spec", ["fixed", "offsets"])
+@pytest.mark.parametrize("where", ["data", "out"])
+def test_feature_rows_at_a_misaligned_address(kind, spec, where):
+    """Feature rows of whole 16-byte groups whose first row (or whose result's) is 4 bytes past a
+    16-byte boundary: the feature kernels read and write them one feature at a time (16-byte
+    loads or stores there would fault).  A slice such as x[:, 1:9] of float32 rows makes them."""
+    rng = np.random.default_rng(3)
+    n, d, L = 4000, 8, 40
+    buf = rng.standard_normal(n * d + 1).astype(np.float32)
+    x_host = buf[1:].reshape(n, d)
+    off = np.arange(0, n + 1, L)
+    want = x_host.astype(np.float64).reshape(n // L, L, d).sum(axis=1)
+    x = to_kind(buf, kind)[1:].reshape(n, d) if where == "data" else to_kind(x_host.copy(), kind)
+    out = None
+    if where == "out":
+        out = to_kind(np.zeros((n // L) * d + 1, np.float32), kind)[1:].reshape(n // L, d)
+    kwargs = {"offsets": to_kind(off, kind)} if spec == "offsets" else {"segment_length": L}
+    got = linred.segmented_sum(x, backend="nvrtc", out=out, **kwargs)
+    np.testing.assert_allclose(to_numpy(got).astype(np.float64), want, rtol=1e-5, atol=1e-4)

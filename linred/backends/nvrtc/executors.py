@@ -29,7 +29,7 @@ from linred.backends.nvrtc.kernels import (
     acc_dtype,
     features_shared_bytes,
     features_split_lanes,
-    features_width,
+    features_widths,
     features_wrapper,
     fixed_layout,
     fixed_wrapper,
@@ -489,9 +489,7 @@ class _FeaturesExecutor:
         _, _, d = problem.in_shape
         s0, s1, _ = problem.strides
         self._fixed = (problem.segment_length or 0, problem.n, problem.num_segments, s0, s1, d)
-        # The width for each alignment of the pointers mod 16 (the only per-call inputs it
-        # depends on): (xp % 16 == 0, op % 16 == 0) -> width.
-        self._widths = {(a, o): features_width(problem, 16 * (not a), 16 * (not o)) for a in (0, 1) for o in (0, 1)}
+        self._widths = features_widths(problem)  # (xp % 16 != 0, op % 16 != 0) -> width
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
         launch = self._launch

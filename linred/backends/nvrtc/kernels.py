@@ -311,6 +311,13 @@ def features_width(problem: Problem, xp: int, op: int) -> int:
     return width
 
 
+def features_widths(problem: Problem) -> dict[tuple[bool, bool], int]:
+    """:func:`features_width` for each alignment of the pointers, the only per-call inputs it
+    depends on: ``(data misaligned, results misaligned) -> width`` (misaligned: not a multiple
+    of 16 bytes)."""
+    return {(a, o): features_width(problem, int(a), int(o)) for a in (False, True) for o in (False, True)}
+
+
 def features_split_lanes(problem: Problem, width: int, threads: int, sms: int) -> int:
     """The lanes ``features_split`` is launched with for ``width`` features a thread (1:
     ``features_reduce``): :func:`features_lanes`, unless the wide accumulators of a larger
