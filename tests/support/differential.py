@@ -177,10 +177,12 @@ def make_input(case: Case, rng: np.random.Generator) -> tuple[Any, np.ndarray, i
             raise ValueError("torch tensors have no negative strides")
         buf = np.ascontiguousarray(v[::-1])
         return _flip(to_kind(buf, case.kind)), v, axis
-    if layout == "misaligned":  # one element into a buffer: no longer 16-byte aligned
-        buf = np.zeros((n + 1, *shape[1:]), dtype=v.dtype)
-        buf[1:] = v
-        return to_kind(buf, case.kind)[1:], v, axis
+    if layout == "misaligned":  # one element into a flat buffer: no longer 16-byte aligned
+        # (one element, not one row: a row of feature rows of whole 16-byte groups would keep
+        # every row aligned, and the kernels' 16-byte path would never meet a misaligned row)
+        flat = np.zeros(v.size + 1, dtype=v.dtype)
+        flat[1:] = v.reshape(-1)
+        return to_kind(flat, case.kind)[1:].reshape(v.shape), v, axis
     if case.kind != "numpy":
         raise ValueError(f"layout {layout} exists for NumPy arrays only")
     if layout == "byteswapped":
