@@ -1057,6 +1057,15 @@ def _programs() -> list[tuple[str, str, tuple[str, ...]]]:
             out.append((f"warp fused checked={ch} {dtype}", fused, ("linred_warp", "linred_fixup")))
         feat = problem(reduction, dtype, shape=(1, 64, 8), length=8, **kw)
         out.append((f"features {dtype}", kernels.features_wrapper(feat, "long long", T, 1), ("linred_features",)))
+        rows = problem(reduction, dtype, shape=(2, 640, 8), length=None, offsets_dtype="int64", segments=5, **kw)
+        long = kernels.features_wrapper(rows, "long long", T, 1, long=True)
+        out.append(
+            (
+                f"features long {dtype}",
+                long,
+                ("linred_features", "linred_feature_long_tiles", "linred_feature_long_fixup"),
+            )
+        )
     return out
 
 
@@ -1070,7 +1079,7 @@ def test_nvrtc_programs_assemble():
         includes = [line for line in lines if line.startswith("#include")]
         macros = [line for line in lines if not line.startswith("#include")]
         assert includes and all(re.fullmatch(r'#include "\w+\.cuh"', line) for line in includes), what
-        assert all(re.fullmatch(r"LINRED_[A-Z]+\(.*\)", line) for line in macros), what
+        assert all(re.fullmatch(r"LINRED_[A-Z_]+\(.*\)", line) for line in macros), what
         program = source(wrapper)
         assert not re.search(r"^#include", program, re.M), what
         for line in macros:
@@ -1361,3 +1370,39 @@ def test_nvrtc_features_widths(shape, widths):
     from linred.backends.nvrtc.kernels import features_widths
 
     assert features_widths(problem(shape=shape)) == widths
+
+
+@pytest.mark.parametrize(
+    ("shape", "length", "segments", "min_bytes", "factor", "rows"),
+    [
+        ((1, 10**6, 128), None, 10**4, 1, 4, 400),  # four times the average length of 100
+        ((1, 10**6, 128), None, 10**5, 1, 4, 128),  # at least a tile
+        ((1, 10**6, 128), None, 10**4 + 1, 1, 2, 200),  # average rounded up: 99.99 -> 100
+        ((2, 1000, 64), None, 10, 2 * 1000 * 64 * 4, 1, 128),  # batch rows count: exactly the floor
+        ((2, 1000, 64), None, 10, 2 * 1000 * 64 * 4 + 1, 1, 0),  # under it: none
+        ((1, 1000, 64), 10, None, 1, 1, 0),  # a fixed length: no long segments
+        ((1, 0, 64), None, 3, 1, 1, 0),  # no rows
+    ],
+)
+def test_nvrtc_features_long_rows(shape, length, segments, min_bytes, factor, rows):
+    """The rows past which features_reduce leaves a segment to tiles: the factor times the average
+    length, at least a tile; none for fixed lengths, no rows, or fewer bytes than the floor."""
+    from linred.backends.nvrtc import NvrtcOptions
+    from linred.backends.nvrtc.kernels import features_long_rows
+
+    kwargs = {"offsets_dtype": "int64", "segments": segments} if length is None else {}
+    p = problem(shape=shape, length=length, **kwargs)
+    options = NvrtcOptions(feature_long_min_bytes=min_bytes, feature_long_factor=factor)
+    assert features_long_rows(p, options) == rows
+
+
+def test_nvrtc_features_long_wrapper():
+    """The long-segment variant of the feature kernel names its header, the tile rows and the
+    offsets, after the same types, operation, width and unroll."""
+    from linred.backends.nvrtc.kernels import FEATURE_TILE_ROWS, features_wrapper, index_ctype
+
+    p = problem("max", "float64", shape=(1, 640, 8), length=None, offsets_dtype="int32", segments=5)
+    src = features_wrapper(p, index_ctype(p), DEFAULT_OPTIONS, 2, long=True)
+    assert src.startswith('#include "feature_long.cuh"\n')
+    head = f"LINRED_FEATURES_LONG(double, double, double, OpMax, false, 256, 2, {DEFAULT_OPTIONS.unroll}, "
+    assert f"{head}{FEATURE_TILE_ROWS}, int, ArrayOffsets<int>{{offsets}})\n" in src

@@ -44,6 +44,7 @@ from support.differential import (
     run_case,
 )
 
+import linred
 from linred._dtypes import itemsize
 from linred.backends import numpy as numpy_backend
 from linred.backends.cub import CUPY_CUB_MAX_LENGTH
@@ -186,7 +187,38 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
         per_pair = max(1, T.threads // (2 * (d // width)))  # pairs per block at two lanes
         shapes += [_fixed(17, count, d) for count in around(per_pair)]
     fam["features"] = shapes
+    # features_long (forced for these small calls, as on a one-SM GPU: see test_nvrtc_kernel_families):
+    # long segments (more than FEATURE_TILE_ROWS rows) starting at k * ROWS - 1, k * ROWS and
+    # k * ROWS + 1, ending on a tile boundary and past it, first and last, one of exactly ROWS rows
+    # (not long), one of ten tiles and more (the fix-up's loads eight at a time), amid short and
+    # empty ones; d of 16 groups or more (fewer go to features_split, even on one SM).
+    from linred.backends.nvrtc.kernels import FEATURE_TILE_ROWS as rows
+
+    shapes = []
+    for d in (16 * vec, 16 * vec + 1):
+        shapes.append(_variable("offsets", _long_lengths(rng, rows), d))
+        shapes.append(_variable("lengths", _long_lengths(rng, rows)[::-1], d))
+        shapes += [_variable(s, ls, d) for s, ls, _ in _styles(rng, [120, 90], 70)]
+    fam["features_long"] = shapes
     return fam
+
+
+def _long_lengths(rng: np.random.Generator, rows: int) -> tuple[int, ...]:
+    """Lengths of :func:`nvrtc_families`' features_long shapes: each long segment of ``(start,
+    length)`` below reached through short segments (0 to 40 rows), some more short ones, and a long
+    one last."""
+    longs = [(0, rows + 1), (2 * rows - 1, rows), (4 * rows, 2 * rows), (6 * rows, 0), (6 * rows + 1, 2 * rows - 1),
+             (9 * rows - 1, rows + 1), (11 * rows + 1, 10 * rows + 3), (23 * rows, 17 * rows)]  # fmt: skip
+    lengths: list[int] = []
+    pos = 0
+    for start, length in [*longs, (42 * rows + 7, 3 * rows + 5)]:
+        while pos < start:
+            step = min(start - pos, int(rng.integers(0, 41)))
+            lengths.append(step)
+            pos += step
+        lengths.append(length)
+        pos += length
+    return tuple(lengths)
 
 
 def device_sms() -> int:
@@ -427,14 +459,15 @@ def test_boundaries_straddle_the_constants():
 # GPU backends
 # ---------------------------------------------------------------------------
 
-GPU_FAMILIES = ("fixed_small", "fixed_rows", "fixed_long", "warp_reduce", "tile_reduce", "features")
+GPU_FAMILIES = ("fixed_small", "fixed_rows", "fixed_long", "warp_reduce", "tile_reduce", "features", "features_long")
 
 
 REAL_DTYPES = [d for d in DTYPES if d not in ("complex64", "complex128")]  # nvrtc refuses complex data
 
 
 def _nvrtc_cases(family: str, dtype: str) -> list[Case]:
-    layouts = {"tile_reduce": ("strided", "misaligned", "reversed"), "features": ("contiguous", "axis-1", "misaligned")}
+    features = ("contiguous", "axis-1", "misaligned")
+    layouts = {"tile_reduce": ("strided", "misaligned", "reversed"), "features": features, "features_long": features}
     shapes = nvrtc_families(dtype, device_sms()).get(family, [])
     lay = layouts.get(family, ("contiguous", "axis-1"))
     return list(expand(family, "nvrtc", gpu_kinds(), shapes, dtypes=[dtype], layouts=lay, seed=DTYPES.index(dtype)))
@@ -449,7 +482,31 @@ def test_nvrtc_kernel_families(family, dtype):
     cases = _nvrtc_cases(family, dtype)
     if not cases:
         pytest.skip(f"no {family} shapes for {dtype}")
-    _run_all(cases, zlib.crc32(f"{family}-{dtype}".encode()))
+    if family != "features_long":
+        _run_all(cases, zlib.crc32(f"{family}-{dtype}".encode()))
+        return
+    # Long segments are left to tiles for large calls only, and features_split takes these
+    # few segments on a GPU of many SMs: planned here as for one SM, from the first byte.
+    from linred.backends import configure
+    from linred.backends.nvrtc import DEFAULT_OPTIONS, executors
+
+    launcher = executors._Launcher
+
+    class OneSM(launcher):
+        def __init__(self, problem):
+            super().__init__(problem)
+            self.sms = 1
+
+    configure("nvrtc", feature_long_min_bytes=1, feature_long_factor=1)
+    executors._Launcher = OneSM
+    linred.clear_plan_cache()
+    try:
+        _run_all(cases, zlib.crc32(f"{family}-{dtype}".encode()))
+    finally:
+        executors._Launcher = launcher
+        configure("nvrtc", feature_long_min_bytes=DEFAULT_OPTIONS.feature_long_min_bytes,
+                  feature_long_factor=DEFAULT_OPTIONS.feature_long_factor)  # fmt: skip
+        linred.clear_plan_cache()
 
 
 @pytest.mark.gpu

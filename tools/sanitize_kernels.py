@@ -121,6 +121,8 @@ NVRTC_ENTRY_POINTS = (
     "linred_fixup",
     "linred_features",
     "linred_features_split",
+    "linred_feature_long_tiles",
+    "linred_feature_long_fixup",
 )
 #: the CuPy ElementwiseKernels of linred/kernels/elementwise.py (by name prefix)
 CUPY_ENTRY_POINTS = ("linred_strided", "linred_divide_by_lengths", "linred_fill_empty", "linred_cast_bf16")
@@ -159,7 +161,9 @@ class Case:
     out_dtype: str | None = None  #: the dtype= argument
     backend: str = "nvrtc"
     sms: int | None = None  #: SM count the nvrtc executors plan with (more tiles per run on small data)
-    direct: str | None = None  #: "tile": run nvrtc._TileExecutor directly (its vector-load variant)
+    #: "tile": run nvrtc._TileExecutor directly (its vector-load variant); "features_long":
+    #: nvrtc._FeaturesExecutor with every segment past FEATURE_TILE_ROWS rows left to tiles
+    direct: str | None = None
     declared: tuple[str, ...] = ()  #: entry points a cub-group call must reach
     value: int | None = None  #: the value of its set's quantity
 
@@ -644,6 +648,24 @@ def _features_sets(sets: list[ShapeSet], c: Constants) -> None:
         Case("features/split-float16-sum-d8-tail", "sum", "float16", "torch", (61 * 20, 8), 0, L=61),
         Case("features/split-int32-min-batch-d4", "min", "int32", "cupy", (2, 900, 4), 1, L=75),
     ])  # fmt: skip
+    # long segments cut into tiles (run directly, as on one SM: planned for larger calls): long
+    # ones beginning on a tile boundary and past it, ending on one, empty ones, a batch, misaligned
+    rows = _nvrtc_kernels().FEATURE_TILE_ROWS
+    spans = [rows + 1, 0, 5, rows - 6, 2 * rows, 0, 3, 10 * rows + 3, 7, rows, 0, 3 * rows + 5]
+    # (at least 33 segments of 16 feature groups: fewer would go to features_split even on one SM)
+    shorts = [int(v) for v in _rng("features/long-short").integers(0, 30, 40)]
+    long_ones = np.array(spans[:6] + shorts + spans[6:], dtype=np.int64)
+    huge = np.array([3, 0, 4800, *shorts, 90, 107], dtype=np.int64)
+    _singles(sets, "features/long", "linred_feature_long_tiles", [
+        Case("features/long-float32-sum-d64", "sum", "float32", "cupy", (int(long_ones.sum()), 64), 0,
+             lengths=long_ones, direct="features_long", sms=1),
+        Case("features/long-float64-max-d33-misaligned", "max", "float64", "torch", (3000, 33), 0, "offset1",
+             lengths=_lengths_to(3000, 0, 300, _rng("features/long33"), 0.2), direct="features_long", sms=1),
+        Case("features/long-float16-mean-batch-d128", "mean", "float16", "cupy", (2, 4000, 128), 1,
+             lengths=_lengths_to(4000, 0, 250, _rng("features/long128"), 0.2), direct="features_long", sms=1),
+        Case("features/long-int32-min-one-huge-d64", "min", "int32", "torch", (int(huge.sum()), 64), 0,
+             lengths=huge, direct="features_long", sms=1),
+    ])  # fmt: skip
 
 
 def _cub_sets(sets: list[ShapeSet]) -> None:
@@ -782,6 +804,8 @@ def planned_entries(case: Case, problem: Any, misalignment: int, sms: int | None
     nv = _nvrtc()
     if case.direct == "tile":
         return tuple(_tile_entries(problem, _rows_aligned(problem, misalignment)))
+    if case.direct == "features_long":
+        return ("linred_features", "linred_feature_long_tiles", "linred_feature_long_fixup")
     reason = nv.BACKEND.unsupported(problem)
     if reason is not None:
         return (f"refused: {reason}",)
@@ -1142,10 +1166,15 @@ def _run_case(case: Case, libs: Libraries, recorder: Recorder) -> dict[str, Any]
     expected = planned_entries(case, problem, misalignment, case.sms or libs.sms)
     recorder.begin()
     with _sms(case.sms):
-        if case.direct == "tile":
+        if case.direct in ("tile", "features_long"):
             adapter = call.adapter
             result = adapter.empty(call.out_shape, problem.out_dtype, problem.device)
-            executor = _nvrtc_executors()._TileExecutor(problem, _nvrtc().BACKEND.options)
+            options = _nvrtc().BACKEND.options
+            if case.direct == "tile":
+                executor = _nvrtc_executors()._TileExecutor(problem, options)
+            else:
+                options = dataclasses.replace(options, feature_long_min_bytes=1, feature_long_factor=1)
+                executor = _nvrtc_executors()._FeaturesExecutor(problem, options)
             executor(call.x3, adapter.reshape(result, problem.out_shape), call.segments, call.stream)
             libs.synchronize()
             executor.free()

@@ -2,7 +2,11 @@
 //
 // Holds:
 //  - features_reduce: one thread per (row of the batch, segment, group of W consecutive
-//    features), walking the segment's rows with UNROLL loads in flight;
+//    features), walking the segment's rows with UNROLL loads in flight (add_rows); with ROWS,
+//    it leaves segments of more than long_rows rows (LongArgs) to feature_long.cuh but their
+//    rows before the first multiple of ROWS, and marks every tile start with its long segment;
+//  - add_rows: a thread's rows of one feature group added, UNROLL loads at a time, the last
+//    ones in halving steps;
 //  - features_split: the same with each segment's rows dealt to R lanes whose partials a
 //    fixed tree adds, by shuffles within a warp or in shared memory (segments too few to
 //    fill the device otherwise, or rows too narrow for one thread to read them fast);
@@ -49,10 +53,61 @@ static_assert(pow2_at_most(7) == 4 && pow2_at_most(8) == 8 && pow2_at_most(1) ==
 // log2 of a power of two (0 for 1 and below).
 __host__ __device__ constexpr int log2_of(int n) { return n <= 1 ? 0 : 1 + log2_of(n / 2); }
 
-template <class T, class A0, class O, class OP, bool MEAN, int W, int UNROLL, class Off>
-__device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, FeatureArgs a,
-                                                int* bad) {
+// acc[k] += rows [i, end) of a thread's feature group (p: its first feature in row 0), UNROLL
+// loads in flight, then the last rows (fewer than UNROLL) in steps of TAIL, TAIL / 2, ... 1 rows
+// (TAIL the largest power of two below UNROLL: together they cover UNROLL - 1 rows), each
+// step's loads at once: a round trip to memory per step, not per row (UNROLL 8: a tail of 7
+// rows takes 3 trips, not 7; segments of 100 rows end in one trip of 4).  Every bound is
+// known at compile time, so the loops unroll and buf stays in registers.
+template <class T, class A, class OP, int W, int UNROLL>
+__device__ __forceinline__ void add_rows(A (&acc)[W], const T* __restrict__ p, i64 i, i64 end, i64 row_stride) {
     typedef typename Group<T, W>::type G;
+    for (; i + UNROLL <= end; i += UNROLL) {
+        G buf[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) buf[u] = *reinterpret_cast<const G*>(p + (i + u) * row_stride);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+#pragma unroll
+            for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(buf[u].v[k]));
+        }
+    }
+    constexpr int TAIL = pow2_at_most(UNROLL - 1), STEPS = log2_of(TAIL) + (TAIL > 0);
+#pragma unroll
+    for (int step = 0; step < STEPS; ++step) {
+        const int h = TAIL >> step;
+        if (end - i >= h) {
+            G buf[TAIL > 0 ? TAIL : 1];
+#pragma unroll
+            for (int u = 0; u < TAIL; ++u) {
+                if (u < h) buf[u] = *reinterpret_cast<const G*>(p + (i + u) * row_stride);
+            }
+#pragma unroll
+            for (int u = 0; u < TAIL; ++u) {
+                if (u < h) {
+#pragma unroll
+                    for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(buf[u].v[k]));
+                }
+            }
+            i += h;
+        }
+    }
+}
+
+// Long segments cut into tiles of ROWS rows (feature_long.cuh); ROWS = 0: none.  A segment
+// is long when it has more than long_rows rows (long_rows >= ROWS).  bounds[j] (j < tiles):
+// the long segment that row j * ROWS lies in, or -1; first: (row of the batch, tile, feature)
+// partials, those of each long segment's rows before its first tile start (its head).
+template <class A> struct LongArgs {
+    i64 long_rows;
+    i64 tiles;
+    i64* __restrict__ bounds;
+    A* __restrict__ first;
+};
+
+template <class T, class A0, class O, class OP, bool MEAN, int W, int UNROLL, int ROWS, class Off>
+__device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, FeatureArgs a,
+                                                int* bad, LongArgs<typename SumWide<OP, A0>::type> la) {
     typedef typename SumWide<OP, A0>::type A;
     const i64 stride = (i64)gridDim.x * blockDim.x;
     for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < a.total; t += stride) {
@@ -64,42 +119,27 @@ __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __re
         A acc[W];
 #pragma unroll
         for (int k = 0; k < W; ++k) acc[k] = OP::template identity<O, A>();
-        i64 i = begin;
-        for (; i + UNROLL <= end; i += UNROLL) {
-            G buf[UNROLL];
+        if constexpr (ROWS > 0) {
+            // The tile starts in the segment learn whether it is long (one writer: the offsets
+            // are those of every row of the batch); clamped to the tiles, whatever the offsets.
+            const bool is_long = end - begin > la.long_rows;
+            if (r == 0 && g == 0) {
+                const i64 stop = min(end, a.n);
+                for (i64 j = max(begin, (i64)0) / ROWS + (max(begin, (i64)0) % ROWS != 0); j * ROWS < stop; ++j)
+                    la.bounds[j] = is_long ? s : -1;
+            }
+            if (is_long) {  // the head here, the tiles in feature_long_tiles, the sum in its fixup
+                const i64 j0 = begin / ROWS + (begin % ROWS != 0);
+                add_rows<T, A, OP, W, UNROLL>(acc, p, begin, min(end, j0 * ROWS), a.row_stride);
+                if (j0 < la.tiles) {
+                    A* h = la.first + (r * la.tiles + j0) * a.features + g * W;
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) buf[u] = *reinterpret_cast<const G*>(p + (i + u) * a.row_stride);
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-#pragma unroll
-                for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(buf[u].v[k]));
+                    for (int k = 0; k < W; ++k) h[k] = acc[k];
+                }
+                continue;
             }
         }
-        // the last rows (fewer than UNROLL) in steps of TAIL, TAIL / 2, ... 1 rows (TAIL the
-        // largest power of two below UNROLL: together they cover UNROLL - 1 rows), each step's
-        // loads at once: a round trip to memory per step, not per row (UNROLL 8: a tail of 7
-        // rows takes 3 trips, not 7; segments of 100 rows end in one trip of 4)
-        // (every bound known at compile time, so the loops unroll and buf stays in registers)
-        constexpr int TAIL = pow2_at_most(UNROLL - 1), STEPS = log2_of(TAIL) + (TAIL > 0);
-#pragma unroll
-        for (int step = 0; step < STEPS; ++step) {
-            const int h = TAIL >> step;
-            if (end - i >= h) {
-                G buf[TAIL > 0 ? TAIL : 1];
-#pragma unroll
-                for (int u = 0; u < TAIL; ++u) {
-                    if (u < h) buf[u] = *reinterpret_cast<const G*>(p + (i + u) * a.row_stride);
-                }
-#pragma unroll
-                for (int u = 0; u < TAIL; ++u) {
-                    if (u < h) {
-#pragma unroll
-                        for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(buf[u].v[k]));
-                    }
-                }
-                i += h;
-            }
-        }
+        add_rows<T, A, OP, W, UNROLL>(acc, p, begin, end, a.row_stride);
         O* o = out + rs * a.features + g * W;
         if constexpr ((W * sizeof(O)) % 16 == 0) {  // whole 16-byte vectors of results
             typedef typename VecOf<O>::type VO;
@@ -231,7 +271,7 @@ __device__ __forceinline__ void features_split(const T* __restrict__ x, O* __res
         linred_features(const T* x, O* out, const I* offsets, int* bad, long long L, long long n, long long m,         \
                         long long bs, long long rs, long long d, long long groups, long long total) {                  \
         FeatureArgs a{n, m, bs, rs, d, groups, total};                                                                 \
-        features_reduce<T, A, O, OP, MEAN, W, UNROLL>(x, out, OFFSETS, a, bad);                                        \
+        features_reduce<T, A, O, OP, MEAN, W, UNROLL, 0>(x, out, OFFSETS, a, bad, LongArgs<SumWide<OP, A>::type>{});   \
     }
 
 // linred_features_split: features_split (lanes = R, total = batch * m pairs).

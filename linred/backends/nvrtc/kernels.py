@@ -348,14 +348,50 @@ FEATURE_LANE_ROWS = 12
 FEATURE_NARROW_GROUPS = 4
 
 
-def features_wrapper(problem: Problem, index_ctype: str, tuning: NvrtcOptions, width: int, split: bool = False) -> str:
+def features_wrapper(
+    problem: Problem, index_ctype: str, tuning: NvrtcOptions, width: int, split: bool = False, long: bool = False
+) -> str:
     """``linred_features`` (``features_reduce``), or with ``split`` ``linred_features_split``
-    (``features_split``), over groups of ``width`` features (features.cuh)."""
+    (``features_split``), over groups of ``width`` features (features.cuh); with ``long``,
+    ``linred_features`` leaves long segments to ``linred_feature_long_tiles`` and
+    ``linred_feature_long_fixup`` (feature_long.cuh) over tiles of :data:`FEATURE_TILE_ROWS`."""
     t, o, a, op, mean = kernel_types(problem)
     offsets = _offsets(problem, index_ctype)
+    head = f"{t}, {a}, {o}, {op}, {mean}, {tuning.threads}, {width}, {tuning.unroll}"
+    if long:
+        rows = FEATURE_TILE_ROWS
+        return f'#include "feature_long.cuh"\nLINRED_FEATURES_LONG({head}, {rows}, {index_ctype}, {offsets})\n'
     macro = "LINRED_FEATURES_SPLIT" if split else "LINRED_FEATURES"
-    return (
-        '#include "features.cuh"\n'
-        f"{macro}({t}, {a}, {o}, {op}, {mean}, {tuning.threads}, {width}, {tuning.unroll}, {index_ctype}, "
-        f"{offsets})\n"
-    )
+    return f'#include "features.cuh"\n{macro}({head}, {index_ctype}, {offsets})\n'
+
+
+#: the rows of a tile of a long segment (features_long_rows): a thread of
+#: ``linred_feature_long_tiles`` adds at most this many rows of one feature group
+FEATURE_TILE_ROWS = 128
+
+
+def features_long_rows(problem: Problem, options: NvrtcOptions) -> int:
+    """The rows past which ``features_reduce`` leaves a segment to tiles (0: it reduces every
+    segment itself): ``feature_long_factor`` times the average length, at least
+    :data:`FEATURE_TILE_ROWS`, for feature rows with offsets of at least
+    ``feature_long_min_bytes``.
+
+    ``features_reduce`` walks a segment with one thread per feature group, so where lengths
+    vary the longest segment sets the time (10^6 x 128 float32 rows on an H200: lengths of mean
+    100 drawn from a geometric law 229-284 us where even ones take 124; one segment of 5% of the
+    rows 8.2 ms).  Cut into tiles, a long segment is read by as many threads as its tiles, and
+    their partials are added in a fixed order by a third launch.  The two launches cost about
+    5 us when no segment is long, hence the size floor."""
+    if problem.fixed or problem.n == 0 or problem.num_segments == 0:
+        return 0
+    data = problem.batch * problem.n * problem.features * itemsize(problem.dtype)
+    if data < options.feature_long_min_bytes:
+        return 0
+    mean = -(-problem.n // problem.num_segments)
+    return max(FEATURE_TILE_ROWS, options.feature_long_factor * mean)
+
+
+def feature_partial_dtype(problem: Problem) -> str:
+    """The dtype of the long segments' partials: float32 sums are kept in float64 (``SumWide``)."""
+    acc = acc_dtype(problem)
+    return "float64" if problem.reduction in ("sum", "mean") and acc == "float32" else acc
