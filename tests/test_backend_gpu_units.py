@@ -1059,13 +1059,7 @@ def _programs() -> list[tuple[str, str, tuple[str, ...]]]:
         out.append((f"features {dtype}", kernels.features_wrapper(feat, "long long", T, 1), ("linred_features",)))
         rows = problem(reduction, dtype, shape=(2, 640, 8), length=None, offsets_dtype="int64", segments=5, **kw)
         long = kernels.features_wrapper(rows, "long long", T, 1, long=True)
-        out.append(
-            (
-                f"features long {dtype}",
-                long,
-                ("linred_features", "linred_feature_long_tiles", "linred_feature_long_fixup"),
-            )
-        )
+        out.append((f"features long {dtype}", long, ("linred_features", "linred_feature_long_fixup")))
     return out
 
 

@@ -3,8 +3,9 @@
 // Holds:
 //  - features_reduce: one thread per (row of the batch, segment, group of W consecutive
 //    features), walking the segment's rows with UNROLL loads in flight (add_rows); with ROWS,
-//    it leaves segments of more than long_rows rows (LongArgs) to feature_long.cuh but their
-//    rows before the first multiple of ROWS, and marks every tile start with its long segment;
+//    a segment of more than long_rows rows (LongArgs) is cut at multiples of ROWS: its thread
+//    adds the rows before the first (its head), and one more thread per tile of ROWS rows
+//    (long_tile) each tile's, into partials that feature_long.cuh's fix-up adds up;
 //  - add_rows: a thread's rows of one feature group added, UNROLL loads at a time, the last
 //    ones in halving steps;
 //  - features_split: the same with each segment's rows dealt to R lanes whose partials a
@@ -95,22 +96,60 @@ __device__ __forceinline__ void add_rows(A (&acc)[W], const T* __restrict__ p, i
 }
 
 // Long segments cut into tiles of ROWS rows (feature_long.cuh); ROWS = 0: none.  A segment
-// is long when it has more than long_rows rows (long_rows >= ROWS).  bounds[j] (j < tiles):
-// the long segment that row j * ROWS lies in, or -1; first: (row of the batch, tile, feature)
-// partials, those of each long segment's rows before its first tile start (its head).
+// is long when it has more than long_rows rows (long_rows >= ROWS).  first and partial:
+// (row of the batch, tile, feature) partials: at a long segment's first tile start j0, its
+// rows before j0 * ROWS (its head); at each tile j whose first row is in a long segment, the
+// tile's rows of that segment.  tile_items: batch * tiles * groups.
 template <class A> struct LongArgs {
     i64 long_rows;
     i64 tiles;
-    i64* __restrict__ bounds;
+    i64 tile_items;
     A* __restrict__ first;
+    A* __restrict__ partial;
 };
+
+// partial[r, j, g] for tile item u = (r * tiles + j) * groups + g: the rows of tile j in the
+// long segment its first row lies in (found by a binary search of the offsets, checked
+// against them: bad offsets give wrong partials, never an access out of bounds), if any.
+template <class T, class A, class O, class OP, int W, int UNROLL, int ROWS, class Off>
+__device__ __forceinline__ void long_tile(const T* __restrict__ x, Off off, const FeatureArgs& a,
+                                          const LongArgs<A>& la, i64 u) {
+    const i64 g = u % a.groups, rj = u / a.groups;
+    const i64 r = rj / la.tiles, j = rj - r * la.tiles;
+    const i64 r0 = j * ROWS;
+    i64 lo = 0, hi = a.m;  // the last s in [0, m] with off(s) <= r0
+    while (lo < hi) {
+        const i64 mid = (lo + hi + 1) / 2;
+        if (off(mid) <= r0) lo = mid;
+        else hi = mid - 1;
+    }
+    if (lo >= a.m) return;
+    const i64 b0 = off(lo), b1 = off(lo + 1);
+    if (!(0 <= b0 && b0 <= r0 && r0 < b1 && b1 <= a.n && b1 - b0 > la.long_rows)) return;
+    A acc[W];
+#pragma unroll
+    for (int k = 0; k < W; ++k) acc[k] = OP::template identity<O, A>();
+    add_rows<T, A, OP, W, UNROLL>(acc, x + r * a.batch_stride + g * W, r0, min(b1, r0 + ROWS), a.row_stride);
+    A* h = la.partial + rj * a.features + g * W;
+#pragma unroll
+    for (int k = 0; k < W; ++k) h[k] = acc[k];
+}
 
 template <class T, class A0, class O, class OP, bool MEAN, int W, int UNROLL, int ROWS, class Off>
 __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __restrict__ out, Off off, FeatureArgs a,
                                                 int* bad, LongArgs<typename SumWide<OP, A0>::type> la) {
     typedef typename SumWide<OP, A0>::type A;
     const i64 stride = (i64)gridDim.x * blockDim.x;
-    for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < a.total; t += stride) {
+    // With ROWS, the tiles of long segments are items after the segments: one launch reads all
+    // the data, whatever the lengths.
+    const i64 items = a.total + (ROWS > 0 ? la.tile_items : 0);
+    for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < items; t += stride) {
+        if constexpr (ROWS > 0) {
+            if (t >= a.total) {
+                long_tile<T, A, O, OP, W, UNROLL, ROWS>(x, off, a, la, t - a.total);
+                continue;
+            }
+        }
         const i64 g = t % a.groups, rs = t / a.groups;  // rs: batch row * m + segment
         const i64 r = rs / a.m, s = rs - r * a.m;
         i64 begin = off(s), end = off(s + 1);
@@ -120,15 +159,7 @@ __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __re
 #pragma unroll
         for (int k = 0; k < W; ++k) acc[k] = OP::template identity<O, A>();
         if constexpr (ROWS > 0) {
-            // The tile starts in the segment learn whether it is long (one writer: the offsets
-            // are those of every row of the batch); clamped to the tiles, whatever the offsets.
-            const bool is_long = end - begin > la.long_rows;
-            if (r == 0 && g == 0) {
-                const i64 stop = min(end, a.n);
-                for (i64 j = max(begin, (i64)0) / ROWS + (max(begin, (i64)0) % ROWS != 0); j * ROWS < stop; ++j)
-                    la.bounds[j] = is_long ? s : -1;
-            }
-            if (is_long) {  // the head here, the tiles in feature_long_tiles, the sum in its fixup
+            if (end - begin > la.long_rows) {  // the head here, the tiles above, the sum in feature_long_fixup
                 const i64 j0 = begin / ROWS + (begin % ROWS != 0);
                 add_rows<T, A, OP, W, UNROLL>(acc, p, begin, min(end, j0 * ROWS), a.row_stride);
                 if (j0 < la.tiles) {

@@ -494,9 +494,9 @@ class _FeaturesExecutor:
         self._fixed = (problem.segment_length or 0, problem.n, problem.num_segments, s0, s1, d)
         self._widths = features_widths(problem)  # (xp % 16 != 0, op % 16 != 0) -> width
         self._long_rows = features_long_rows(problem, options)
-        #: the long segments' workspace (bounds, heads, partials), made with the first kernels
+        #: the long segments' workspace (heads, partials), made with the first kernels
         #: that use it; it serves one stream at a time
-        self._long: tuple[Any, Any, Any] | None = None
+        self._long: tuple[Any, Any] | None = None
         self._order: Any = None
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
@@ -513,17 +513,14 @@ class _FeaturesExecutor:
         if segments.__class__ is VariableSegments:
             offsets = slots[2] = launch.ptr(segments.offsets)
             slots[3] = segments.word
-            if long is not None:  # features_reduce, then the long segments' tiles and their sums
-                tiles, fixup, long_grid = long
+            if long is not None:  # features_reduce (the long segments' tiles too), then their sums
+                fixup, fixup_grid = long
                 with on_device(launch.device):
                     self._order.begin(stream)
                     kernel.launch(stream, grid, block, shared)
-                    slots = tiles.slots
-                    slots[0], slots[1] = xp, offsets
-                    tiles.launch(stream, long_grid, block, 0)
                     slots = fixup.slots
                     slots[0], slots[1] = op, offsets
-                    fixup.launch(stream, long_grid, block, 0)
+                    fixup.launch(stream, fixup_grid, block, 0)
                     self._order.end(stream)
                 return
         kernel.launch(stream, grid, block, shared)
@@ -538,7 +535,7 @@ class _FeaturesExecutor:
         if lanes == 1:
             long = self._long_rows > 0
             wrapper = features_wrapper(problem, index_ctype(problem), tuning, width, long=long)
-            names = ("linred_features", "linred_feature_long_tiles", "linred_feature_long_fixup")
+            names = ("linred_features", "linred_feature_long_fixup")
             kernels = get_kernels(launch.device, wrapper, names if long else names[:1])
             total = b * problem.num_segments * groups
             # Grid-stride: enough blocks to fill the device many times over, no more.
@@ -548,18 +545,16 @@ class _FeaturesExecutor:
                 packed = PackedLaunch(kernels[0], 4 + len(tail), "linred_features", launch.device)
                 packed.bind(4, *tail)  # (fixed segments: no offsets, no word)
                 return packed, blocks, tuning.threads, 0, None
-            bounds, heads, partials = (launch.ptr(a) for a in self._long_workspace())
+            heads, partials = (launch.ptr(a) for a in self._long_workspace())
             n, m, tiles = problem.n, problem.num_segments, -(-problem.n // FEATURE_TILE_ROWS)
-            long_total = b * tiles * groups
-            packed = PackedLaunch(kernels[0], 4 + len(tail) + 4, "linred_features", launch.device)
-            packed.bind(4, *tail, self._long_rows, tiles, bounds, heads)
-            s0, s1, _ = problem.strides
-            tiles_k = PackedLaunch(kernels[1], 13, names[1], launch.device)
-            tiles_k.bind(2, n, m, s0, s1, d, groups, long_total, self._long_rows, tiles, bounds, partials)
-            fixup = PackedLaunch(kernels[2], 12, names[2], launch.device)
-            fixup.bind(2, n, m, d, groups, long_total, self._long_rows, tiles, bounds, heads, partials)
-            long_grid = max(1, min(-(-long_total // tuning.threads), 64 * launch.sms))
-            return packed, blocks, tuning.threads, 0, (tiles_k, fixup, long_grid)
+            tile_items = b * tiles * groups
+            packed = PackedLaunch(kernels[0], 4 + len(tail) + 5, "linred_features", launch.device)
+            packed.bind(4, *tail, self._long_rows, tiles, tile_items, heads, partials)
+            blocks = max(1, min(-(-(total + tile_items) // tuning.threads), 64 * launch.sms))
+            fixup = PackedLaunch(kernels[1], 11, names[1], launch.device)
+            fixup.bind(2, n, m, d, groups, total, self._long_rows, tiles, heads, partials)
+            fixup_grid = max(1, min(-(-total // tuning.threads), 64 * launch.sms))
+            return packed, blocks, tuning.threads, 0, (fixup, fixup_grid)
         wrapper = features_wrapper(problem, index_ctype(problem), tuning, width, split=True)
         (kernel,) = get_kernels(launch.device, wrapper, ("linred_features_split",))
         per_block = tuning.threads // (lanes * groups)  # (row of the batch, segment) pairs per block
@@ -573,15 +568,14 @@ class _FeaturesExecutor:
         packed.bind(4, *tail)
         return packed, blocks, threads, shared, None
 
-    def _long_workspace(self) -> tuple[Any, Any, Any]:
-        """The long segments' bounds (one per tile), heads and partials (one per row of the
-        batch, tile and feature), made once: the kernels write what they read."""
+    def _long_workspace(self) -> tuple[Any, Any]:
+        """The long segments' heads and partials (one per row of the batch, tile and feature),
+        made once: the kernels write what they read."""
         if self._long is None:
             b, n, d = self._problem.in_shape
             tiles, launch = -(-n // FEATURE_TILE_ROWS), self._launch
             partial = feature_partial_dtype(self._problem)
-            self._long = (launch.empty(tiles, "int64"), launch.empty(b * tiles * d, partial),
-                          launch.empty(b * tiles * d, partial))  # fmt: skip
+            self._long = (launch.empty(b * tiles * d, partial), launch.empty(b * tiles * d, partial))
             self._order = launch.stream_order()
         return self._long
 

@@ -353,8 +353,8 @@ def features_wrapper(
 ) -> str:
     """``linred_features`` (``features_reduce``), or with ``split`` ``linred_features_split``
     (``features_split``), over groups of ``width`` features (features.cuh); with ``long``,
-    ``linred_features`` leaves long segments to ``linred_feature_long_tiles`` and
-    ``linred_feature_long_fixup`` (feature_long.cuh) over tiles of :data:`FEATURE_TILE_ROWS`."""
+    ``linred_features`` also reads long segments in tiles of :data:`FEATURE_TILE_ROWS` rows, and
+    ``linred_feature_long_fixup`` (feature_long.cuh) adds them up."""
     t, o, a, op, mean = kernel_types(problem)
     offsets = _offsets(problem, index_ctype)
     head = f"{t}, {a}, {o}, {op}, {mean}, {tuning.threads}, {width}, {tuning.unroll}"
@@ -365,8 +365,8 @@ def features_wrapper(
     return f'#include "features.cuh"\n{macro}({head}, {index_ctype}, {offsets})\n'
 
 
-#: the rows of a tile of a long segment (features_long_rows): a thread of
-#: ``linred_feature_long_tiles`` adds at most this many rows of one feature group
+#: the rows of a tile of a long segment (features_long_rows): a thread of ``linred_features``
+#: adds at most this many rows of one of its feature groups
 FEATURE_TILE_ROWS = 128
 
 
@@ -380,8 +380,9 @@ def features_long_rows(problem: Problem, options: NvrtcOptions) -> int:
     vary the longest segment sets the time (10^6 x 128 float32 rows on an H200: lengths of mean
     100 drawn from a geometric law 229-284 us where even ones take 124; one segment of 5% of the
     rows 8.2 ms).  Cut into tiles, a long segment is read by as many threads as its tiles, and
-    their partials are added in a fixed order by a third launch.  The two launches cost about
-    5 us when no segment is long, hence the size floor."""
+    their partials are added in a fixed order by a second launch.  That launch, and a binary
+    search of the offsets per tile, cost microseconds when no segment is long, hence the size
+    floor."""
     if problem.fixed or problem.n == 0 or problem.num_segments == 0:
         return 0
     data = problem.batch * problem.n * problem.features * itemsize(problem.dtype)
