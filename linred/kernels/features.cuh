@@ -5,7 +5,8 @@
 //    features), walking the segment's rows with UNROLL loads in flight (add_rows); with ROWS,
 //    a segment of more than long_rows rows (LongArgs) is cut at multiples of ROWS: its thread
 //    adds the rows before the first (its head), and one more thread per tile of ROWS rows
-//    (long_tile) each tile's, into partials that feature_long.cuh's fix-up adds up;
+//    (long_tile, its segment found by segment_of_row) each tile's, into partials that
+//    feature_long.cuh's fix-up adds up;
 //  - add_rows: a thread's rows of one feature group added, UNROLL loads at a time, the last
 //    ones in halving steps;
 //  - features_split: the same with each segment's rows dealt to R lanes whose partials a
@@ -108,22 +109,57 @@ template <class A> struct LongArgs {
     A* __restrict__ partial;
 };
 
+// The last s in [0, m] with off(s) <= v (0 < v < n): the segment that row v lies in.  The
+// search starts where v's share of the rows puts it (right, or one off, for even lengths) and
+// gallops from there, then halves the bracket: a few dependent loads where lengths are even,
+// about 2 log2 of the distance otherwise (a binary search over 10^4 segments: 14).  It ends for
+// any offsets (each step shrinks the bracket); the caller checks what it returns.
+template <class Off> __device__ __forceinline__ i64 segment_of_row(Off off, i64 m, i64 n, i64 v) {
+    const i64 guess = min((i64)((double)v / (double)n * (double)m), m);
+    i64 lo, hi, step = 1;
+    if (off(guess) <= v) {  // the answer is guess or after it
+        lo = guess;
+        hi = m;
+        while (lo + step <= m) {
+            if (off(lo + step) > v) {
+                hi = lo + step - 1;
+                break;
+            }
+            lo += step;
+            step *= 2;
+        }
+    } else {  // before it
+        hi = guess - 1;
+        lo = 0;
+        while (hi - step + 1 > 0) {
+            const i64 c = hi - step + 1;
+            if (off(c) <= v) {
+                lo = c;
+                break;
+            }
+            hi = c - 1;
+            step *= 2;
+        }
+    }
+    while (lo < hi) {
+        const i64 mid = lo + (hi - lo + 1) / 2;
+        if (off(mid) <= v) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 // partial[r, j, g] for tile item u = (r * tiles + j) * groups + g: the rows of tile j in the
-// long segment its first row lies in (found by a binary search of the offsets, checked
-// against them: bad offsets give wrong partials, never an access out of bounds), if any.
+// long segment its first row lies in (segment_of_row, checked against the offsets: bad
+// offsets give wrong partials, never an access out of bounds), if any.
 template <class T, class A, class O, class OP, int W, int UNROLL, int ROWS, class Off>
 __device__ __forceinline__ void long_tile(const T* __restrict__ x, Off off, const FeatureArgs& a,
                                           const LongArgs<A>& la, i64 u) {
     const i64 g = u % a.groups, rj = u / a.groups;
     const i64 r = rj / la.tiles, j = rj - r * la.tiles;
     const i64 r0 = j * ROWS;
-    i64 lo = 0, hi = a.m;  // the last s in [0, m] with off(s) <= r0
-    while (lo < hi) {
-        const i64 mid = (lo + hi + 1) / 2;
-        if (off(mid) <= r0) lo = mid;
-        else hi = mid - 1;
-    }
-    if (lo >= a.m) return;
+    const i64 lo = segment_of_row(off, a.m, a.n, r0);
+    if (lo < 0 || lo >= a.m) return;
     const i64 b0 = off(lo), b1 = off(lo + 1);
     if (!(0 <= b0 && b0 <= r0 && r0 < b1 && b1 <= a.n && b1 - b0 > la.long_rows)) return;
     A acc[W];
