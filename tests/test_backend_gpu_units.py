@@ -1059,7 +1059,7 @@ def _programs() -> list[tuple[str, str, tuple[str, ...]]]:
         out.append((f"features {dtype}", kernels.features_wrapper(feat, "long long", T, 1), ("linred_features",)))
         rows = problem(reduction, dtype, shape=(2, 640, 8), length=None, offsets_dtype="int64", segments=5, **kw)
         long = kernels.features_wrapper(rows, "long long", T, 1, long=True)
-        out.append((f"features long {dtype}", long, ("linred_features", "linred_feature_long_fixup")))
+        out.append((f"features long {dtype}", long, ("linred_features",)))
     return out
 
 
@@ -1397,6 +1397,6 @@ def test_nvrtc_features_long_wrapper():
 
     p = problem("max", "float64", shape=(1, 640, 8), length=None, offsets_dtype="int32", segments=5)
     src = features_wrapper(p, index_ctype(p), DEFAULT_OPTIONS, 2, long=True)
-    assert src.startswith('#include "feature_long.cuh"\n')
+    assert src.startswith('#include "features.cuh"\n')
     head = f"LINRED_FEATURES_LONG(double, double, double, OpMax, false, 256, 2, {DEFAULT_OPTIONS.unroll}, "
     assert f"{head}{FEATURE_TILE_ROWS}, int, ArrayOffsets<int>{{offsets}})\n" in src

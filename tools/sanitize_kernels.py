@@ -121,7 +121,6 @@ NVRTC_ENTRY_POINTS = (
     "linred_fixup",
     "linred_features",
     "linred_features_split",
-    "linred_feature_long_fixup",
 )
 #: the CuPy ElementwiseKernels of linred/kernels/elementwise.py (by name prefix)
 CUPY_ENTRY_POINTS = ("linred_strided", "linred_divide_by_lengths", "linred_fill_empty", "linred_cast_bf16")
@@ -655,7 +654,7 @@ def _features_sets(sets: list[ShapeSet], c: Constants) -> None:
     shorts = [int(v) for v in _rng("features/long-short").integers(0, 30, 40)]
     long_ones = np.array(spans[:6] + shorts + spans[6:], dtype=np.int64)
     huge = np.array([3, 0, 4800, *shorts, 90, 107], dtype=np.int64)
-    _singles(sets, "features/long", "linred_feature_long_fixup", [
+    _singles(sets, "features/long", "linred_features", [
         Case("features/long-float32-sum-d64", "sum", "float32", "cupy", (int(long_ones.sum()), 64), 0,
              lengths=long_ones, direct="features_long", sms=1),
         Case("features/long-float64-max-d33-misaligned", "max", "float64", "torch", (3000, 33), 0, "offset1",
@@ -804,7 +803,7 @@ def planned_entries(case: Case, problem: Any, misalignment: int, sms: int | None
     if case.direct == "tile":
         return tuple(_tile_entries(problem, _rows_aligned(problem, misalignment)))
     if case.direct == "features_long":
-        return ("linred_features", "linred_feature_long_fixup")
+        return ("linred_features",)
     reason = nv.BACKEND.unsupported(problem)
     if reason is not None:
         return (f"refused: {reason}",)

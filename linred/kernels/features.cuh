@@ -5,8 +5,8 @@
 //    features), walking the segment's rows with UNROLL loads in flight (add_rows); with ROWS,
 //    a segment of more than long_rows rows (LongArgs) is cut at multiples of ROWS: its thread
 //    adds the rows before the first (its head), and one more thread per tile of ROWS rows
-//    (long_tile, its segment found by segment_of_row) each tile's, into partials that
-//    feature_long.cuh's fix-up adds up;
+//    (long_tile, its segment found by segment_of_row) each tile's, into partials that the
+//    last of them to finish adds up in a fixed order (long_piece_done);
 //  - add_rows: a thread's rows of one feature group added, UNROLL loads at a time, the last
 //    ones in halving steps;
 //  - features_split: the same with each segment's rows dealt to R lanes whose partials a
@@ -14,8 +14,8 @@
 //    fill the device otherwise, or rows too narrow for one thread to read them fast);
 //  - Group (W features), FeatureArgs, SumWide (float32 sums accumulated in double),
 //    pow2_at_most and log2_of (the steps of features_reduce's last rows);
-//  - its entry points: LINRED_FEATURES (linred_features), LINRED_FEATURES_SPLIT
-//    (linred_features_split).
+//  - its entry points: LINRED_FEATURES (linred_features), LINRED_FEATURES_LONG (linred_features
+//    with long segments cut into tiles), LINRED_FEATURES_SPLIT (linred_features_split).
 
 #pragma once
 
@@ -96,18 +96,74 @@ __device__ __forceinline__ void add_rows(A (&acc)[W], const T* __restrict__ p, i
     }
 }
 
-// Long segments cut into tiles of ROWS rows (feature_long.cuh); ROWS = 0: none.  A segment
-// is long when it has more than long_rows rows (long_rows >= ROWS).  first and partial:
-// (row of the batch, tile, feature) partials: at a long segment's first tile start j0, its
-// rows before j0 * ROWS (its head); at each tile j whose first row is in a long segment, the
-// tile's rows of that segment.  tile_items: batch * tiles * groups.
+// Long segments cut into tiles of ROWS rows; ROWS = 0: none.  A segment is long when it has
+// more than long_rows rows (long_rows >= ROWS).  first and partial: (row of the batch, tile,
+// feature) partials: at a long segment's first tile start j0, its rows before j0 * ROWS (its
+// head); at each tile j whose first row is in a long segment, the tile's rows of that
+// segment.  count: per (row of the batch, tile j0, feature group), the pieces of the segment
+// finished in this call (epoch << 32 | pieces; a count of another epoch is 0, so a call that
+// stopped short, on bad offsets, leaves nothing behind; the last piece sets it back to 0 pieces
+// for the replays of a CUDA graph, which share an epoch).  tile_items: batch * tiles * groups.
 template <class A> struct LongArgs {
     i64 long_rows;
     i64 tiles;
     i64 tile_items;
     A* __restrict__ first;
     A* __restrict__ partial;
+    unsigned long long* __restrict__ count;
+    unsigned epoch;
 };
+
+// A piece (head or tile) of long segment s = [b0, b1) of batch row r, feature group g, is
+// written: count it, and if it is the last of the segment's pieces (the head and its tiles,
+// finished in any order), add them up in order (deterministic: the head, then tiles j0 to
+// the last), FLIGHT tiles' loads at a time, and write out[r, s, g].  FLIGHT keeps those loads'
+// registers within what add_rows holds (more would cut the launch's occupancy).
+template <class O, class OP, bool MEAN, int W, int ROWS, class A>
+__device__ __forceinline__ void long_piece_done(O* __restrict__ out, const FeatureArgs& a, const LongArgs<A>& la,
+                                                i64 r, i64 s, i64 g, i64 b0, i64 b1) {
+    constexpr int FLIGHT = W * sizeof(A) <= 32 ? 4 : W * sizeof(A) <= 64 ? 2 : 1;
+    const i64 j0 = b0 / ROWS + (b0 % ROWS != 0), last = min((b1 - 1) / ROWS, la.tiles - 1);
+    const i64 head = r * la.tiles + j0;
+    unsigned long long* c = la.count + head * a.groups + g;
+    __threadfence();  // this piece, before the count that lets the last one read it
+    unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(c), next;
+    for (;;) {
+        const unsigned long long done = (seen >> 32) == la.epoch ? (seen & 0xffffffffull) : 0;
+        next = ((unsigned long long)la.epoch << 32) | (done + 1);
+        const unsigned long long was = atomicCAS(c, seen, next);
+        if (was == seen) break;
+        seen = was;
+    }
+    if ((i64)(next & 0xffffffffull) != last - j0 + 2) return;  // (pieces: the head and each tile)
+    __threadfence();
+    A acc[W];
+#pragma unroll
+    for (int k = 0; k < W; ++k) acc[k] = __ldcg(la.first + head * a.features + g * W + k);
+    const A* h = la.partial + (r * la.tiles) * a.features + g * W;
+    i64 q = j0;
+    for (; q + FLIGHT <= last + 1; q += FLIGHT) {
+        A b[FLIGHT][W];
+#pragma unroll
+        for (int u = 0; u < FLIGHT; ++u) {
+#pragma unroll
+            for (int k = 0; k < W; ++k) b[u][k] = __ldcg(h + (q + u) * a.features + k);  // (other SMs wrote them)
+        }
+#pragma unroll
+        for (int u = 0; u < FLIGHT; ++u) {
+#pragma unroll
+            for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], b[u][k]);
+        }
+    }
+    for (; q <= last; ++q) {
+#pragma unroll
+        for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], __ldcg(h + q * a.features + k));
+    }
+    O* o = out + (r * a.m + s) * a.features + g * W;
+#pragma unroll
+    for (int k = 0; k < W; ++k) o[k] = finish<O, MEAN>(acc[k], b1 - b0);
+    *c = (unsigned long long)la.epoch << 32;  // none yet: a CUDA graph's replays share its epoch
+}
 
 // The last s in [0, m] with off(s) <= v (0 < v < n): the segment that row v lies in.  The
 // search starts where v's share of the rows puts it (right, or one off, for even lengths) and
@@ -152,8 +208,8 @@ template <class Off> __device__ __forceinline__ i64 segment_of_row(Off off, i64 
 // partial[r, j, g] for tile item u = (r * tiles + j) * groups + g: the rows of tile j in the
 // long segment its first row lies in (segment_of_row, checked against the offsets: bad
 // offsets give wrong partials, never an access out of bounds), if any.
-template <class T, class A, class O, class OP, int W, int UNROLL, int ROWS, class Off>
-__device__ __forceinline__ void long_tile(const T* __restrict__ x, Off off, const FeatureArgs& a,
+template <class T, class A, class O, class OP, bool MEAN, int W, int UNROLL, int ROWS, class Off>
+__device__ __forceinline__ void long_tile(const T* __restrict__ x, O* __restrict__ out, Off off, const FeatureArgs& a,
                                           const LongArgs<A>& la, i64 u) {
     const i64 g = u % a.groups, rj = u / a.groups;
     const i64 r = rj / la.tiles, j = rj - r * la.tiles;
@@ -169,6 +225,7 @@ __device__ __forceinline__ void long_tile(const T* __restrict__ x, Off off, cons
     A* h = la.partial + rj * a.features + g * W;
 #pragma unroll
     for (int k = 0; k < W; ++k) h[k] = acc[k];
+    long_piece_done<O, OP, MEAN, W, ROWS>(out, a, la, r, lo, g, b0, b1);
 }
 
 template <class T, class A0, class O, class OP, bool MEAN, int W, int UNROLL, int ROWS, class Off>
@@ -182,7 +239,7 @@ __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __re
     for (i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x; t < items; t += stride) {
         if constexpr (ROWS > 0) {
             if (t >= a.total) {
-                long_tile<T, A, O, OP, W, UNROLL, ROWS>(x, off, a, la, t - a.total);
+                long_tile<T, A, O, OP, MEAN, W, UNROLL, ROWS>(x, out, off, a, la, t - a.total);
                 continue;
             }
         }
@@ -195,14 +252,14 @@ __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __re
 #pragma unroll
         for (int k = 0; k < W; ++k) acc[k] = OP::template identity<O, A>();
         if constexpr (ROWS > 0) {
-            if (end - begin > la.long_rows) {  // the head here, the tiles above, the sum in feature_long_fixup
+            if (end - begin > la.long_rows) {  // the head here, the tiles in long_tile, the sum by the last
+                if (!(0 <= begin && end <= a.n)) continue;  // (bad offsets, unchecked: nothing to write)
                 const i64 j0 = begin / ROWS + (begin % ROWS != 0);
                 add_rows<T, A, OP, W, UNROLL>(acc, p, begin, min(end, j0 * ROWS), a.row_stride);
-                if (j0 < la.tiles) {
-                    A* h = la.first + (r * la.tiles + j0) * a.features + g * W;
+                A* h = la.first + (r * la.tiles + j0) * a.features + g * W;
 #pragma unroll
-                    for (int k = 0; k < W; ++k) h[k] = acc[k];
-                }
+                for (int k = 0; k < W; ++k) h[k] = acc[k];
+                long_piece_done<O, OP, MEAN, W, ROWS>(out, a, la, r, s, g, begin, end);
                 continue;
             }
         }
@@ -339,6 +396,21 @@ __device__ __forceinline__ void features_split(const T* __restrict__ x, O* __res
                         long long bs, long long rs, long long d, long long groups, long long total) {                  \
         FeatureArgs a{n, m, bs, rs, d, groups, total};                                                                 \
         features_reduce<T, A, O, OP, MEAN, W, UNROLL, 0>(x, out, OFFSETS, a, bad, LongArgs<SumWide<OP, A>::type>{});   \
+    }
+
+// linred_features with ROWS: features_reduce cutting long segments into tiles; its arguments,
+// then long_rows, the tiles per batch row, tile_items (batch * tiles * groups), the heads, the
+// partials, the counts and this call's epoch.
+#define LINRED_FEATURES_LONG(T, A, O, OP, MEAN, THREADS, W, UNROLL, ROWS, I, OFFSETS)                                  \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                              \
+        linred_features(const T* x, O* out, const I* offsets, int* bad, long long L, long long n, long long m,         \
+                        long long bs, long long rs, long long d, long long groups, long long total,                   \
+                        long long long_rows, long long tiles, long long tile_items, SumWide<OP, A>::type* first,      \
+                        SumWide<OP, A>::type* partial, unsigned long long* count, long long epoch) {                   \
+        FeatureArgs a{n, m, bs, rs, d, groups, total};                                                                 \
+        features_reduce<T, A, O, OP, MEAN, W, UNROLL, ROWS>(                                                           \
+            x, out, OFFSETS, a, bad,                                                                                   \
+            LongArgs<SumWide<OP, A>::type>{long_rows, tiles, tile_items, first, partial, count, (unsigned)epoch});    \
     }
 
 // linred_features_split: features_split (lanes = R, total = batch * m pairs).

@@ -494,9 +494,10 @@ class _FeaturesExecutor:
         self._fixed = (problem.segment_length or 0, problem.n, problem.num_segments, s0, s1, d)
         self._widths = features_widths(problem)  # (xp % 16 != 0, op % 16 != 0) -> width
         self._long_rows = features_long_rows(problem, options)
-        #: the long segments' workspace (heads, partials), made with the first kernels
+        #: the long segments' workspace (heads, partials, counts), made with the first kernels
         #: that use it; it serves one stream at a time
-        self._long: tuple[Any, Any] | None = None
+        self._long: tuple[Any, Any, Any] | None = None
+        self._epoch = 0
         self._order: Any = None
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
@@ -511,23 +512,25 @@ class _FeaturesExecutor:
         slots[0] = xp
         slots[1] = op
         if segments.__class__ is VariableSegments:
-            offsets = slots[2] = launch.ptr(segments.offsets)
+            slots[2] = launch.ptr(segments.offsets)
             slots[3] = segments.word
-            if long is not None:  # features_reduce (the long segments' tiles too), then their sums
-                fixup, fixup_grid = long
+            if long:  # the long segments' tiles and sums too, in this call's epoch
+                epoch = self._epoch
+                self._epoch = epoch % 0xFFFFFFFF + 1  # (1 to 2^32 - 1: epoch 0 is that of the zeroed counts)
+                slots[_FEATURES_EPOCH] = self._epoch
                 with on_device(launch.device):
                     self._order.begin(stream)
+                    if epoch == 0:
+                        launch.fill(self._long[2], 0, stream)
                     kernel.launch(stream, grid, block, shared)
-                    slots = fixup.slots
-                    slots[0], slots[1] = op, offsets
-                    fixup.launch(stream, fixup_grid, block, 0)
                     self._order.end(stream)
                 return
         kernel.launch(stream, grid, block, shared)
 
-    def _compile(self, width: int) -> tuple[Any, int, int, int]:
+    def _compile(self, width: int) -> tuple[Any, int, int, int, bool]:
         """The kernel for ``width`` features per thread (a :class:`PackedLaunch` with its arguments
-        after the pointers and the check word bound), its grid, block and shared memory."""
+        after the pointers and the check word bound), its grid, block and shared memory, and
+        whether it cuts long segments into tiles (its last argument then the call's epoch)."""
         problem, launch, tuning = self._problem, self._launch, self._tuning
         b, _, d = problem.in_shape
         groups = d // width
@@ -535,8 +538,7 @@ class _FeaturesExecutor:
         if lanes == 1:
             long = self._long_rows > 0
             wrapper = features_wrapper(problem, index_ctype(problem), tuning, width, long=long)
-            names = ("linred_features", "linred_feature_long_fixup")
-            kernels = get_kernels(launch.device, wrapper, names if long else names[:1])
+            kernels = get_kernels(launch.device, wrapper, ("linred_features",))
             total = b * problem.num_segments * groups
             # Grid-stride: enough blocks to fill the device many times over, no more.
             blocks = max(1, min(-(-total // tuning.threads), 64 * launch.sms))
@@ -544,17 +546,14 @@ class _FeaturesExecutor:
             if not long:
                 packed = PackedLaunch(kernels[0], 4 + len(tail), "linred_features", launch.device)
                 packed.bind(4, *tail)  # (fixed segments: no offsets, no word)
-                return packed, blocks, tuning.threads, 0, None
-            heads, partials = (launch.ptr(a) for a in self._long_workspace())
-            n, m, tiles = problem.n, problem.num_segments, -(-problem.n // FEATURE_TILE_ROWS)
+                return packed, blocks, tuning.threads, 0, False
+            heads, partials, counts = (launch.ptr(a) for a in self._long_workspace())
+            tiles = -(-problem.n // FEATURE_TILE_ROWS)
             tile_items = b * tiles * groups
-            packed = PackedLaunch(kernels[0], 4 + len(tail) + 5, "linred_features", launch.device)
-            packed.bind(4, *tail, self._long_rows, tiles, tile_items, heads, partials)
+            packed = PackedLaunch(kernels[0], _FEATURES_EPOCH + 1, "linred_features", launch.device)
+            packed.bind(4, *tail, self._long_rows, tiles, tile_items, heads, partials, counts)
             blocks = max(1, min(-(-(total + tile_items) // tuning.threads), 64 * launch.sms))
-            fixup = PackedLaunch(kernels[1], 11, names[1], launch.device)
-            fixup.bind(2, n, m, d, groups, total, self._long_rows, tiles, heads, partials)
-            fixup_grid = max(1, min(-(-total // tuning.threads), 64 * launch.sms))
-            return packed, blocks, tuning.threads, 0, (fixup, fixup_grid)
+            return packed, blocks, tuning.threads, 0, True
         wrapper = features_wrapper(problem, index_ctype(problem), tuning, width, split=True)
         (kernel,) = get_kernels(launch.device, wrapper, ("linred_features_split",))
         per_block = tuning.threads // (lanes * groups)  # (row of the batch, segment) pairs per block
@@ -566,17 +565,19 @@ class _FeaturesExecutor:
         tail = (*self._fixed, groups, total, lanes)
         packed = PackedLaunch(kernel, 4 + len(tail), "linred_features_split", launch.device)
         packed.bind(4, *tail)
-        return packed, blocks, threads, shared, None
+        return packed, blocks, threads, shared, False
 
-    def _long_workspace(self) -> tuple[Any, Any]:
-        """The long segments' heads and partials (one per row of the batch, tile and feature),
-        made once: the kernels write what they read."""
+    def _long_workspace(self) -> tuple[Any, Any, Any]:
+        """The long segments' heads and partials (one per row of the batch, tile and feature) and
+        counts of finished pieces (one per row of the batch, tile and feature group, at most a
+        feature), made once; the first call sets the counts to 0 (epoch 0, before its own)."""
         if self._long is None:
             b, n, d = self._problem.in_shape
             tiles, launch = -(-n // FEATURE_TILE_ROWS), self._launch
             partial = feature_partial_dtype(self._problem)
-            self._long = (launch.empty(b * tiles * d, partial), launch.empty(b * tiles * d, partial))
+            counts = launch.empty(b * tiles * d, "int64")  # (the kernel's unsigned long long)
             self._order = launch.stream_order()
+            self._long = (launch.empty(b * tiles * d, partial), launch.empty(b * tiles * d, partial), counts)
         return self._long
 
     def free(self) -> None:
@@ -586,6 +587,8 @@ class _FeaturesExecutor:
         self._long = self._order = None
 
 
+#: the slot of linred_features' epoch, its last argument, where it cuts long segments into tiles
+_FEATURES_EPOCH = 18
 #: linred_warp's argument count, and the slot of its check word (the walks' pointer before it,
 #: the ticket after it)
 _WARP_ARGS = 20
