@@ -220,6 +220,57 @@ def test_cuda_graph_captures_a_call(spec):
             call(True)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+def test_cuda_graph_replays_of_long_feature_segments(monkeypatch):
+    """features_reduce cutting long segments into tiles, captured: every replay counts its pieces
+    from zero (a replay on bad offsets leaves nothing for the next), and an eager call after a
+    capture finds its counts zeroed."""
+    from linred.backends import configure
+    from linred.backends.nvrtc import DEFAULT_OPTIONS, executors
+
+    launcher = executors._Launcher
+
+    class OneSM(launcher):  # (features_split would take these few segments on a larger GPU)
+        def __init__(self, problem):
+            super().__init__(problem)
+            self.sms = 1
+
+    monkeypatch.setattr(executors, "_Launcher", OneSM)
+    configure("nvrtc", feature_long_min_bytes=1, feature_long_factor=1)
+    linred.clear_plan_cache()
+    try:
+        lengths = [1000, 2000, *([20] * 50), 300, 0, 7, 1030]
+        ptr = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+        x = torch.randn(int(ptr[-1]), 64, device="cuda", dtype=torch.float64)
+        good = ptr.clone()
+        out = torch.empty(len(lengths), 64, device="cuda", dtype=torch.float64)
+        expected = torch.segment_reduce(x, "sum", offsets=ptr, axis=0)
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            linred.segmented_sum(x, offsets=ptr, check=False, out=out)  # (plan and kernels made)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            linred.segmented_sum(x, offsets=ptr, check=False, out=out)
+        for bad in (False, True, False, False):
+            out.fill_(float("nan"))
+            if bad:  # segment 1 ends before it starts: searches of segment 0's tiles go astray
+                ptr[2] = 500
+            graph.replay()
+            torch.cuda.synchronize()
+            ptr.copy_(good)
+            if not bad:
+                torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-9)
+        torch.testing.assert_close(linred.segmented_sum(x, offsets=ptr, check=False), expected, rtol=1e-12, atol=1e-9)
+    finally:
+        configure("nvrtc", feature_long_min_bytes=DEFAULT_OPTIONS.feature_long_min_bytes,
+                  feature_long_factor=DEFAULT_OPTIONS.feature_long_factor)  # fmt: skip
+        linred.clear_plan_cache()
+
+
 def test_parameters_and_tensor_subclasses():
     """nn.Parameter (a Tensor subclass) is reduced, with its gradient, like a tensor."""
     p = torch.nn.Parameter(torch.arange(6.0, dtype=torch.float64))

@@ -102,8 +102,9 @@ __device__ __forceinline__ void add_rows(A (&acc)[W], const T* __restrict__ p, i
 // head); at each tile j whose first row is in a long segment, the tile's rows of that
 // segment.  count: per (row of the batch, tile j0, feature group), the pieces of the segment
 // finished in this call (epoch << 32 | pieces; a count of another epoch is 0, so a call that
-// stopped short, on bad offsets, leaves nothing behind; the last piece sets it back to 0 pieces
-// for the replays of a CUDA graph, which share an epoch).  tile_items: batch * tiles * groups.
+// stopped short, on bad offsets, leaves nothing behind; the replays of a CUDA graph share an
+// epoch: the host zeroes the counts in every captured call, and the last piece sets its count
+// back to 0 pieces).  tile_items: batch * tiles * groups.
 template <class A> struct LongArgs {
     i64 long_rows;
     i64 tiles;
@@ -162,7 +163,7 @@ __device__ __forceinline__ void long_piece_done(O* __restrict__ out, const Featu
     O* o = out + (r * a.m + s) * a.features + g * W;
 #pragma unroll
     for (int k = 0; k < W; ++k) o[k] = finish<O, MEAN>(acc[k], b1 - b0);
-    *c = (unsigned long long)la.epoch << 32;  // none yet: a CUDA graph's replays share its epoch
+    *c = (unsigned long long)la.epoch << 32;  // (0 pieces of this epoch)
 }
 
 // The last s in [0, m] with off(s) <= v (0 < v < n): the segment that row v lies in.  The

@@ -498,7 +498,9 @@ class _FeaturesExecutor:
         #: that use it; it serves one stream at a time
         self._long: tuple[Any, Any, Any] | None = None
         self._epoch = 0
+        self._zeroed = False  #: whether a call outside a CUDA graph capture zeroed the counts
         self._order: Any = None
+        self._ops: Any = None
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
         launch = self._launch
@@ -515,13 +517,17 @@ class _FeaturesExecutor:
             slots[2] = launch.ptr(segments.offsets)
             slots[3] = segments.word
             if long:  # the long segments' tiles and sums too, in this call's epoch
-                epoch = self._epoch
-                self._epoch = epoch % 0xFFFFFFFF + 1  # (1 to 2^32 - 1: epoch 0 is that of the zeroed counts)
+                self._epoch = self._epoch % 0xFFFFFFFF + 1  # (1 to 2^32 - 1: zeroed counts are of epoch 0)
                 slots[_FEATURES_EPOCH] = self._epoch
                 with on_device(launch.device):
                     self._order.begin(stream)
-                    if epoch == 0:
+                    # The counts are zeroed before the first call that runs now, and in every call a
+                    # CUDA graph captures: its replays share one epoch, so a replay cut short by bad
+                    # offsets would otherwise leave counts that the next replay takes as its own.
+                    captured = self._ops.capturing(stream)
+                    if captured or not self._zeroed:
                         launch.fill(self._long[2], 0, stream)
+                        self._zeroed = self._zeroed or not captured
                     kernel.launch(stream, grid, block, shared)
                     self._order.end(stream)
                 return
@@ -570,13 +576,14 @@ class _FeaturesExecutor:
     def _long_workspace(self) -> tuple[Any, Any, Any]:
         """The long segments' heads and partials (one per row of the batch, tile and feature) and
         counts of finished pieces (one per row of the batch, tile and feature group, at most a
-        feature), made once; the first call sets the counts to 0 (epoch 0, before its own)."""
+        feature), made once; the counts are zeroed on a call's stream (see ``__call__``)."""
         if self._long is None:
             b, n, d = self._problem.in_shape
             tiles, launch = -(-n // FEATURE_TILE_ROWS), self._launch
             partial = feature_partial_dtype(self._problem)
             counts = launch.empty(b * tiles * d, "int64")  # (the kernel's unsigned long long)
-            self._order = launch.stream_order()
+            self._ops = ops_for(launch.kind, launch.device)
+            self._order = StreamOrder(self._ops)
             self._long = (launch.empty(b * tiles * d, partial), launch.empty(b * tiles * d, partial), counts)
         return self._long
 
@@ -584,7 +591,8 @@ class _FeaturesExecutor:
         if self._order is not None:
             self._order.wait_idle()  # the workspace goes back to the pool
         self._kernels.clear()
-        self._long = self._order = None
+        self._long = self._order = self._ops = None
+        self._zeroed = False
 
 
 #: the slot of linred_features' epoch, its last argument, where it cuts long segments into tiles
