@@ -253,11 +253,9 @@ def warp_wrapper(
 
 
 def features_shared_bytes(problem: Problem, width: int, threads: int) -> int:
-    """The shared memory of ``features_split``: ``width`` accumulators per thread (float32 sums
-    in double, as ``SumWide`` makes them)."""
-    acc = acc_dtype(problem)
-    size = 8 if problem.reduction in ("sum", "mean") and acc == "float32" else itemsize(acc)
-    return threads * width * size
+    """The shared memory of ``features_split``: ``width`` accumulators per thread, of
+    :func:`feature_partial_dtype` (float32 sums in double, as ``SumWide`` makes them)."""
+    return threads * width * itemsize(feature_partial_dtype(problem))
 
 
 def features_lanes(problem: Problem, groups: int, threads: int, sms: int) -> int:
@@ -392,6 +390,7 @@ def features_long_rows(problem: Problem, options: NvrtcOptions) -> int:
 
 
 def feature_partial_dtype(problem: Problem) -> str:
-    """The dtype of the long segments' partials: float32 sums are kept in float64 (``SumWide``)."""
+    """The dtype of the feature kernels' accumulators and partials (``SumWide``): the
+    accumulator's, but float64 for float32 sums."""
     acc = acc_dtype(problem)
     return "float64" if problem.reduction in ("sum", "mean") and acc == "float32" else acc
