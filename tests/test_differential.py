@@ -29,7 +29,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import HAS_CUPY_GPU, HAS_GPU, HAS_TORCH, HAS_TORCH_CUDA, backend_available, cupy
+from support import (
+    HAS_CUPY_GPU,
+    HAS_GPU,
+    HAS_TORCH,
+    HAS_TORCH_CUDA,
+    backend_available,
+    cupy,
+    long_feature_segments_forced,
+)
 from support.differential import (
     DIFFERENTIAL,
     DTYPES,
@@ -44,7 +52,6 @@ from support.differential import (
     run_case,
 )
 
-import linred
 from linred._dtypes import itemsize
 from linred.backends import numpy as numpy_backend
 from linred.backends.cub import CUPY_CUB_MAX_LENGTH
@@ -485,28 +492,10 @@ def test_nvrtc_kernel_families(family, dtype):
     if family != "features_long":
         _run_all(cases, zlib.crc32(f"{family}-{dtype}".encode()))
         return
-    # Long segments are left to tiles for large calls only, and features_split takes these
-    # few segments on a GPU of many SMs: planned here as for one SM, from the first byte.
-    from linred.backends import configure
-    from linred.backends.nvrtc import DEFAULT_OPTIONS, executors
-
-    launcher = executors._Launcher
-
-    class OneSM(launcher):
-        def __init__(self, problem):
-            super().__init__(problem)
-            self.sms = 1
-
-    configure("nvrtc", feature_long_min_bytes=1, feature_long_factor=1)
-    executors._Launcher = OneSM
-    linred.clear_plan_cache()
-    try:
+    # Long segments are cut into tiles in large calls only, and features_split takes these few
+    # segments on a GPU of many SMs.
+    with long_feature_segments_forced():
         _run_all(cases, zlib.crc32(f"{family}-{dtype}".encode()))
-    finally:
-        executors._Launcher = launcher
-        configure("nvrtc", feature_long_min_bytes=DEFAULT_OPTIONS.feature_long_min_bytes,
-                  feature_long_factor=DEFAULT_OPTIONS.feature_long_factor)  # fmt: skip
-        linred.clear_plan_cache()
 
 
 @pytest.mark.gpu

@@ -11,7 +11,7 @@ import itertools
 
 import numpy as np
 import pytest
-from support import HAS_TORCH, HAS_TORCH_CUDA
+from support import HAS_TORCH, HAS_TORCH_CUDA, long_feature_segments_forced
 
 import linred
 
@@ -222,24 +222,11 @@ def test_cuda_graph_captures_a_call(spec):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
-def test_cuda_graph_replays_of_long_feature_segments(monkeypatch):
+def test_cuda_graph_replays_of_long_feature_segments():
     """features_reduce cutting long segments into tiles, captured: every replay counts its pieces
     from zero (a replay on bad offsets leaves nothing for the next), and an eager call after a
     capture finds its counts zeroed."""
-    from linred.backends import configure
-    from linred.backends.nvrtc import DEFAULT_OPTIONS, executors
-
-    launcher = executors._Launcher
-
-    class OneSM(launcher):  # (features_split would take these few segments on a larger GPU)
-        def __init__(self, problem):
-            super().__init__(problem)
-            self.sms = 1
-
-    monkeypatch.setattr(executors, "_Launcher", OneSM)
-    configure("nvrtc", feature_long_min_bytes=1, feature_long_factor=1)
-    linred.clear_plan_cache()
-    try:
+    with long_feature_segments_forced():
         lengths = [1000, 2000, *([20] * 50), 300, 0, 7, 1030]
         ptr = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
         x = torch.randn(int(ptr[-1]), 64, device="cuda", dtype=torch.float64)
@@ -265,10 +252,6 @@ def test_cuda_graph_replays_of_long_feature_segments(monkeypatch):
             if not bad:
                 torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-9)
         torch.testing.assert_close(linred.segmented_sum(x, offsets=ptr, check=False), expected, rtol=1e-12, atol=1e-9)
-    finally:
-        configure("nvrtc", feature_long_min_bytes=DEFAULT_OPTIONS.feature_long_min_bytes,
-                  feature_long_factor=DEFAULT_OPTIONS.feature_long_factor)  # fmt: skip
-        linred.clear_plan_cache()
 
 
 def test_parameters_and_tensor_subclasses():

@@ -43,6 +43,7 @@ from support.backends import (
     KIND_PARAMS,
     REDUCTIONS,
     backend_available,
+    long_feature_segments_forced,
 )
 from support.dtypes import (
     ALL_DTYPES,
@@ -122,6 +123,7 @@ __all__ = [
     "is_gpu_kind",
     "is_host_array",
     "kind_of",
+    "long_feature_segments_forced",
     "make_data",
     "ml_dtypes",
     "np_dtype",

@@ -12,6 +12,8 @@ conftest.py's ``pytest_generate_tests`` parametrizes ``array_kind`` / ``backend`
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -60,3 +62,29 @@ def _kind_backend_params() -> list[Any]:
 KIND_PARAMS = [_kind_param(k) for k in KINDS]
 KIND_BACKEND_PARAMS = _kind_backend_params()
 HOST_BACKEND_PARAMS = [pytest.param(b, id=b) for b in (*HOST_BACKENDS, "auto")]
+
+
+@contextlib.contextmanager
+def long_feature_segments_forced() -> Iterator[None]:
+    """nvrtc plans, made inside, that cut every feature segment longer than the average (and a
+    tile) into tiles whatever the call's size, as on a GPU of one SM: features_reduce, not
+    features_split, then takes the few segments of a test's small calls.  (Needs the GPU modules.)"""
+    from linred.backends.nvrtc import DEFAULT_OPTIONS, executors
+
+    launcher = executors._Launcher
+
+    class OneSM(launcher):
+        def __init__(self, problem: Any) -> None:
+            super().__init__(problem)
+            self.sms = 1
+
+    registry.configure("nvrtc", feature_long_min_bytes=1, feature_long_factor=1)
+    executors._Launcher = OneSM
+    linred.clear_plan_cache()
+    try:
+        yield
+    finally:
+        executors._Launcher = launcher
+        registry.configure("nvrtc", feature_long_min_bytes=DEFAULT_OPTIONS.feature_long_min_bytes,
+                           feature_long_factor=DEFAULT_OPTIONS.feature_long_factor)  # fmt: skip
+        linred.clear_plan_cache()
