@@ -198,7 +198,9 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
     # long segments (more than FEATURE_TILE_ROWS rows) starting at k * ROWS - 1, k * ROWS and
     # k * ROWS + 1, ending on a tile boundary and past it, first and last, one of exactly ROWS rows
     # (not long), one of ten tiles and more (the fix-up's loads eight at a time), amid short and
-    # empty ones; d of 16 groups or more (fewer go to features_split, even on one SM).
+    # empty ones; d of 16 groups or more (features_reduce), and of one and three groups, which
+    # features_split takes even on one SM (its lanes' partials added by shuffles, and in shared
+    # memory: three groups a pair do not divide a warp).
     from linred.backends.nvrtc.kernels import FEATURE_TILE_ROWS as rows
 
     shapes = []
@@ -206,6 +208,9 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
         shapes.append(_variable("offsets", _long_lengths(rng, rows), d))
         shapes.append(_variable("lengths", _long_lengths(rng, rows)[::-1], d))
         shapes += [_variable(s, ls, d) for s, ls, _ in _styles(rng, [120, 90], 70)]
+    for d in (vec, 3):
+        shapes.append(_variable("offsets", _long_lengths(rng, rows), d))
+        shapes.append(_variable("lengths", _long_lengths(rng, rows)[::-1], d))
     fam["features_long"] = shapes
     return fam
 

@@ -5,8 +5,9 @@ For each (layout, N rows, d features, segments) of :data:`SHAPES`, float32 CUDA 
 ``torch.segment_reduce`` (``unsafe=True`` and its default), then linred's
 ``segmented_sum(x, offsets=ptr, check=False, out=)`` with the nvrtc options ``off`` (no segment
 cut into tiles: ``feature_long_min_bytes`` past any call) and ``on`` (every call of
-``features_reduce`` cuts segments longer than ``feature_long_factor`` times the average), and
-both again with the default ``check=True``. Each figure is the median of 9 samples of 30
+``features_reduce`` or ``features_split`` cuts segments longer than ``feature_long_factor``
+times the average) and the options as shipped (cut from ``feature_long_min_bytes`` of data
+on), and all three again with the default ``check=True``. Each figure is the median of 9 samples of 30
 back-to-back calls timed with CUDA events (``feature_rows.timeit``), and each row ends with its
 largest sample's excess over its median; every result is checked against float64 first.
 Layouts as in ``tools/feature_rows.py``.
@@ -33,7 +34,9 @@ SHAPES = [("even", 10**6, 10**4, 32), ("even", 10**6, 10**4, 64), ("even", 10**6
           ("even", 10**6, 4096, 128), ("even", 2 * 10**5, 2000, 128), ("even", 10**6, 10**4, 256),
           ("uniform", 10**6, 10**4, 128), ("geometric", 10**6, 10**4, 64), ("geometric", 10**6, 10**4, 128),
           ("geometric", 10**6, 4096, 128), ("geometric", 10**6, 10**4, 256), ("geometric", 2 * 10**5, 2000, 128),
-          ("one-huge", 10**6, 10**4, 64), ("one-huge", 10**6, 10**4, 128)]  # fmt: skip
+          ("one-huge", 10**6, 10**4, 64), ("one-huge", 10**6, 10**4, 128),
+          ("even", 50_000, 256, 128), ("geometric", 50_000, 256, 128),
+          ("even", 10**7, 10**5, 16), ("geometric", 10**7, 10**5, 16)]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -79,6 +82,9 @@ def main(argv: list[str] | None = None) -> None:
             row("off" + suffix, check)
             configure(feature_long_min_bytes=1, feature_long_factor=args.factor)
             row(f"on factor {args.factor}" + suffix, check)
+            configure(feature_long_min_bytes=before.feature_long_min_bytes,
+                      feature_long_factor=before.feature_long_factor)  # fmt: skip
+            row("default options" + suffix, check)
     finally:
         configure(feature_long_min_bytes=before.feature_long_min_bytes, feature_long_factor=before.feature_long_factor)
 

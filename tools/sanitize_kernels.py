@@ -664,6 +664,16 @@ def _features_sets(sets: list[ShapeSet], c: Constants) -> None:
         Case("features/long-int32-min-one-huge-d64", "min", "int32", "torch", (int(huge.sum()), 64), 0,
              lengths=huge, direct="features_long", sms=1),
     ])  # fmt: skip
+    # the same in features_split (narrow rows): partials by shuffles (one group a row), in shared
+    # memory (three)
+    _singles(sets, "features/split-long", "linred_features_split", [
+        Case("features/split-long-float32-sum-d4", "sum", "float32", "cupy", (int(long_ones.sum()), 4), 0,
+             lengths=long_ones, direct="features_long", sms=1),
+        Case("features/split-long-float64-mean-d3-shared", "mean", "float64", "torch", (int(huge.sum()), 3), 0,
+             lengths=huge, direct="features_long", sms=1),
+        Case("features/split-long-float16-max-batch-d8", "max", "float16", "cupy", (2, 4000, 8), 1,
+             lengths=_lengths_to(4000, 0, 250, _rng("features/split-long8"), 0.2), direct="features_long", sms=1),
+    ])  # fmt: skip
 
 
 def _cub_sets(sets: list[ShapeSet]) -> None:
@@ -802,13 +812,11 @@ def planned_entries(case: Case, problem: Any, misalignment: int, sms: int | None
     nv = _nvrtc()
     if case.direct == "tile":
         return tuple(_tile_entries(problem, _rows_aligned(problem, misalignment)))
-    if case.direct == "features_long":
-        return ("linred_features",)
     reason = nv.BACKEND.unsupported(problem)
     if reason is not None:
         return (f"refused: {reason}",)
     route = nv.route(problem, nv.BACKEND.options)
-    if route == "features":  # nvrtc._FeaturesExecutor: its width, then its lanes
+    if route == "features" or case.direct == "features_long":  # nvrtc._FeaturesExecutor: its width, then its lanes
         kern = _nvrtc_kernels()
         width = kern.features_width(problem, misalignment, 0)
         lanes = kern.features_split_lanes(problem, width, nv.BACKEND.options.threads, sms)

@@ -7,15 +7,17 @@
 //    adds the rows before the first (its head), and one more thread per tile of ROWS rows
 //    (long_tile, its segment found by segment_of_row) each tile's, into partials that the
 //    last of them to finish adds up in a fixed order (long_piece_done);
-//  - add_rows: a thread's rows of one feature group added, UNROLL loads at a time, the last
-//    ones in halving steps;
+//  - add_rows: a thread's rows of one feature group (every row, or every R-th for a lane of
+//    features_split) added, UNROLL loads at a time, the last ones in halving steps;
 //  - features_split: the same with each segment's rows dealt to R lanes whose partials a
 //    fixed tree adds, by shuffles within a warp or in shared memory (segments too few to
-//    fill the device otherwise, or rows too narrow for one thread to read them fast);
+//    fill the device otherwise, or rows too narrow for one thread to read them fast), lane 0
+//    writing the sum (split_result); with ROWS, long segments cut as above;
 //  - Group (W features), FeatureArgs, SumWide (float32 sums accumulated in double),
 //    pow2_at_most and log2_of (the steps of features_reduce's last rows);
 //  - its entry points: LINRED_FEATURES (linred_features), LINRED_FEATURES_LONG (linred_features
-//    with long segments cut into tiles), LINRED_FEATURES_SPLIT (linred_features_split).
+//    with long segments cut into tiles), LINRED_FEATURES_SPLIT (linred_features_split) and
+//    LINRED_FEATURES_SPLIT_LONG (linred_features_split with long segments cut into tiles).
 
 #pragma once
 
@@ -55,19 +57,23 @@ static_assert(pow2_at_most(7) == 4 && pow2_at_most(8) == 8 && pow2_at_most(1) ==
 // log2 of a power of two (0 for 1 and below).
 __host__ __device__ constexpr int log2_of(int n) { return n <= 1 ? 0 : 1 + log2_of(n / 2); }
 
-// acc[k] += rows [i, end) of a thread's feature group (p: its first feature in row 0), UNROLL
-// loads in flight, then the last rows (fewer than UNROLL) in steps of TAIL, TAIL / 2, ... 1 rows
-// (TAIL the largest power of two below UNROLL: together they cover UNROLL - 1 rows), each
-// step's loads at once: a round trip to memory per step, not per row (UNROLL 8: a tail of 7
-// rows takes 3 trips, not 7; segments of 100 rows end in one trip of 4).  Every bound is
-// known at compile time, so the loops unroll and buf stays in registers.
-template <class T, class A, class OP, int W, int UNROLL>
-__device__ __forceinline__ void add_rows(A (&acc)[W], const T* __restrict__ p, i64 i, i64 end, i64 row_stride) {
+// acc[k] += rows i, i + step, i + 2 step, ... below end of a thread's feature group (p: its
+// first feature in row 0), UNROLL loads in flight, then the last rows (fewer than UNROLL) in
+// steps of TAIL, TAIL / 2, ... 1 rows (TAIL the largest power of two below UNROLL: together
+// they cover UNROLL - 1 rows), each step's loads at once: a round trip to memory per step, not
+// per row (UNROLL 8: a tail of 7 rows takes 3 trips, not 7; segments of 100 rows end in one
+// trip of 4).  Every bound is known at compile time, so the loops unroll and buf stays in
+// registers.  step is 1 for a thread that walks a segment alone (STEPPED false: known at
+// compile time), R for one of features_split's R lanes.
+template <class T, class A, class OP, int W, int UNROLL, bool STEPPED = false>
+__device__ __forceinline__ void add_rows(A (&acc)[W], const T* __restrict__ p, i64 i, i64 end, i64 row_stride,
+                                         int lanes = 1) {
     typedef typename Group<T, W>::type G;
-    for (; i + UNROLL <= end; i += UNROLL) {
+    const int step = STEPPED ? lanes : 1;
+    for (; STEPPED ? i + (UNROLL - 1) * (i64)step < end : i + UNROLL <= end; i += UNROLL * (i64)step) {
         G buf[UNROLL];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) buf[u] = *reinterpret_cast<const G*>(p + (i + u) * row_stride);
+        for (int u = 0; u < UNROLL; ++u) buf[u] = *reinterpret_cast<const G*>(p + (i + u * step) * row_stride);
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
 #pragma unroll
@@ -76,13 +82,13 @@ __device__ __forceinline__ void add_rows(A (&acc)[W], const T* __restrict__ p, i
     }
     constexpr int TAIL = pow2_at_most(UNROLL - 1), STEPS = log2_of(TAIL) + (TAIL > 0);
 #pragma unroll
-    for (int step = 0; step < STEPS; ++step) {
-        const int h = TAIL >> step;
-        if (end - i >= h) {
+    for (int t = 0; t < STEPS; ++t) {
+        const int h = TAIL >> t;
+        if (STEPPED ? i + (h - 1) * (i64)step < end : end - i >= h) {
             G buf[TAIL > 0 ? TAIL : 1];
 #pragma unroll
             for (int u = 0; u < TAIL; ++u) {
-                if (u < h) buf[u] = *reinterpret_cast<const G*>(p + (i + u) * row_stride);
+                if (u < h) buf[u] = *reinterpret_cast<const G*>(p + (i + u * step) * row_stride);
             }
 #pragma unroll
             for (int u = 0; u < TAIL; ++u) {
@@ -91,7 +97,7 @@ __device__ __forceinline__ void add_rows(A (&acc)[W], const T* __restrict__ p, i
                     for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(buf[u].v[k]));
                 }
             }
-            i += h;
+            i += h * (i64)step;
         }
     }
 }
@@ -128,15 +134,24 @@ __device__ __forceinline__ void long_piece_done(O* __restrict__ out, const Featu
     const i64 head = r * la.tiles + j0;
     unsigned long long* c = la.count + head * a.groups + g;
     __threadfence();  // this piece, before the count that lets the last one read it
-    unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(c), next;
+    // The count is of this call's epoch once its first piece is in: then one atomicAdd (a
+    // segment of many tiles would make a compare-and-swap loop retry once per piece that finished
+    // at the same time).  Before, the first piece replaces a count of another epoch by its own.
+    // (Nothing else writes the count in this call before its last piece resets it.)
+    unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(c), pieces;
     for (;;) {
-        const unsigned long long done = (seen >> 32) == la.epoch ? (seen & 0xffffffffull) : 0;
-        next = ((unsigned long long)la.epoch << 32) | (done + 1);
-        const unsigned long long was = atomicCAS(c, seen, next);
-        if (was == seen) break;
+        if ((seen >> 32) == la.epoch) {
+            pieces = (atomicAdd(c, 1ull) & 0xffffffffull) + 1;
+            break;
+        }
+        const unsigned long long was = atomicCAS(c, seen, ((unsigned long long)la.epoch << 32) | 1ull);
+        if (was == seen) {
+            pieces = 1;
+            break;
+        }
         seen = was;
     }
-    if ((i64)(next & 0xffffffffull) != last - j0 + 2) return;  // (pieces: the head and each tile)
+    if ((i64)pieces != last - j0 + 2) return;  // (pieces: the head and each tile)
     __threadfence();
     A acc[W];
 #pragma unroll
@@ -283,17 +298,40 @@ __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __re
     }
 }
 
+// A pair's sum of its lanes (lane 0's acc) in features_split: its segment's result (kind 0), or
+// the head of a long segment, written and counted as features_reduce counts it (kind 1).
+template <class O, class OP, bool MEAN, int W, int ROWS, class A>
+__device__ __forceinline__ void split_result(O* __restrict__ out, const FeatureArgs& a, const LongArgs<A>& la,
+                                             const A (&acc)[W], int kind, i64 rs, i64 g, i64 begin, i64 end) {
+    if (kind == 0) {
+        O* o = out + rs * a.features + g * W;
+#pragma unroll
+        for (int k = 0; k < W; ++k) o[k] = finish<O, MEAN>(acc[k], end - begin);
+        return;
+    }
+    if constexpr (ROWS > 0) {
+        if (kind != 1) return;
+        const i64 r = rs / a.m, s = rs - r * a.m;
+        const i64 j0 = begin / ROWS + (begin % ROWS != 0);
+        A* h = la.first + (r * la.tiles + j0) * a.features + g * W;
+#pragma unroll
+        for (int k = 0; k < W; ++k) h[k] = acc[k];
+        long_piece_done<O, OP, MEAN, W, ROWS>(out, a, la, r, s, g, begin, end);
+    }
+}
+
 // features_split: features_reduce with each segment's rows dealt to R lanes, for segments
 // too few to fill the device one thread per feature group.  A block holds P = blockDim / (R *
 // groups) (row of the batch, segment) pairs; thread (p, j, g) adds rows begin + j, begin + j + R,
 // ... of pair p's segment for feature group g (lanes of the same j read one row: coalesced),
 // then the R partials of a group are added by a fixed tree (lane 0 + lane R/2, ...), so a
 // result does not depend on timing: by shuffles where a pair's R * groups threads lie in one
-// warp, else in shared memory.  R is a power of two and R * groups <= blockDim.
-template <class T, class A0, class O, class OP, bool MEAN, int W, int UNROLL, class Off>
+// warp, else in shared memory.  R is a power of two and R * groups <= blockDim.  With ROWS, a
+// segment of more than long_rows rows is cut as in features_reduce: its lanes add its head,
+// lane 0 writes it, and after the pairs every thread takes tile items (long_tile).
+template <class T, class A0, class O, class OP, bool MEAN, int W, int UNROLL, int ROWS, class Off>
 __device__ __forceinline__ void features_split(const T* __restrict__ x, O* __restrict__ out, Off off, FeatureArgs a,
-                                               int* bad, int lanes) {
-    typedef typename Group<T, W>::type G;
+                                               int* bad, int lanes, LongArgs<typename SumWide<OP, A0>::type> la) {
     typedef typename SumWide<OP, A0>::type A;
     extern __shared__ unsigned char features_shared[];
     A* shared = reinterpret_cast<A*>(features_shared);
@@ -312,45 +350,23 @@ __device__ __forceinline__ void features_split(const T* __restrict__ x, O* __res
 #pragma unroll
         for (int k = 0; k < W; ++k) acc[k] = OP::template identity<O, A>();
         i64 begin = 0, end = 0;
+        // 0: the segment's result goes out; 1: its head goes to the long segment's pieces; 2:
+        // nothing (a long segment's bounds out of [0, n], unchecked)
+        int kind = 0;
         if (live) {
             const i64 r = rs / a.m, s = rs - r * a.m;
             begin = off(s);
             end = off(s + 1);
             checked_bounds(s, a.m, a.n, bad, begin, end);
-            const T* q = x + r * a.batch_stride + g * W;
-            i64 i = begin + j;
-            for (; i + (UNROLL - 1) * (i64)lanes < end; i += UNROLL * (i64)lanes) {
-                G buf[UNROLL];
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) buf[u] = *reinterpret_cast<const G*>(q + (i + u * lanes) * a.row_stride);
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) {
-#pragma unroll
-                    for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(buf[u].v[k]));
+            i64 stop = end;
+            if constexpr (ROWS > 0) {
+                if (end - begin > la.long_rows) {
+                    kind = 0 <= begin && end <= a.n ? 1 : 2;
+                    stop = kind == 1 ? min(end, (begin / ROWS + (begin % ROWS != 0)) * ROWS) : begin;
                 }
             }
-            // The lane's last rows (fewer than UNROLL) in steps of TAIL, TAIL / 2, ... 1 rows, each
-            // step's loads at once, as in features_reduce: a round trip per step, not per row.
-            constexpr int TAIL = pow2_at_most(UNROLL - 1), STEPS = log2_of(TAIL) + (TAIL > 0);
-#pragma unroll
-            for (int step = 0; step < STEPS; ++step) {
-                const int h = TAIL >> step;
-                if (i + (h - 1) * (i64)lanes < end) {
-                    G buf[TAIL > 0 ? TAIL : 1];
-#pragma unroll
-                    for (int u = 0; u < TAIL; ++u) {
-                        if (u < h) buf[u] = *reinterpret_cast<const G*>(q + (i + u * lanes) * a.row_stride);
-                    }
-#pragma unroll
-                    for (int u = 0; u < TAIL; ++u) {
-                        if (u < h) {
-#pragma unroll
-                            for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], to_acc<A>(buf[u].v[k]));
-                        }
-                    }
-                    i += h * (i64)lanes;
-                }
-            }
+            add_rows<T, A, OP, W, UNROLL, true>(acc, x + r * a.batch_stride + g * W, begin + j, stop, a.row_stride,
+                                                  lanes);
         }
         // The lanes' partials, added pairwise: lane j takes lane j + h for h = R/2, R/4, ..., 1.
         if (in_warp) {
@@ -361,11 +377,7 @@ __device__ __forceinline__ void features_split(const T* __restrict__ x, O* __res
 #pragma unroll
                 for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], shfl_xor(acc[k], h * (int)a.groups));
             }
-            if (live && j == 0) {
-                O* o = out + rs * a.features + g * W;
-#pragma unroll
-                for (int k = 0; k < W; ++k) o[k] = finish<O, MEAN>(acc[k], end - begin);
-            }
+            if (live && j == 0) split_result<O, OP, MEAN, W, ROWS>(out, a, la, acc, kind, rs, g, begin, end);
             continue;
         }
         A* mine = shared + (size_t)threadIdx.x * W;
@@ -381,11 +393,16 @@ __device__ __forceinline__ void features_split(const T* __restrict__ x, O* __res
             __syncthreads();
         }
         if (live && j == 0) {
-            O* o = out + rs * a.features + g * W;
 #pragma unroll
-            for (int k = 0; k < W; ++k) o[k] = finish<O, MEAN>(mine[k], end - begin);
+            for (int k = 0; k < W; ++k) acc[k] = mine[k];
+            split_result<O, OP, MEAN, W, ROWS>(out, a, la, acc, kind, rs, g, begin, end);
         }
         __syncthreads();  // shared is read before the next round writes it
+    }
+    if constexpr (ROWS > 0) {
+        // The tiles of long segments: one thread each, as in features_reduce.
+        for (i64 u = (i64)blockIdx.x * blockDim.x + threadIdx.x; u < la.tile_items; u += (i64)gridDim.x * blockDim.x)
+            long_tile<T, A, O, OP, MEAN, W, UNROLL, ROWS>(x, out, off, a, la, u);
     }
 }
 
@@ -421,5 +438,21 @@ __device__ __forceinline__ void features_split(const T* __restrict__ x, O* __res
                               long long m, long long bs, long long rs, long long d, long long groups,                  \
                               long long total, long long lanes) {                                                      \
         FeatureArgs a{n, m, bs, rs, d, groups, total};                                                                 \
-        features_split<T, A, O, OP, MEAN, W, UNROLL>(x, out, OFFSETS, a, bad, (int)lanes);                             \
+        features_split<T, A, O, OP, MEAN, W, UNROLL, 0>(x, out, OFFSETS, a, bad, (int)lanes,                           \
+                                                        LongArgs<SumWide<OP, A>::type>{});                            \
+    }
+
+// linred_features_split with ROWS: features_split cutting long segments into tiles; its
+// arguments, then those LINRED_FEATURES_LONG adds.
+#define LINRED_FEATURES_SPLIT_LONG(T, A, O, OP, MEAN, THREADS, W, UNROLL, ROWS, I, OFFSETS)                            \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                              \
+        linred_features_split(const T* x, O* out, const I* offsets, int* bad, long long L, long long n,                \
+                              long long m, long long bs, long long rs, long long d, long long groups,                  \
+                              long long total, long long lanes, long long long_rows, long long tiles,                 \
+                              long long tile_items, SumWide<OP, A>::type* first, SumWide<OP, A>::type* partial,       \
+                              unsigned long long* count, long long epoch) {                                            \
+        FeatureArgs a{n, m, bs, rs, d, groups, total};                                                                 \
+        features_split<T, A, O, OP, MEAN, W, UNROLL, ROWS>(                                                            \
+            x, out, OFFSETS, a, bad, (int)lanes,                                                                       \
+            LongArgs<SumWide<OP, A>::type>{long_rows, tiles, tile_items, first, partial, count, (unsigned)epoch});    \
     }

@@ -509,16 +509,16 @@ class _FeaturesExecutor:
         compiled = self._kernels.get(width)
         if compiled is None:
             compiled = self._kernels[width] = self._compile(width)
-        kernel, grid, block, shared, long = compiled
+        kernel, grid, block, shared, epoch = compiled
         slots = kernel.slots  # (the arguments after the check word are bound once)
         slots[0] = xp
         slots[1] = op
         if segments.__class__ is VariableSegments:
             slots[2] = launch.ptr(segments.offsets)
             slots[3] = segments.word
-            if long:  # the long segments' tiles and sums too, in this call's epoch
+            if epoch:  # the long segments' tiles and sums too, in this call's epoch
                 self._epoch = self._epoch % 0xFFFFFFFF + 1  # (1 to 2^32 - 1: zeroed counts are of epoch 0)
-                slots[_FEATURES_EPOCH] = self._epoch
+                slots[epoch] = self._epoch
                 with on_device(launch.device):
                     self._order.begin(stream)
                     # The counts are zeroed before the first call that runs now, and in every call a
@@ -533,45 +533,47 @@ class _FeaturesExecutor:
                 return
         kernel.launch(stream, grid, block, shared)
 
-    def _compile(self, width: int) -> tuple[Any, int, int, int, bool]:
+    def _compile(self, width: int) -> tuple[Any, int, int, int, int]:
         """The kernel for ``width`` features per thread (a :class:`PackedLaunch` with its arguments
-        after the pointers and the check word bound), its grid, block and shared memory, and
-        whether it cuts long segments into tiles (its last argument then the call's epoch)."""
+        after the pointers and the check word bound), its grid, block and shared memory, and the
+        slot of its last argument, the call's epoch, where it cuts long segments into tiles (else
+        0)."""
         problem, launch, tuning = self._problem, self._launch, self._tuning
         b, _, d = problem.in_shape
         groups = d // width
         lanes = features_split_lanes(problem, width, tuning.threads, launch.sms)
+        long = self._long_rows > 0
         if lanes == 1:
-            long = self._long_rows > 0
             wrapper = features_wrapper(problem, index_ctype(problem), tuning, width, long=long)
-            kernels = get_kernels(launch.device, wrapper, ("linred_features",))
+            (kernel,) = get_kernels(launch.device, wrapper, ("linred_features",))
             total = b * problem.num_segments * groups
-            # Grid-stride: enough blocks to fill the device many times over, no more.
-            blocks = max(1, min(-(-total // tuning.threads), 64 * launch.sms))
+            threads, shared, items = tuning.threads, 0, total
             tail = (*self._fixed, groups, total)
-            if not long:
-                packed = PackedLaunch(kernels[0], 4 + len(tail), "linred_features", launch.device)
-                packed.bind(4, *tail)  # (fixed segments: no offsets, no word)
-                return packed, blocks, tuning.threads, 0, False
+            name = "linred_features"
+        else:
+            wrapper = features_wrapper(problem, index_ctype(problem), tuning, width, split=True, long=long)
+            (kernel,) = get_kernels(launch.device, wrapper, ("linred_features_split",))
+            per_block = tuning.threads // (lanes * groups)  # (row of the batch, segment) pairs per block
+            threads = per_block * lanes * groups
+            shared = features_shared_bytes(problem, width, threads)
+            launch.allow_shared_memory(kernel, shared)
+            total = b * problem.num_segments
+            items = -(-total // per_block) * threads  # (each block's threads take its pairs)
+            tail = (*self._fixed, groups, total, lanes)
+            name = "linred_features_split"
+        if long:
             heads, partials, counts = (launch.ptr(a) for a in self._long_workspace())
             tiles = -(-problem.n // FEATURE_TILE_ROWS)
             tile_items = b * tiles * groups
-            packed = PackedLaunch(kernels[0], _FEATURES_EPOCH + 1, "linred_features", launch.device)
-            packed.bind(4, *tail, self._long_rows, tiles, tile_items, heads, partials, counts)
-            blocks = max(1, min(-(-(total + tile_items) // tuning.threads), 64 * launch.sms))
-            return packed, blocks, tuning.threads, 0, True
-        wrapper = features_wrapper(problem, index_ctype(problem), tuning, width, split=True)
-        (kernel,) = get_kernels(launch.device, wrapper, ("linred_features_split",))
-        per_block = tuning.threads // (lanes * groups)  # (row of the batch, segment) pairs per block
-        threads = per_block * lanes * groups
-        shared = features_shared_bytes(problem, width, threads)
-        launch.allow_shared_memory(kernel, shared)
-        total = b * problem.num_segments
-        blocks = max(1, min(-(-total // per_block), 64 * launch.sms))
-        tail = (*self._fixed, groups, total, lanes)
-        packed = PackedLaunch(kernel, 4 + len(tail), "linred_features_split", launch.device)
-        packed.bind(4, *tail)
-        return packed, blocks, threads, shared, False
+            tail = (*tail, self._long_rows, tiles, tile_items, heads, partials, counts)
+            items = max(items, tile_items)  # (features_reduce takes both in one grid-stride loop)
+            if lanes == 1:
+                items = total + tile_items
+        # Grid-stride: enough blocks to fill the device many times over, no more.
+        blocks = max(1, min(-(-items // threads), 64 * launch.sms))
+        packed = PackedLaunch(kernel, 4 + len(tail) + long, name, launch.device)
+        packed.bind(4, *tail)  # (fixed segments: no offsets, no word)
+        return packed, blocks, threads, shared, 4 + len(tail) if long else 0
 
     def _long_workspace(self) -> tuple[Any, Any, Any]:
         """The long segments' heads and partials (one per row of the batch, tile and feature) and
@@ -595,8 +597,6 @@ class _FeaturesExecutor:
         self._zeroed = False
 
 
-#: the slot of linred_features' epoch, its last argument, where it cuts long segments into tiles
-_FEATURES_EPOCH = 18
 #: linred_warp's argument count, and the slot of its check word (the walks' pointer before it,
 #: the ticket after it)
 _WARP_ARGS = 20

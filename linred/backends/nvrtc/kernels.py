@@ -351,15 +351,14 @@ def features_wrapper(
 ) -> str:
     """``linred_features`` (``features_reduce``), or with ``split`` ``linred_features_split``
     (``features_split``), over groups of ``width`` features (features.cuh); with ``long``,
-    ``linred_features`` also reads long segments in tiles of :data:`FEATURE_TILE_ROWS` rows,
-    whose last to finish adds them up (``LINRED_FEATURES_LONG``)."""
+    either also reads long segments in tiles of :data:`FEATURE_TILE_ROWS` rows, whose last to
+    finish adds them up (``LINRED_FEATURES_LONG``, ``LINRED_FEATURES_SPLIT_LONG``)."""
     t, o, a, op, mean = kernel_types(problem)
     offsets = _offsets(problem, index_ctype)
     head = f"{t}, {a}, {o}, {op}, {mean}, {tuning.threads}, {width}, {tuning.unroll}"
-    if long:
-        rows = FEATURE_TILE_ROWS
-        return f'#include "features.cuh"\nLINRED_FEATURES_LONG({head}, {rows}, {index_ctype}, {offsets})\n'
     macro = "LINRED_FEATURES_SPLIT" if split else "LINRED_FEATURES"
+    if long:
+        return f'#include "features.cuh"\n{macro}_LONG({head}, {FEATURE_TILE_ROWS}, {index_ctype}, {offsets})\n'
     return f'#include "features.cuh"\n{macro}({head}, {index_ctype}, {offsets})\n'
 
 
@@ -369,17 +368,18 @@ FEATURE_TILE_ROWS = 128
 
 
 def features_long_rows(problem: Problem, options: NvrtcOptions) -> int:
-    """The rows past which ``features_reduce`` leaves a segment to tiles (0: it reduces every
-    segment itself): ``feature_long_factor`` times the average length, at least
-    :data:`FEATURE_TILE_ROWS`, for feature rows with offsets of at least
+    """The rows past which ``features_reduce`` and ``features_split`` leave a segment to tiles
+    (0: they reduce every segment themselves): ``feature_long_factor`` times the average length,
+    at least :data:`FEATURE_TILE_ROWS`, for feature rows with offsets of at least
     ``feature_long_min_bytes``.
 
-    ``features_reduce`` walks a segment with one thread per feature group, so where lengths
-    vary the longest segment sets the time (10^6 x 128 float32 rows on an H200: lengths of mean
-    100 drawn from a geometric law 229-284 us where even ones take 124; one segment of 5% of the
-    rows 8.2 ms).  Cut into tiles, a long segment is read by as many threads as its tiles, and
-    their partials are added in a fixed order by the last of them to finish.  A search of the
-    offsets per tile costs microseconds when no segment is long, hence the size floor."""
+    ``features_reduce`` walks a segment with one thread per feature group (``features_split``
+    with a few lanes), so where lengths vary the longest segment sets the time (10^6 x 128
+    float32 rows on an H200: lengths of mean 100 drawn from a geometric law 229-284 us where
+    even ones take 124; one segment of 5% of the rows 8.2 ms).  Cut into tiles, a long segment
+    is read by as many threads as its tiles, and their partials are added in a fixed order by
+    the last of them to finish.  A search of the offsets per tile costs microseconds when no
+    segment is long, hence the size floor."""
     if problem.fixed or problem.n == 0 or problem.num_segments == 0:
         return 0
     data = problem.batch * problem.n * problem.features * itemsize(problem.dtype)
