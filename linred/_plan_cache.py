@@ -227,13 +227,11 @@ def _checked_ahead(plan: SegmentedReduction, x: Any, out: Any, handle: Any, segm
     if plan._check_ahead(plan._pointer(segments.offsets), plan._wide, segments.count, req.problem.n, device, handle):
         try:
             result = plan._run(x, out, handle, segments)
-        except BaseException:
-            plan._check_passed(handle, device)  # (the check ends before this thread's word is armed again)
-            raise
-        try:
             passed = plan._verdict(device)
         except BaseException:
-            plan._check_passed(handle, device)  # (the reduction behind the check may still write)
+            # The check, and any reduction behind it, end before this thread's word is armed again
+            # (the reduction may still write it).
+            plan._check_passed(handle, device)
             raise
         if passed:
             return result

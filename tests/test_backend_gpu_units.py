@@ -1376,11 +1376,14 @@ def test_nvrtc_features_widths(shape, widths):
         ((2, 1000, 64), None, 10, 2 * 1000 * 64 * 4 + 1, 1, 0),  # under it: none
         ((1, 1000, 64), 10, None, 1, 1, 0),  # a fixed length: no long segments
         ((1, 0, 64), None, 3, 1, 1, 0),  # no rows
+        ((1, 10**6, 16), None, 10**4, 1, 2, 0),  # narrow rows (64 bytes): lanes share a segment, none cut
+        ((1, 10**6, 17), None, 10**4, 1, 2, 200),  # past them
     ],
 )
 def test_nvrtc_features_long_rows(shape, length, segments, min_bytes, factor, rows):
-    """The rows past which features_reduce leaves a segment to tiles: the factor times the average
-    length, at least a tile; none for fixed lengths, no rows, or fewer bytes than the floor."""
+    """The rows past which the feature kernels leave a segment to tiles: the factor times the average
+    length, at least a tile; none for fixed lengths, no rows, narrow rows, or fewer bytes than the
+    floor."""
     from linred.backends.nvrtc import NvrtcOptions
     from linred.backends.nvrtc.kernels import features_long_rows
 

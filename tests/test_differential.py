@@ -198,9 +198,9 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
     # long segments (more than FEATURE_TILE_ROWS rows) starting at k * ROWS - 1, k * ROWS and
     # k * ROWS + 1, ending on a tile boundary and past it, first and last, one of exactly ROWS rows
     # (not long), one of ten tiles and more (the fix-up's loads eight at a time), amid short and
-    # empty ones; d of 16 groups or more (features_reduce), and of one and three groups, which
-    # features_split takes even on one SM (its lanes' partials added by shuffles, and in shared
-    # memory: three groups a pair do not divide a warp).
+    # empty ones; d of 16 groups or more (features_reduce); and few segments, which features_split
+    # takes even on one SM (four lanes: ten segments of 16 groups, partials added in shared memory;
+    # 24 of 8 groups, by shuffles).  (Narrow rows, 64 bytes or less, are never cut.)
     from linred.backends.nvrtc.kernels import FEATURE_TILE_ROWS as rows
 
     shapes = []
@@ -208,9 +208,10 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
         shapes.append(_variable("offsets", _long_lengths(rng, rows), d))
         shapes.append(_variable("lengths", _long_lengths(rng, rows)[::-1], d))
         shapes += [_variable(s, ls, d) for s, ls, _ in _styles(rng, [120, 90], 70)]
-    for d in (vec, 3):
-        shapes.append(_variable("offsets", _long_lengths(rng, rows), d))
-        shapes.append(_variable("lengths", _long_lengths(rng, rows)[::-1], d))
+    few = (rows + 1, 5, 3 * rows + 7, 0, 2 * rows, 40, rows - 1, 10 * rows + 3, 17, 2 * rows - 1)
+    shapes += [_variable("offsets", few, 16 * vec), _variable("lengths", few[::-1], 16 * vec)]
+    more = (*few, 30, 0, 90, rows, 64, 3, 2 * rows + 1, 50, 70, 11, 0, 100, 4 * rows, 60)
+    shapes += [_variable("offsets", more, 8 * vec), _variable("lengths", more[::-1], 8 * vec)]
     fam["features_long"] = shapes
     return fam
 

@@ -664,15 +664,17 @@ def _features_sets(sets: list[ShapeSet], c: Constants) -> None:
         Case("features/long-int32-min-one-huge-d64", "min", "int32", "torch", (int(huge.sum()), 64), 0,
              lengths=huge, direct="features_long", sms=1),
     ])  # fmt: skip
-    # the same in features_split (narrow rows): partials by shuffles (one group a row), in shared
-    # memory (three)
+    # the same in features_split (few segments, as on one SM): four lanes whose partials are added
+    # in shared memory (ten segments of 16 groups) or by shuffles (24 of 8 groups)
+    few = np.array([rows + 1, 5, 3 * rows + 7, 0, 2 * rows, 40, rows - 1, 10 * rows + 3, 17, 2 * rows - 1])
+    more = np.concatenate([few, [30, 0, 90, rows, 64, 3, 2 * rows + 1, 50, 70, 11, 0, 100, 4 * rows, 60]])
     _singles(sets, "features/split-long", "linred_features_split", [
-        Case("features/split-long-float32-sum-d4", "sum", "float32", "cupy", (int(long_ones.sum()), 4), 0,
-             lengths=long_ones, direct="features_long", sms=1),
-        Case("features/split-long-float64-mean-d3-shared", "mean", "float64", "torch", (int(huge.sum()), 3), 0,
-             lengths=huge, direct="features_long", sms=1),
-        Case("features/split-long-float16-max-batch-d8", "max", "float16", "cupy", (2, 4000, 8), 1,
-             lengths=_lengths_to(4000, 0, 250, _rng("features/split-long8"), 0.2), direct="features_long", sms=1),
+        Case("features/split-long-float32-sum-d64-shared", "sum", "float32", "cupy", (int(few.sum()), 64), 0,
+             lengths=few, direct="features_long", sms=1),
+        Case("features/split-long-float64-mean-d16-shuffles", "mean", "float64", "torch", (int(more.sum()), 16), 0,
+             lengths=more, direct="features_long", sms=1),
+        Case("features/split-long-float16-max-batch-d64", "max", "float16", "cupy", (2, int(more.sum()), 64), 1,
+             lengths=more, direct="features_long", sms=1),
     ])  # fmt: skip
 
 

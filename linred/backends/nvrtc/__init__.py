@@ -76,9 +76,9 @@ class NvrtcOptions(Options):
     max_tiles_per_block: int = 16  #: consecutive tiles one block reduces (fewer when the data is small)
     max_tiles_per_warp: int = 16  #: consecutive tiles one warp reduces in warp_reduce (fewer for small data)
     min_blocks_warp: int = 4  #: resident blocks per SM that warp_reduce's registers must allow
-    #: the fewest bytes of feature rows with offsets whose long segments features_reduce cuts
+    #: the fewest bytes of feature rows with offsets whose long segments the feature kernels cut
     #: into tiles of FEATURE_TILE_ROWS rows (a search of the offsets per tile: see features_long_rows)
-    feature_long_min_bytes: int = 128 << 20
+    feature_long_min_bytes: int = 32 << 20
     #: a segment is long past this many times the average length (and FEATURE_TILE_ROWS rows)
     feature_long_factor: int = 2
 
