@@ -687,13 +687,18 @@ def test_nvrtc_serves_contiguous_feature_columns(shape, length):
 @pytest.mark.parametrize("width", [1, 4])
 @pytest.mark.parametrize("length", [8, None])
 def test_nvrtc_features_wrapper(width, length):
-    """The feature kernel's C++ wrapper names the types, the operation, the width and the offsets."""
+    """The feature kernel's C++ wrapper names the types, the operation, the width, the rows a
+    thread loads at once (fewer for narrow rows) and the offsets."""
     from linred.backends.nvrtc.kernels import features_wrapper, index_ctype
 
     kwargs = {"offsets_dtype": "int32"} if length is None else {}
-    p = problem("mean", "float16", shape=(1, 64, 8), length=length, **kwargs)
+    p = problem("mean", "float16", shape=(1, 64, 8), length=length, **kwargs)  # 16-byte rows: narrow
     src = features_wrapper(p, index_ctype(p), DEFAULT_OPTIONS, width)
     assert src.startswith('#include "features.cuh"\n')
+    unroll = DEFAULT_OPTIONS.feature_narrow_unroll
+    assert f"LINRED_FEATURES(half_t, float, half_t, OpSum, true, 256, {width}, {unroll}, " in src
+    wide = problem("mean", "float16", shape=(1, 64, 40), length=length, **kwargs)  # 80-byte rows
+    src = features_wrapper(wide, index_ctype(wide), DEFAULT_OPTIONS, width)
     assert f"LINRED_FEATURES(half_t, float, half_t, OpSum, true, 256, {width}, {DEFAULT_OPTIONS.unroll}, " in src
     offsets = "int, ArrayOffsets<int>{offsets})" if length is None else "long long, FixedOffsets{L})"
     assert src.endswith(offsets + "\n")
@@ -1398,7 +1403,7 @@ def test_nvrtc_features_long_wrapper():
     offsets, after the same types, operation, width and unroll."""
     from linred.backends.nvrtc.kernels import FEATURE_TILE_ROWS, features_wrapper, index_ctype
 
-    p = problem("max", "float64", shape=(1, 640, 8), length=None, offsets_dtype="int32", segments=5)
+    p = problem("max", "float64", shape=(1, 640, 9), length=None, offsets_dtype="int32", segments=5)
     src = features_wrapper(p, index_ctype(p), DEFAULT_OPTIONS, 2, long=True)
     assert src.startswith('#include "features.cuh"\n')
     head = f"LINRED_FEATURES_LONG(double, double, double, OpMax, false, 256, 2, {DEFAULT_OPTIONS.unroll}, "

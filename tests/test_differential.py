@@ -164,17 +164,21 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
     if big:  # the smallest row that gets runs of 2 tiles
         shapes.append(_fixed(5, 4 * T.min_blocks * sms * 2 * tile // 5 + 1))
     fam["tile_reduce"] = shapes
-    # features_reduce: d around the vector, short and long segments; every tail of its loop of
-    # T.unroll rows a step (the tail in steps of halving powers of two) and lengths around k * unroll.
+    # features_reduce: d around the vector (narrow rows) and of 8 vectors, short and long segments;
+    # every tail of its loop of U rows a step (features_unroll: fewer for narrow rows; the tail in
+    # steps of halving powers of two) and lengths around k * U.
+    from linred.backends.nvrtc.kernels import features_unroll
+
     shapes = []
-    tails = (*range(2 * T.unroll + 2), *around(3 * T.unroll), 7 * T.unroll - 1)
-    for d in around(vec, 2 * vec, lo=2):
+    for d in (*around(vec, 2 * vec, lo=2), 8 * vec):
+        U = features_unroll(_problem(dtype, "sum", d=d), T)
+        tails = (*range(2 * U + 2), *around(3 * U), 7 * U - 1)
         shapes += [_fixed(L, m, d) for L, m in ((1, 33), (7, 40), (64, 9), (3000, 2))]
         shapes += [_variable(s, ls, d) for s, ls, _ in _styles(rng, [50, 7], 20)]
         shapes.append(_variable("offsets", tails, d))
     # features_split: each segment's rows dealt to R lanes (features_split_lanes) where segments are
-    # few or long; lengths around multiples of unroll * R (the unrolled loop's step) and past one
-    # step by 1 to unroll - 1 rows a lane (the tail's steps); partials added by shuffles (a
+    # few or long; lengths around multiples of U * R (the unrolled loop's step) and past one
+    # step by 1 to U - 1 rows a lane (the tail's steps); partials added by shuffles (a
     # segment's threads in one warp: d = 2 * vec) or in shared memory (d = 16 * vec + 1); counts
     # around a block's pairs, empty segments.  (Its grid-stride loop starts past 64 blocks per SM
     # of pairs, over 10^8 elements at two lanes: not reached here.)
@@ -184,10 +188,11 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
         width = vec if d % vec == 0 else 1
         for L, m in ((62, 32), (500, 3), (3000, 1)):
             lanes = features_split_lanes(_problem(dtype, "sum", fixed=L, n=L * m, d=d), width, T.threads, sms)
-            step = T.unroll * lanes
+            U = features_unroll(_problem(dtype, "sum", d=d), T)
+            step = U * lanes
             shapes += [_fixed(length, m, d) for length in around(step * max(1, L // step))]
-            if L == 62:  # each lane's last rows, 0 to unroll - 1 of them: every step of the tail
-                shapes += [_fixed(step + t * lanes + 1, m, d) for t in range(T.unroll)]
+            if L == 62:  # each lane's last rows, 0 to U - 1 of them: every step of the tail
+                shapes += [_fixed(step + t * lanes + 1, m, d) for t in range(U)]
             lengths = [int(v) for v in rng.integers(0, 2 * L, m)]
             lengths[m // 2] = 0
             shapes.append(_variable(("offsets", "lengths")[m % 2], tuple(lengths), d))

@@ -59,7 +59,7 @@ class NvrtcOptions(Options):
     were chosen); change them with ``linred.backends.configure("nvrtc", ...)``."""
 
     threads: int = 256  #: threads per block
-    unroll: int = 8  #: 16-byte vectors per thread in fixed_small and fixed_rows
+    unroll: int = 8  #: 16-byte vectors per thread in fixed_small and fixed_rows (rows in the feature kernels)
     #: the same for fixed_small with 2-byte data (float16 and bfloat16 ran 4-8% faster with 4
     #: than with 8 for L = 32 to 256 on an H100, and as fast for L = 2 and 8)
     unroll_2byte: int = 4
@@ -81,6 +81,11 @@ class NvrtcOptions(Options):
     feature_long_min_bytes: int = 32 << 20
     #: a segment is long past this many times the average length (and FEATURE_TILE_ROWS rows)
     feature_long_factor: int = 2
+    #: rows a thread of the feature kernels loads at once where rows are narrow (64 bytes or
+    #: less; ``unroll`` elsewhere).  H200, float32, device us per call (8 -> 4, torch in
+    #: brackets): 10^7 x 16 in 10^5 even segments 167.4 -> 159.5 (157.6), geometric lengths
+    #: 209.0 -> 178.3 (260.1); 10^7 x 8 93.4 -> 86.4 (87.0); 10^6 x 16 22.8 -> 21.8 (24.3).
+    feature_narrow_unroll: int = 4
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -346,6 +346,18 @@ FEATURE_LANE_ROWS = 12
 FEATURE_NARROW_GROUPS = 4
 
 
+def narrow_rows(problem: Problem) -> bool:
+    """Whether feature rows are narrow: at most :data:`FEATURE_NARROW_GROUPS` 16-byte groups
+    (their long segments are not cut, and their threads load :func:`features_unroll` rows at once)."""
+    return problem.features * itemsize(problem.dtype) <= 16 * FEATURE_NARROW_GROUPS
+
+
+def features_unroll(problem: Problem, tuning: NvrtcOptions) -> int:
+    """The rows a thread of the feature kernels loads at once: ``feature_narrow_unroll`` for
+    narrow rows (:func:`narrow_rows`), else ``unroll``."""
+    return tuning.feature_narrow_unroll if narrow_rows(problem) else tuning.unroll
+
+
 def features_wrapper(
     problem: Problem, index_ctype: str, tuning: NvrtcOptions, width: int, split: bool = False, long: bool = False
 ) -> str:
@@ -355,7 +367,7 @@ def features_wrapper(
     finish adds them up (``LINRED_FEATURES_LONG``, ``LINRED_FEATURES_SPLIT_LONG``)."""
     t, o, a, op, mean = kernel_types(problem)
     offsets = _offsets(problem, index_ctype)
-    head = f"{t}, {a}, {o}, {op}, {mean}, {tuning.threads}, {width}, {tuning.unroll}"
+    head = f"{t}, {a}, {o}, {op}, {mean}, {tuning.threads}, {width}, {features_unroll(problem, tuning)}"
     macro = "LINRED_FEATURES_SPLIT" if split else "LINRED_FEATURES"
     if long:
         return f'#include "features.cuh"\n{macro}_LONG({head}, {FEATURE_TILE_ROWS}, {index_ctype}, {offsets})\n'
@@ -387,8 +399,9 @@ def features_long_rows(problem: Problem, options: NvrtcOptions) -> int:
     255.5)."""
     if problem.fixed or problem.n == 0 or problem.num_segments == 0:
         return 0
-    row = problem.features * itemsize(problem.dtype)
-    if row <= 16 * FEATURE_NARROW_GROUPS or problem.batch * problem.n * row < options.feature_long_min_bytes:
+    if narrow_rows(problem):
+        return 0
+    if problem.batch * problem.n * problem.features * itemsize(problem.dtype) < options.feature_long_min_bytes:
         return 0
     mean = -(-problem.n // problem.num_segments)
     return max(FEATURE_TILE_ROWS, options.feature_long_factor * mean)
