@@ -1382,20 +1382,30 @@ def test_nvrtc_features_widths(shape, widths):
         ((1, 1000, 64), 10, None, 1, 1, 0),  # a fixed length: no long segments
         ((1, 0, 64), None, 3, 1, 1, 0),  # no rows
         ((1, 10**6, 16), None, 10**4, 1, 2, 0),  # narrow rows (64 bytes): lanes share a segment, none cut
+        ((1, 10**6, 16), None, 10**5, 1, 2, 128),  # narrow rows in segments too short for lanes: cut
         ((1, 10**6, 17), None, 10**4, 1, 2, 200),  # past them
+        # pairs too few to fill 132 SMs with a block each (< 528): segments past FEATURE_FEW_ROWS
+        # cut whatever the size, the lengths' kind or the rows' width
+        ((1, 10**6, 64), None, 1, 1 << 62, 2, 1024),  # one segment
+        ((1, 10**6, 64), 10**6, None, 1 << 62, 2, 1024),  # a fixed length
+        ((1, 10**6, 16), None, 527, 1 << 62, 2, 1024),  # narrow rows, 527 segments of about 1898 rows
+        ((1, 10**6, 16), None, 528, 1 << 62, 2, 0),  # 528: enough pairs (and narrow rows are not cut)
+        ((1, 10**6, 64), None, 500, 1 << 62, 1, 1024),  # the factor times the mean (2000) capped
+        ((1, 500 * 1024, 64), None, 500, 1 << 62, 2, 0),  # segments of 1,024 rows: none past it
+        ((4, 10**6, 64), None, 132, 1 << 62, 2, 0),  # 4 x 132 pairs of the batch: enough
     ],
 )
 def test_nvrtc_features_long_rows(shape, length, segments, min_bytes, factor, rows):
     """The rows past which the feature kernels leave a segment to tiles: the factor times the average
     length, at least a tile; none for fixed lengths, no rows, narrow rows, or fewer bytes than the
-    floor."""
+    floor; but segments too few to fill the device are cut past FEATURE_FEW_ROWS."""
     from linred.backends.nvrtc import NvrtcOptions
     from linred.backends.nvrtc.kernels import features_long_rows
 
     kwargs = {"offsets_dtype": "int64", "segments": segments} if length is None else {}
     p = problem(shape=shape, length=length, **kwargs)
     options = NvrtcOptions(feature_long_min_bytes=min_bytes, feature_long_factor=factor)
-    assert features_long_rows(p, options) == rows
+    assert features_long_rows(p, options, sms=132) == rows
 
 
 def test_nvrtc_features_long_wrapper():

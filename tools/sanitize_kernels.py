@@ -620,8 +620,13 @@ def _features_sets(sets: list[ShapeSet], c: Constants) -> None:
         lambda name, m: Case(name, "sum", "float32", "cupy", (2 * m, 4), 0, L=2),
     )  # fmt: skip
     _triple(
-        sets, "features/float32-max-d8-L", "linred_features", "L", t.unroll, 1, f"rows in flight = unroll = {t.unroll}",
+        sets, "features/float32-max-d8-L", "linred_features", "L", t.feature_narrow_unroll, 1,
+        f"rows in flight = feature_narrow_unroll = {t.feature_narrow_unroll} (rows of 32 bytes are narrow)",
         lambda name, L: Case(name, "max", "float32", "torch", (5 * L, 8), 0, L=L),
+    )  # fmt: skip
+    _triple(
+        sets, "features/float32-max-d32-L", "linred_features", "L", t.unroll, 1, f"rows in flight = unroll = {t.unroll}",
+        lambda name, L: Case(name, "max", "float32", "torch", (5 * L, 32), 0, L=L),
     )  # fmt: skip
     _singles(sets, "features/other", "linred_features", [
         Case("features/float16-mean-d16-offsets", "mean", "float16", "cupy", (3000, 16), 0,
@@ -675,6 +680,13 @@ def _features_sets(sets: list[ShapeSet], c: Constants) -> None:
              lengths=more, direct="features_long", sms=1),
         Case("features/split-long-float16-max-batch-d64", "max", "float16", "cupy", (2, int(more.sum()), 64), 1,
              lengths=more, direct="features_long", sms=1),
+    ])  # fmt: skip
+    # segments too few to fill the device (planned for it): cut past FEATURE_FEW_ROWS rows whatever
+    # the average, fixed lengths too (features_split for these few pairs)
+    _singles(sets, "features/few-long", "linred_features_split", [
+        Case("features/few-long-int32-sum-m1-fixed", "sum", "int32", "cupy", (5000, 64), 0, L=5000),
+        Case("features/few-long-float32-mean-m3-offsets", "mean", "float32", "torch", (7000, 32), 0,
+             lengths=np.array([1500, 0, 5500])),
     ])  # fmt: skip
 
 

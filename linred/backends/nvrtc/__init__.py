@@ -96,7 +96,7 @@ class NvrtcOptions(Options):
             value = getattr(self, name)
             if value % 32 or value > 1024:
                 raise ValueError(f"nvrtc option {name} must be a multiple of 32 up to 1024; got {value}")
-        for name in ("unroll", "unroll_2byte", "max_rows"):
+        for name in ("unroll", "unroll_2byte", "max_rows", "feature_narrow_unroll"):
             value = getattr(self, name)
             if value & (value - 1):
                 raise ValueError(f"nvrtc option {name} must be a power of two; got {value}")

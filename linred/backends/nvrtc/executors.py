@@ -493,7 +493,7 @@ class _FeaturesExecutor:
         s0, s1, _ = problem.strides
         self._fixed = (problem.segment_length or 0, problem.n, problem.num_segments, s0, s1, d)
         self._widths = features_widths(problem)  # (xp % 16 != 0, op % 16 != 0) -> width
-        self._long_rows = features_long_rows(problem, options)
+        self._long_rows = features_long_rows(problem, options, self._launch.sms)
         #: the long segments' workspace (heads, partials, counts), made with the first kernels
         #: that use it; it serves one stream at a time
         self._long: tuple[Any, Any, Any] | None = None
@@ -516,21 +516,21 @@ class _FeaturesExecutor:
         if segments.__class__ is VariableSegments:
             slots[2] = launch.ptr(segments.offsets)
             slots[3] = segments.word
-            if epoch:  # the long segments' tiles and sums too, in this call's epoch
-                self._epoch = self._epoch % 0xFFFFFFFF + 1  # (1 to 2^32 - 1: zeroed counts are of epoch 0)
-                slots[epoch] = self._epoch
-                with on_device(launch.device):
-                    self._order.begin(stream)
-                    # The counts are zeroed before the first call that runs now, and in every call a
-                    # CUDA graph captures: its replays share one epoch, so a replay cut short by bad
-                    # offsets would otherwise leave counts that the next replay takes as its own.
-                    captured = self._ops.capturing(stream)
-                    if captured or not self._zeroed:
-                        launch.fill(self._long[2], 0, stream)
-                        self._zeroed = self._zeroed or not captured
-                    kernel.launch(stream, grid, block, shared)
-                    self._order.end(stream)
-                return
+        if epoch:  # the long segments' tiles and sums too, in this call's epoch
+            self._epoch = self._epoch % 0xFFFFFFFF + 1  # (1 to 2^32 - 1: zeroed counts are of epoch 0)
+            slots[epoch] = self._epoch
+            with on_device(launch.device):
+                self._order.begin(stream)
+                # The counts are zeroed before the first call that runs now, and in every call a
+                # CUDA graph captures: its replays share one epoch, so a replay cut short by bad
+                # offsets would otherwise leave counts that the next replay takes as its own.
+                captured = self._ops.capturing(stream)
+                if captured or not self._zeroed:
+                    launch.fill(self._long[2], 0, stream)
+                    self._zeroed = self._zeroed or not captured
+                kernel.launch(stream, grid, block, shared)
+                self._order.end(stream)
+            return
         kernel.launch(stream, grid, block, shared)
 
     def _compile(self, width: int) -> tuple[Any, int, int, int, int]:
@@ -566,9 +566,9 @@ class _FeaturesExecutor:
             tiles = -(-problem.n // FEATURE_TILE_ROWS)
             tile_items = b * tiles * groups
             tail = (*tail, self._long_rows, tiles, tile_items, heads, partials, counts)
-            items = max(items, tile_items)  # (features_reduce takes both in one grid-stride loop)
-            if lanes == 1:
-                items = total + tile_items
+            # features_reduce takes both kinds of item in one grid-stride loop; features_split
+            # its pairs, then the tiles
+            items = total + tile_items if lanes == 1 else max(items, tile_items)
         # Grid-stride: enough blocks to fill the device many times over, no more.
         blocks = max(1, min(-(-items // threads), 64 * launch.sms))
         packed = PackedLaunch(kernel, 4 + len(tail) + long, name, launch.device)

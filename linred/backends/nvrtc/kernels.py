@@ -379,7 +379,12 @@ def features_wrapper(
 FEATURE_TILE_ROWS = 128
 
 
-def features_long_rows(problem: Problem, options: NvrtcOptions) -> int:
+#: past this many rows, a segment of a call whose segments are too few to fill the device (fewer
+#: than a block's threads each: see features_long_rows) is cut into tiles whatever the average
+FEATURE_FEW_ROWS = 8 * FEATURE_TILE_ROWS
+
+
+def features_long_rows(problem: Problem, options: NvrtcOptions, sms: int) -> int:
     """The rows past which ``features_reduce`` and ``features_split`` leave a segment to tiles
     (0: they reduce every segment themselves): ``feature_long_factor`` times the average length,
     at least :data:`FEATURE_TILE_ROWS`, for feature rows with offsets of at least
@@ -393,17 +398,31 @@ def features_long_rows(problem: Problem, options: NvrtcOptions) -> int:
     the last of them to finish.  A search of the offsets per tile costs microseconds when no
     segment is long, hence the size floor.
 
-    Narrow rows (at most :data:`FEATURE_NARROW_GROUPS` 16-byte groups) are not cut: their lanes
-    already share a long segment's rows, and a tile's thread walks its rows alone (H200, float32,
-    10^7 x 16 rows in 10^5 segments: even lengths 167.6 -> 180.1 us cut, geometric ones 214.7 ->
-    255.5)."""
-    if problem.fixed or problem.n == 0 or problem.num_segments == 0:
+    Where the (row of the batch, segment) pairs are too few to fill the device even with a
+    block's threads each (fewer than ``1024 * sms / threads``), a block's lanes would walk
+    segments of any length: segments past :data:`FEATURE_FEW_ROWS` rows are then cut whatever
+    the average, the size, or whether lengths are fixed (one segment of 10^6 rows of 64 int32
+    features: 256 threads for 256 MB otherwise).
+
+    Narrow rows (at most :data:`FEATURE_NARROW_GROUPS` 16-byte groups) that ``features_split``
+    deals to lanes are not cut by the average: their lanes already share a long segment's rows,
+    and a tile's thread walks its rows alone (H200, float32, 10^7 x 16 rows in 10^5 segments:
+    even lengths 167.6 -> 180.1 us cut, geometric ones 214.7 -> 255.5).  Narrow rows in segments
+    too short for lanes (one thread per group) are cut as wider ones are."""
+    n, m = problem.n, problem.num_segments
+    if n == 0 or m == 0:
         return 0
-    if narrow_rows(problem):
+    mean = -(-n // m)
+    if problem.batch * m * options.threads < 1024 * sms and mean > FEATURE_FEW_ROWS:
+        if problem.fixed:
+            return FEATURE_FEW_ROWS
+        return max(FEATURE_TILE_ROWS, min(options.feature_long_factor * mean, FEATURE_FEW_ROWS))
+    if problem.fixed:
         return 0
-    if problem.batch * problem.n * problem.features * itemsize(problem.dtype) < options.feature_long_min_bytes:
+    if narrow_rows(problem) and features_split_lanes(problem, vec(problem), options.threads, sms) > 1:
         return 0
-    mean = -(-problem.n // problem.num_segments)
+    if problem.batch * n * problem.features * itemsize(problem.dtype) < options.feature_long_min_bytes:
+        return 0
     return max(FEATURE_TILE_ROWS, options.feature_long_factor * mean)
 
 
