@@ -1383,6 +1383,7 @@ def test_nvrtc_features_widths(shape, widths):
         ((1, 0, 64), None, 3, 1, 1, 0),  # no rows
         ((1, 10**6, 16), None, 10**4, 1, 2, 0),  # narrow rows (64 bytes): lanes share a segment, none cut
         ((1, 10**6, 16), None, 10**5, 1, 2, 128),  # narrow rows in segments too short for lanes: cut
+        ((1, 10**6, 3), None, 10**5, 1, 2, 128),  # the same, three features (a feature a thread)
         ((1, 10**6, 17), None, 10**4, 1, 2, 200),  # past them
         # pairs too few to fill 132 SMs with a block each (< 528): segments past FEATURE_FEW_ROWS
         # cut whatever the size, the lengths' kind or the rows' width

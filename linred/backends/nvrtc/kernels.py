@@ -419,8 +419,10 @@ def features_long_rows(problem: Problem, options: NvrtcOptions, sms: int) -> int
         return max(FEATURE_TILE_ROWS, min(options.feature_long_factor * mean, FEATURE_FEW_ROWS))
     if problem.fixed:
         return 0
-    if narrow_rows(problem) and features_split_lanes(problem, vec(problem), options.threads, sms) > 1:
-        return 0
+    if narrow_rows(problem):
+        v = vec(problem)  # (the width of aligned rows; rows of other lengths are read a feature a thread)
+        if features_split_lanes(problem, v if problem.features % v == 0 else 1, options.threads, sms) > 1:
+            return 0
     if problem.batch * n * problem.features * itemsize(problem.dtype) < options.feature_long_min_bytes:
         return 0
     return max(FEATURE_TILE_ROWS, options.feature_long_factor * mean)
