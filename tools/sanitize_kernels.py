@@ -625,8 +625,7 @@ def _features_sets(sets: list[ShapeSet], c: Constants) -> None:
         lambda name, L: Case(name, "max", "float32", "torch", (5 * L, 8), 0, L=L),
     )  # fmt: skip
     _triple(
-        sets, "features/float32-max-d32-L", "linred_features", "L", t.unroll, 1,
-        f"rows in flight = unroll = {t.unroll}",
+        sets, "features/float32-max-d32-L", "linred_features", "L", t.unroll, 1, f"rows in flight = unroll = {t.unroll}",
         lambda name, L: Case(name, "max", "float32", "torch", (5 * L, 32), 0, L=L),
     )  # fmt: skip
     _singles(sets, "features/other", "linred_features", [
@@ -688,9 +687,6 @@ def _features_sets(sets: list[ShapeSet], c: Constants) -> None:
         Case("features/few-long-int32-sum-m1-fixed", "sum", "int32", "cupy", (5000, 64), 0, L=5000),
         Case("features/few-long-float32-mean-m3-offsets", "mean", "float32", "torch", (7000, 32), 0,
              lengths=np.array([1500, 0, 5500])),
-        # (71 tiles: added a chunk of 64 at a time)
-        Case("features/few-long-float64-sum-m1-chunked", "sum", "float64", "cupy", (70 * 128 + 9, 16), 0,
-             L=70 * 128 + 9),
     ])  # fmt: skip
 
 
