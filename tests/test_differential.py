@@ -213,14 +213,6 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
         shapes.append(_variable("offsets", _long_lengths(rng, rows), d))
         shapes.append(_variable("lengths", _long_lengths(rng, rows)[::-1], d))
         shapes += [_variable(s, ls, d) for s, ls, _ in _styles(rng, [120, 90], 70)]
-    # segments of more than FEATURE_CHUNK (64) tiles, added a chunk at a time: one of 70 tiles
-    # starting past a tile boundary among 80 short ones (features_reduce), and of 70 and 130 tiles
-    # among six segments (features_split)
-    shorts = [int(v) for v in rng.integers(0, 21, 80)]
-    chunked = (*shorts[:40], 70 * rows + 9, *shorts[40:])
-    shapes += [_variable("offsets", chunked, 16 * vec), _variable("lengths", chunked[::-1], 16 * vec + 1)]
-    chunks = (5, 3 * rows + 1, 70 * rows + 9, 2, 130 * rows - 1, 40)
-    shapes += [_variable("offsets", chunks, 16 * vec), _variable("lengths", chunks[::-1], 16 * vec + 1)]
     few = (rows + 1, 5, 3 * rows + 7, 0, 2 * rows, 40, rows - 1, 10 * rows + 3, 17, 2 * rows - 1)
     shapes += [_variable("offsets", few, 16 * vec), _variable("lengths", few[::-1], 16 * vec)]
     more = (*few, 30, 0, 90, rows, 64, 3, 2 * rows + 1, 50, 70, 11, 0, 100, 4 * rows, 60)

@@ -6,9 +6,7 @@
 //    a segment of more than long_rows rows (LongArgs) is cut at multiples of ROWS: its thread
 //    adds the rows before the first (its head), and one more thread per tile of ROWS rows
 //    (long_tile, its segment found by segment_of_row) each tile's, into partials that the
-//    last of them to finish adds up in a fixed order (long_piece_done: pieces counted by
-//    count_piece, partials added by add_partials, a chunk of FEATURE_CHUNK tiles at a time
-//    where a segment has more);
+//    last of them to finish adds up in a fixed order (long_piece_done);
 //  - add_rows: a thread's rows of one feature group (every row, or every R-th for a lane of
 //    features_split) added, UNROLL loads at a time, the last ones in halving steps;
 //  - features_split: the same with each segment's rows dealt to R lanes whose partials a
@@ -123,34 +121,49 @@ template <class A> struct LongArgs {
     unsigned epoch;
 };
 
-// Count a piece in *c (epoch << 32 | pieces): the pieces counted in this call, this one
-// included.  The count is of this call's epoch once its first piece is in: then one atomicAdd
-// (a segment of many tiles would make a compare-and-swap loop retry once per piece that
-// finished at the same time).  Before, the first piece replaces a count of another epoch by its
-// own.  (Nothing else writes the count in this call before its last piece resets it.)
-__device__ __forceinline__ i64 count_piece(unsigned long long* c, unsigned epoch) {
+// A piece (head or tile) of long segment s = [b0, b1) of batch row r, feature group g, is
+// written: count it, and if it is the last of the segment's pieces (the head and its tiles,
+// finished in any order), add them up in order (deterministic: the head, then tiles j0 to
+// the last), FLIGHT tiles' loads at a time, and write out[r, s, g].  FLIGHT keeps those loads'
+// registers within what add_rows holds (more would cut the launch's occupancy).
+template <class O, class OP, bool MEAN, int W, int ROWS, class A>
+__device__ __forceinline__ void long_piece_done(O* __restrict__ out, const FeatureArgs& a, const LongArgs<A>& la,
+                                                i64 r, i64 s, i64 g, i64 b0, i64 b1) {
+    constexpr int FLIGHT = W * sizeof(A) <= 32 ? 4 : W * sizeof(A) <= 64 ? 2 : 1;
+    const i64 j0 = b0 / ROWS + (b0 % ROWS != 0), last = min((b1 - 1) / ROWS, la.tiles - 1);
+    const i64 head = r * la.tiles + j0;
+    unsigned long long* c = la.count + head * a.groups + g;
     __threadfence();  // this piece, before the count that lets the last one read it
-    unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(c);
+    // The count is of this call's epoch once its first piece is in: then one atomicAdd (a
+    // segment of many tiles would make a compare-and-swap loop retry once per piece that finished
+    // at the same time).  Before, the first piece replaces a count of another epoch by its own.
+    // (Nothing else writes the count in this call before its last piece resets it.)
+    unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(c), pieces;
     for (;;) {
-        if ((seen >> 32) == epoch) return (i64)(atomicAdd(c, 1ull) & 0xffffffffull) + 1;
-        const unsigned long long was = atomicCAS(c, seen, ((unsigned long long)epoch << 32) | 1ull);
-        if (was == seen) return 1;
+        if ((seen >> 32) == la.epoch) {
+            pieces = (atomicAdd(c, 1ull) & 0xffffffffull) + 1;
+            break;
+        }
+        const unsigned long long was = atomicCAS(c, seen, ((unsigned long long)la.epoch << 32) | 1ull);
+        if (was == seen) {
+            pieces = 1;
+            break;
+        }
         seen = was;
     }
-}
-
-// acc[k] op= h[q * features + k] for q = q0, q0 + step, ... up to last (partials other SMs
-// wrote: read from L2), FLIGHT of them in flight.  FLIGHT keeps those loads' registers within
-// what add_rows holds (more would cut the launch's occupancy).
-template <class OP, int W, class A>
-__device__ __forceinline__ void add_partials(A (&acc)[W], const A* h, i64 features, i64 q, i64 last, i64 step) {
-    constexpr int FLIGHT = W * sizeof(A) <= 32 ? 4 : W * sizeof(A) <= 64 ? 2 : 1;
-    for (; q + (FLIGHT - 1) * step <= last; q += FLIGHT * step) {
+    if ((i64)pieces != last - j0 + 2) return;  // (pieces: the head and each tile)
+    __threadfence();
+    A acc[W];
+#pragma unroll
+    for (int k = 0; k < W; ++k) acc[k] = __ldcg(la.first + head * a.features + g * W + k);
+    const A* h = la.partial + (r * la.tiles) * a.features + g * W;
+    i64 q = j0;
+    for (; q + FLIGHT <= last + 1; q += FLIGHT) {
         A b[FLIGHT][W];
 #pragma unroll
         for (int u = 0; u < FLIGHT; ++u) {
 #pragma unroll
-            for (int k = 0; k < W; ++k) b[u][k] = __ldcg(h + (q + u * step) * features + k);
+            for (int k = 0; k < W; ++k) b[u][k] = __ldcg(h + (q + u) * a.features + k);  // (other SMs wrote them)
         }
 #pragma unroll
         for (int u = 0; u < FLIGHT; ++u) {
@@ -158,55 +171,9 @@ __device__ __forceinline__ void add_partials(A (&acc)[W], const A* h, i64 featur
             for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], b[u][k]);
         }
     }
-    for (; q <= last; q += step) {
+    for (; q <= last; ++q) {
 #pragma unroll
-        for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], __ldcg(h + q * features + k));
-    }
-}
-
-// Tiles of a segment of more than FEATURE_CHUNK tiles are added a chunk at a time: the last
-// tile of each chunk (the tiles k * CHUNK to k * CHUNK + CHUNK - 1 of the segment's) to finish
-// adds the chunk's partials into its first one, and the chunk counts as one piece of the
-// segment; a chain of tiles / CHUNK + CHUNK partials, not one of every tile (10^6 rows: 7,813).
-enum : int { FEATURE_CHUNK = 64 };
-
-// A piece of long segment s = [b0, b1) of batch row r, feature group g, is written (its head:
-// j = -1; else its tile j): count it, and if it is the last of the segment's pieces (the head
-// and its tiles or chunks, finished in any order), add them up in order (deterministic: the
-// head, then tiles or chunks from j0 on) and write out[r, s, g].  Chunk counts follow the
-// segments' counts in count (tile_items of them).
-template <class O, class OP, bool MEAN, int W, int ROWS, class A>
-__device__ __forceinline__ void long_piece_done(O* __restrict__ out, const FeatureArgs& a, const LongArgs<A>& la,
-                                                i64 r, i64 s, i64 g, i64 b0, i64 b1, i64 j) {
-    const i64 j0 = b0 / ROWS + (b0 % ROWS != 0), last = min((b1 - 1) / ROWS, la.tiles - 1);
-    const i64 head = r * la.tiles + j0;
-    const bool chunked = last - j0 + 1 > FEATURE_CHUNK;
-    A* h = la.partial + (r * la.tiles) * a.features + g * W;
-    A acc[W];
-    if (chunked && j >= 0) {  // a tile: its chunk's count first
-        const i64 k0 = max(j0, j / FEATURE_CHUNK * FEATURE_CHUNK), k1 = min(last, k0 / FEATURE_CHUNK * FEATURE_CHUNK + FEATURE_CHUNK - 1);
-        unsigned long long* cc = la.count + la.tile_items + (r * la.tiles + k0) * a.groups + g;
-        if (count_piece(cc, la.epoch) != k1 - k0 + 1) return;
-        __threadfence();
-#pragma unroll
-        for (int k = 0; k < W; ++k) acc[k] = __ldcg(h + k0 * a.features + k);
-        add_partials<OP, W>(acc, h, a.features, k0 + 1, k1, 1);
-#pragma unroll
-        for (int k = 0; k < W; ++k) h[k0 * a.features + k] = acc[k];  // (the chunk's sum, read by the last piece)
-        *cc = (unsigned long long)la.epoch << 32;  // (0 pieces of this epoch)
-    }
-    unsigned long long* c = la.count + head * a.groups + g;
-    const i64 pieces = 1 + (chunked ? last / FEATURE_CHUNK - j0 / FEATURE_CHUNK + 1 : last - j0 + 1);
-    if (count_piece(c, la.epoch) != pieces) return;  // (the head and each tile or chunk)
-    __threadfence();
-#pragma unroll
-    for (int k = 0; k < W; ++k) acc[k] = __ldcg(la.first + head * a.features + g * W + k);
-    if (chunked) {  // chunks start at j0, then at each multiple of FEATURE_CHUNK up to the last tile
-#pragma unroll
-        for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], __ldcg(h + j0 * a.features + k));
-        add_partials<OP, W>(acc, h, a.features, (j0 / FEATURE_CHUNK + 1) * FEATURE_CHUNK, last, FEATURE_CHUNK);
-    } else {
-        add_partials<OP, W>(acc, h, a.features, j0, last, 1);
+        for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], __ldcg(h + q * a.features + k));
     }
     O* o = out + (r * a.m + s) * a.features + g * W;
 #pragma unroll
@@ -274,7 +241,7 @@ __device__ __forceinline__ void long_tile(const T* __restrict__ x, O* __restrict
     A* h = la.partial + rj * a.features + g * W;
 #pragma unroll
     for (int k = 0; k < W; ++k) h[k] = acc[k];
-    long_piece_done<O, OP, MEAN, W, ROWS>(out, a, la, r, lo, g, b0, b1, j);
+    long_piece_done<O, OP, MEAN, W, ROWS>(out, a, la, r, lo, g, b0, b1);
 }
 
 template <class T, class A0, class O, class OP, bool MEAN, int W, int UNROLL, int ROWS, class Off>
@@ -308,7 +275,7 @@ __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __re
                 A* h = la.first + (r * la.tiles + j0) * a.features + g * W;
 #pragma unroll
                 for (int k = 0; k < W; ++k) h[k] = acc[k];
-                long_piece_done<O, OP, MEAN, W, ROWS>(out, a, la, r, s, g, begin, end, -1);
+                long_piece_done<O, OP, MEAN, W, ROWS>(out, a, la, r, s, g, begin, end);
                 continue;
             }
         }
@@ -349,7 +316,7 @@ __device__ __forceinline__ void split_result(O* __restrict__ out, const FeatureA
         A* h = la.first + (r * la.tiles + j0) * a.features + g * W;
 #pragma unroll
         for (int k = 0; k < W; ++k) h[k] = acc[k];
-        long_piece_done<O, OP, MEAN, W, ROWS>(out, a, la, r, s, g, begin, end, -1);
+        long_piece_done<O, OP, MEAN, W, ROWS>(out, a, la, r, s, g, begin, end);
     }
 }
 

@@ -578,14 +578,12 @@ class _FeaturesExecutor:
     def _long_workspace(self) -> tuple[Any, Any, Any]:
         """The long segments' heads and partials (one per row of the batch, tile and feature) and
         counts of finished pieces (one per row of the batch, tile and feature group, at most a
-        feature, for segments, then as many for chunks of tiles), made once; the counts are zeroed
-        on a call's stream (see ``__call__``)."""
+        feature), made once; the counts are zeroed on a call's stream (see ``__call__``)."""
         if self._long is None:
             b, n, d = self._problem.in_shape
             tiles, launch = -(-n // FEATURE_TILE_ROWS), self._launch
             partial = feature_partial_dtype(self._problem)
-            # (the kernel's unsigned long long: the segments' counts, then the chunks')
-            counts = launch.empty(2 * b * tiles * d, "int64")
+            counts = launch.empty(b * tiles * d, "int64")  # (the kernel's unsigned long long)
             self._ops = ops_for(launch.kind, launch.device)
             self._order = StreamOrder(self._ops)
             self._long = (launch.empty(b * tiles * d, partial), launch.empty(b * tiles * d, partial), counts)
