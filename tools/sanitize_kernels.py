@@ -625,7 +625,8 @@ def _features_sets(sets: list[ShapeSet], c: Constants) -> None:
         lambda name, L: Case(name, "max", "float32", "torch", (5 * L, 8), 0, L=L),
     )  # fmt: skip
     _triple(
-        sets, "features/float32-max-d32-L", "linred_features", "L", t.unroll, 1, f"rows in flight = unroll = {t.unroll}",
+        sets, "features/float32-max-d32-L", "linred_features", "L", t.unroll, 1,
+        f"rows in flight = unroll = {t.unroll}",
         lambda name, L: Case(name, "max", "float32", "torch", (5 * L, 32), 0, L=L),
     )  # fmt: skip
     _singles(sets, "features/other", "linred_features", [
