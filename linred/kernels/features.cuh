@@ -6,7 +6,8 @@
 //    a segment of more than long_rows rows (LongArgs) is cut at multiples of ROWS: its thread
 //    adds the rows before the first (its head), and one more thread per tile of ROWS rows
 //    (long_tile, its segment found by segment_of_row) each tile's, into partials that the
-//    last of them to finish adds up in a fixed order (long_piece_done);
+//    last of them to finish adds up in a fixed order (long_piece_done; long_head_done for a
+//    head, first_tile for where its tiles start);
 //  - add_rows: a thread's rows of one feature group (every row, or every R-th for a lane of
 //    features_split) added, UNROLL loads at a time, the last ones in halving steps;
 //  - features_split: the same with each segment's rows dealt to R lanes whose partials a
@@ -121,6 +122,10 @@ template <class A> struct LongArgs {
     unsigned epoch;
 };
 
+// The first tile of ROWS rows that starts at or after row b: a long segment's tiles start
+// there, and its rows before them are its head.
+template <int ROWS> __device__ __forceinline__ i64 first_tile(i64 b) { return b / ROWS + (b % ROWS != 0); }
+
 // A piece (head or tile) of long segment s = [b0, b1) of batch row r, feature group g, is
 // written: count it, and if it is the last of the segment's pieces (the head and its tiles,
 // finished in any order), add them up in order (deterministic: the head, then tiles j0 to
@@ -130,7 +135,7 @@ template <class O, class OP, bool MEAN, int W, int ROWS, class A>
 __device__ __forceinline__ void long_piece_done(O* __restrict__ out, const FeatureArgs& a, const LongArgs<A>& la,
                                                 i64 r, i64 s, i64 g, i64 b0, i64 b1) {
     constexpr int FLIGHT = W * sizeof(A) <= 32 ? 4 : W * sizeof(A) <= 64 ? 2 : 1;
-    const i64 j0 = b0 / ROWS + (b0 % ROWS != 0), last = min((b1 - 1) / ROWS, la.tiles - 1);
+    const i64 j0 = first_tile<ROWS>(b0), last = min((b1 - 1) / ROWS, la.tiles - 1);
     const i64 head = r * la.tiles + j0;
     unsigned long long* c = la.count + head * a.groups + g;
     __threadfence();  // this piece, before the count that lets the last one read it
@@ -179,6 +184,17 @@ __device__ __forceinline__ void long_piece_done(O* __restrict__ out, const Featu
 #pragma unroll
     for (int k = 0; k < W; ++k) o[k] = finish<O, MEAN>(acc[k], b1 - b0);
     *c = (unsigned long long)la.epoch << 32;  // (0 pieces of this epoch)
+}
+
+// The head of long segment s = [begin, end) of batch row r, feature group g (its rows before
+// its first tile, added into acc), written to first and counted as one of its pieces.
+template <class O, class OP, bool MEAN, int W, int ROWS, class A>
+__device__ __forceinline__ void long_head_done(O* __restrict__ out, const FeatureArgs& a, const LongArgs<A>& la,
+                                               const A (&acc)[W], i64 r, i64 s, i64 g, i64 begin, i64 end) {
+    A* h = la.first + (r * la.tiles + first_tile<ROWS>(begin)) * a.features + g * W;
+#pragma unroll
+    for (int k = 0; k < W; ++k) h[k] = acc[k];
+    long_piece_done<O, OP, MEAN, W, ROWS>(out, a, la, r, s, g, begin, end);
 }
 
 // The last s in [0, m] with off(s) <= v (0 < v < n): the segment that row v lies in.  The
@@ -270,12 +286,8 @@ __device__ __forceinline__ void features_reduce(const T* __restrict__ x, O* __re
         if constexpr (ROWS > 0) {
             if (end - begin > la.long_rows) {  // the head here, the tiles in long_tile, the sum by the last
                 if (!(0 <= begin && end <= a.n)) continue;  // (bad offsets, unchecked: nothing to write)
-                const i64 j0 = begin / ROWS + (begin % ROWS != 0);
-                add_rows<T, A, OP, W, UNROLL>(acc, p, begin, min(end, j0 * ROWS), a.row_stride);
-                A* h = la.first + (r * la.tiles + j0) * a.features + g * W;
-#pragma unroll
-                for (int k = 0; k < W; ++k) h[k] = acc[k];
-                long_piece_done<O, OP, MEAN, W, ROWS>(out, a, la, r, s, g, begin, end);
+                add_rows<T, A, OP, W, UNROLL>(acc, p, begin, min(end, first_tile<ROWS>(begin) * ROWS), a.row_stride);
+                long_head_done<O, OP, MEAN, W, ROWS>(out, a, la, acc, r, s, g, begin, end);
                 continue;
             }
         }
@@ -311,12 +323,8 @@ __device__ __forceinline__ void split_result(O* __restrict__ out, const FeatureA
     }
     if constexpr (ROWS > 0) {
         if (kind != 1) return;
-        const i64 r = rs / a.m, s = rs - r * a.m;
-        const i64 j0 = begin / ROWS + (begin % ROWS != 0);
-        A* h = la.first + (r * la.tiles + j0) * a.features + g * W;
-#pragma unroll
-        for (int k = 0; k < W; ++k) h[k] = acc[k];
-        long_piece_done<O, OP, MEAN, W, ROWS>(out, a, la, r, s, g, begin, end);
+        const i64 r = rs / a.m;
+        long_head_done<O, OP, MEAN, W, ROWS>(out, a, la, acc, r, rs - r * a.m, g, begin, end);
     }
 }
 
@@ -362,7 +370,7 @@ __device__ __forceinline__ void features_split(const T* __restrict__ x, O* __res
             if constexpr (ROWS > 0) {
                 if (end - begin > la.long_rows) {
                     kind = 0 <= begin && end <= a.n ? 1 : 2;
-                    stop = kind == 1 ? min(end, (begin / ROWS + (begin % ROWS != 0)) * ROWS) : begin;
+                    stop = kind == 1 ? min(end, first_tile<ROWS>(begin) * ROWS) : begin;
                 }
             }
             add_rows<T, A, OP, W, UNROLL, true>(acc, x + r * a.batch_stride + g * W, begin + j, stop, a.row_stride,
