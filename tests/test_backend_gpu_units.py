@@ -1398,8 +1398,8 @@ def test_nvrtc_features_widths(shape, widths):
 )
 def test_nvrtc_features_long_rows(shape, length, segments, min_bytes, factor, rows):
     """The rows past which the feature kernels leave a segment to tiles: the factor times the average
-    length, at least a tile; none for fixed lengths, no rows, narrow rows, or fewer bytes than the
-    floor; but segments too few to fill the device are cut past FEATURE_FEW_ROWS."""
+    length, at least a tile; none for fixed lengths, no rows, narrow rows that lanes share, or fewer
+    bytes than the floor; but segments too few to fill the device are cut past FEATURE_FEW_ROWS."""
     from linred.backends.nvrtc import NvrtcOptions
     from linred.backends.nvrtc.kernels import features_long_rows
 

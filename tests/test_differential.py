@@ -186,9 +186,9 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
 
     for d in (16 * vec, 16 * vec + 1, 2 * vec):
         width = vec if d % vec == 0 else 1
+        U = features_unroll(_problem(dtype, "sum", d=d), T)
         for L, m in ((62, 32), (500, 3), (3000, 1)):
             lanes = features_split_lanes(_problem(dtype, "sum", fixed=L, n=L * m, d=d), width, T.threads, sms)
-            U = features_unroll(_problem(dtype, "sum", d=d), T)
             step = U * lanes
             shapes += [_fixed(length, m, d) for length in around(step * max(1, L // step))]
             if L == 62:  # each lane's last rows, 0 to U - 1 of them: every step of the tail
@@ -205,7 +205,8 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
     # (not long), one of ten tiles and more (the fix-up's loads eight at a time), amid short and
     # empty ones; d of 16 groups or more (features_reduce); and few segments, which features_split
     # takes even on one SM (four lanes: ten segments of 16 groups, partials added in shared memory;
-    # 24 of 8 groups, by shuffles).  (Narrow rows, 64 bytes or less, are never cut.)
+    # 24 of 8 groups, by shuffles).  (Narrow rows, 64 bytes or less, are cut only where segments
+    # are too short for lanes: features_long_rows.)
     from linred.backends.nvrtc.kernels import FEATURE_TILE_ROWS as rows
 
     shapes = []

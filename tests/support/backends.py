@@ -69,7 +69,8 @@ def long_feature_segments_forced() -> Iterator[None]:
     """nvrtc plans, made inside, that cut every feature segment longer than the average (and a
     tile) into tiles whatever the call's size, as on a GPU of one SM: features_reduce, not
     features_split, then takes the segments of a test's small calls, unless they are very few
-    (narrow rows, of 64 bytes or less, are never cut).  (Needs the GPU modules.)"""
+    (narrow rows, of 64 bytes or less, are cut only where their segments are too short for
+    lanes).  (Needs the GPU modules.)"""
     from linred.backends.nvrtc import DEFAULT_OPTIONS, executors
 
     launcher = executors._Launcher
