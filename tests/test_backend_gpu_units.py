@@ -1249,6 +1249,44 @@ def test_stream_order_records_its_event_only_outside_a_capture(monkeypatch):
     assert recorded == [("event", 1)]
 
 
+def test_stream_order_takes_the_callers_answer_to_whether_the_stream_captures():
+    """(No GPU needed.) StreamOrder.end asks whether the stream is being captured only where its
+    caller did not: an executor that asked already saves the driver call; a captured call records
+    no event and leaves the next call nothing to wait for."""
+    from linred.backends._device import StreamOrder
+
+    calls: list[tuple] = []
+
+    class Ops:
+        def event(self):
+            return "event"
+
+        def record_unless_capturing(self, event, stream):
+            calls.append(("asked", stream))
+            return stream != 9
+
+        def record(self, event, stream):
+            calls.append(("recorded", stream))
+
+        def wait(self, stream, event):
+            calls.append(("waited", stream))
+
+        def capturing(self, stream):
+            return stream == 9
+
+    order = StreamOrder(Ops())
+    order.end(1, False)
+    assert calls == [("recorded", 1)] and order._last == 1
+    order.begin(2)  # another stream: it waits for the event of stream 1
+    order.end(2, True)
+    assert calls[1:] == [("waited", 2)] and order._last is None
+    order.begin(3)  # nothing recorded by the captured call: nothing to wait for
+    order.end(3)
+    assert calls[2:] == [("asked", 3)] and order._last == 3
+    order.end(9)
+    assert calls[3:] == [("asked", 9)] and order._last is None
+
+
 def test_packed_launch_hands_the_driver_its_values_in_order(monkeypatch):
     """(No GPU needed.) PackedLaunch writes a call's values into its 8-byte slots and hands the
     driver the array of their addresses, on the stream, grid, block and shared memory given;
@@ -1407,6 +1445,34 @@ def test_nvrtc_features_long_rows(shape, length, segments, min_bytes, factor, ro
     p = problem(shape=shape, length=length, **kwargs)
     options = NvrtcOptions(feature_long_min_bytes=min_bytes, feature_long_factor=factor)
     assert features_long_rows(p, options, sms=132) == rows
+
+
+@pytest.mark.parametrize(
+    ("shape", "length", "segments", "chunks"),
+    [
+        ((1, 10**6, 64), None, 1, True),  # one segment: thousands of tiles
+        ((1, 10**6, 64), 10**6, None, True),  # the same with a fixed length
+        ((1, 10**6, 16), None, 527, True),  # 527 pairs, segments of about 1898 rows
+        ((1, 10**6, 16), None, 528, False),  # 528 pairs: enough, the segments cut by the average
+        ((1, 500 * 1024, 64), None, 500, False),  # segments of 1,024 rows on average
+        ((4, 10**6, 64), None, 132, False),  # 4 x 132 pairs of the batch
+        ((1, 2 * 10**5, 128), None, 2000, False),  # many segments: one chain each (its registers)
+        ((1, 0, 64), None, 3, False),  # no rows
+    ],
+)
+def test_nvrtc_features_long_chunks(shape, length, segments, chunks):
+    """Long segments are added a chunk of tiles at a time in the calls whose segments are too few
+    to fill the device (132 SMs: fewer than 528 pairs of 256 threads) and longer than
+    FEATURE_FEW_ROWS on average, and only there; the kernel's source then defines the chunk."""
+    from linred.backends.nvrtc import NvrtcOptions
+    from linred.backends.nvrtc.kernels import FEATURE_LONG_CHUNK, features_long_chunks, features_wrapper, index_ctype
+
+    kwargs = {"offsets_dtype": "int64", "segments": segments} if length is None else {}
+    p = problem(shape=shape, length=length, **kwargs)
+    assert features_long_chunks(p, NvrtcOptions(), sms=132) is chunks
+    src = features_wrapper(p, index_ctype(p), DEFAULT_OPTIONS, 1, long=True, chunks=chunks)
+    assert src.startswith(f"#define LINRED_LONG_CHUNK {FEATURE_LONG_CHUNK}\n") is chunks
+    assert '#include "features.cuh"\n' in src
 
 
 def test_nvrtc_features_long_wrapper():

@@ -660,6 +660,7 @@ def _features_sets(sets: list[ShapeSet], c: Constants) -> None:
     shorts = [int(v) for v in _rng("features/long-short").integers(0, 30, 40)]
     long_ones = np.array(spans[:6] + shorts + spans[6:], dtype=np.int64)
     huge = np.array([3, 0, 4800, *shorts, 90, 107], dtype=np.int64)
+    many = np.array([*shorts[:20], 257 * rows + 3, *shorts[20:]], dtype=np.int64)
     _singles(sets, "features/long", "linred_features", [
         Case("features/long-float32-sum-d64", "sum", "float32", "cupy", (int(long_ones.sum()), 64), 0,
              lengths=long_ones, direct="features_long", sms=1),
@@ -669,6 +670,9 @@ def _features_sets(sets: list[ShapeSet], c: Constants) -> None:
              lengths=_lengths_to(4000, 0, 250, _rng("features/long128"), 0.2), direct="features_long", sms=1),
         Case("features/long-int32-min-one-huge-d64", "min", "int32", "torch", (int(huge.sum()), 64), 0,
              lengths=huge, direct="features_long", sms=1),
+        # a segment of 258 tiles amid many short ones: one chain adds them (no chunks)
+        Case("features/long-float32-max-d64-258-tiles", "max", "float32", "torch", (int(many.sum()), 64), 0,
+             lengths=many, direct="features_long", sms=1),
     ])  # fmt: skip
     # the same in features_split (few segments, as on one SM): four lanes whose partials are added
     # in shared memory (ten segments of 16 groups) or by shuffles (24 of 8 groups)
@@ -688,6 +692,10 @@ def _features_sets(sets: list[ShapeSet], c: Constants) -> None:
         Case("features/few-long-int32-sum-m1-fixed", "sum", "int32", "cupy", (5000, 64), 0, L=5000),
         Case("features/few-long-float32-mean-m3-offsets", "mean", "float32", "torch", (7000, 32), 0,
              lengths=np.array([1500, 0, 5500])),
+        # a segment of 34 chunks of 64 tiles (the last of one tile), added a chunk at a time, in
+        # rows of groups of one feature (d = 5)
+        Case("features/few-long-float32-sum-d5-many-tiles", "sum", "float32", "cupy", (2176 * rows + 3, 5), 0,
+             lengths=np.array([63 * rows, 2113 * rows + 3])),
     ])  # fmt: skip
 
 

@@ -164,6 +164,14 @@ class _DriverOrdering:
         with on_device(self.device):
             return _record_unless_capturing(event.handle, stream)
 
+    def record(self, event: Any, stream: int) -> None:
+        """Record ``event`` on ``stream``, which the caller knows is not being captured."""
+        if current_device() == self.device:
+            _record(event.handle, stream)
+            return
+        with on_device(self.device):
+            _record(event.handle, stream)
+
     def event(self) -> Any:
         return DriverEvent(self.device)
 
@@ -345,10 +353,15 @@ def _record_unless_capturing(event: Any, stream: int) -> bool:
     """:meth:`_DriverOrdering.record_unless_capturing` in the current context (``event`` a handle)."""
     if capturing(stream):
         return False
+    _record(event, stream)
+    return True
+
+
+def _record(event: Any, stream: int) -> None:
+    """Record ``event`` (a handle) on ``stream`` in the current context."""
     (err,) = cuda_driver().cuEventRecord(event, stream)
     if err:
         raise RuntimeError(f"cannot record an event: {err}")
-    return True
 
 
 class StreamOrder:
@@ -379,13 +392,21 @@ class StreamOrder:
                 )
             self._ops.wait(stream, self._event)
 
-    def end(self, stream: int) -> None:
+    def end(self, stream: int, capturing: bool | None = None) -> None:
+        """After a call on ``stream``; ``capturing``: whether the stream is being captured into a
+        CUDA graph, where the caller asked already (else asked here: a driver call)."""
         if self._event is None:
             self._event = self._ops.event()
         # An event recorded in a capture cannot order later eager calls: none is kept.  (A
         # graph's replays share the plan's workspace with eager calls of the same plan: they
         # must not run at the same time, as with any captured workspace.)
-        self._last = stream if self._ops.record_unless_capturing(self._event, stream) else None
+        if capturing is None:
+            self._last = stream if self._ops.record_unless_capturing(self._event, stream) else None
+        elif capturing:
+            self._last = None
+        else:
+            self._ops.record(self._event, stream)
+            self._last = stream
 
     def wait_idle(self) -> None:
         """Block until the last call's work is done: its buffers may then be released to any stream."""

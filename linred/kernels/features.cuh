@@ -6,8 +6,9 @@
 //    a segment of more than long_rows rows (LongArgs) is cut at multiples of ROWS: its thread
 //    adds the rows before the first (its head), and one more thread per tile of ROWS rows
 //    (long_tile, its segment found by segment_of_row) each tile's, into partials that the
-//    last of them to finish adds up in a fixed order (long_piece_done; long_head_done for a
-//    head, first_tile for where its tiles start);
+//    last of them to finish adds up in a fixed order, with LONG_CHUNK (calls of few segments) a
+//    chunk of 64 tiles at a time where they are more (long_piece_done, add_chain, count_piece;
+//    long_head_done for a head, first_tile for where its tiles start);
 //  - add_rows: a thread's rows of one feature group (every row, or every R-th for a lane of
 //    features_split) added, UNROLL loads at a time, the last ones in halving steps;
 //  - features_split: the same with each segment's rows dealt to R lanes whose partials a
@@ -107,11 +108,15 @@ __device__ __forceinline__ void add_rows(A (&acc)[W], const T* __restrict__ p, i
 // more than long_rows rows (long_rows >= ROWS).  first and partial: (row of the batch, tile,
 // feature) partials: at a long segment's first tile start j0, its rows before j0 * ROWS (its
 // head); at each tile j whose first row is in a long segment, the tile's rows of that
-// segment.  count: per (row of the batch, tile j0, feature group), the pieces of the segment
-// finished in this call (epoch << 32 | pieces; a count of another epoch is 0, so a call that
-// stopped short, on bad offsets, leaves nothing behind; the replays of a CUDA graph share an
-// epoch: the host zeroes the counts in every captured call, and the last piece sets its count
-// back to 0 pieces).  tile_items: batch * tiles * groups.
+// segment.  With LONG_CHUNK, a segment of more than LONG_CHUNK tiles is added in two steps: the
+// tiles of each chunk (its tiles of LONG_CHUNK consecutive ones from a multiple of LONG_CHUNK),
+// whose sum goes to the partial of the chunk's first tile, then its head and chunks.  count:
+// per (row of the batch, tile j0, feature group), the pieces of the segment finished in this call
+// (its head and tiles, or its head and chunks); chunk_count: per (row of the batch, a chunk's
+// first tile, feature group), the chunk's tiles finished.  Each is epoch << 32 | pieces: a count of another
+// epoch is 0, so a call that stopped short, on bad offsets, leaves nothing behind; the replays
+// of a CUDA graph share an epoch: the host zeroes the counts in every captured call, and the
+// sum of the pieces sets its count back to 0 pieces.  tile_items: batch * tiles * groups.
 template <class A> struct LongArgs {
     i64 long_rows;
     i64 tiles;
@@ -119,56 +124,56 @@ template <class A> struct LongArgs {
     A* __restrict__ first;
     A* __restrict__ partial;
     unsigned long long* __restrict__ count;
+    unsigned long long* __restrict__ chunk_count;
     unsigned epoch;
 };
+
+// Tiles of a chunk (LongArgs), set per compiled kernel: 0 (none: one chain of every tile) or
+// FEATURE_LONG_CHUNK of linred/backends/nvrtc/kernels.py, where a call's segments may have
+// thousands of tiles.  (The chunks' counts and second chain cost the long kernels registers:
+// 56 -> 64 for float32 data, 32.0 -> 35.6 us on 2 * 10^5 x 128 float32 rows of even lengths
+// on an H200.)
+#ifndef LINRED_LONG_CHUNK
+#define LINRED_LONG_CHUNK 0
+#endif
+enum : int { LONG_CHUNK = LINRED_LONG_CHUNK };  // (an enumerator: no symbol in the PTX)
 
 // The first tile of ROWS rows that starts at or after row b: a long segment's tiles start
 // there, and its rows before them are its head.
 template <int ROWS> __device__ __forceinline__ i64 first_tile(i64 b) { return b / ROWS + (b % ROWS != 0); }
 
-// A piece (head or tile) of long segment s = [b0, b1) of batch row r, feature group g, is
-// written: count it, and if it is the last of the segment's pieces (the head and its tiles,
-// finished in any order), add them up in order (deterministic: the head, then tiles j0 to
-// the last), FLIGHT tiles' loads at a time, and write out[r, s, g].  FLIGHT keeps those loads'
-// registers within what add_rows holds (more would cut the launch's occupancy).
-template <class O, class OP, bool MEAN, int W, int ROWS, class A>
-__device__ __forceinline__ void long_piece_done(O* __restrict__ out, const FeatureArgs& a, const LongArgs<A>& la,
-                                                i64 r, i64 s, i64 g, i64 b0, i64 b1) {
-    constexpr int FLIGHT = W * sizeof(A) <= 32 ? 4 : W * sizeof(A) <= 64 ? 2 : 1;
-    const i64 j0 = first_tile<ROWS>(b0), last = min((b1 - 1) / ROWS, la.tiles - 1);
-    const i64 head = r * la.tiles + j0;
-    unsigned long long* c = la.count + head * a.groups + g;
+// Count one more piece at c; the pieces counted so far in this call.  The count is of this
+// call's epoch once its first piece is in: then one atomicAdd (a segment of many tiles would make
+// a compare-and-swap loop retry once per piece that finished at the same time).  Before, the
+// first piece replaces a count of another epoch by its own.  (Nothing else writes the count in
+// this call before the sum of its pieces resets it.)
+template <class A> __device__ __forceinline__ i64 count_piece(const LongArgs<A>& la, unsigned long long* c) {
     __threadfence();  // this piece, before the count that lets the last one read it
-    // The count is of this call's epoch once its first piece is in: then one atomicAdd (a
-    // segment of many tiles would make a compare-and-swap loop retry once per piece that finished
-    // at the same time).  Before, the first piece replaces a count of another epoch by its own.
-    // (Nothing else writes the count in this call before its last piece resets it.)
-    unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(c), pieces;
+    unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(c);
     for (;;) {
-        if ((seen >> 32) == la.epoch) {
-            pieces = (atomicAdd(c, 1ull) & 0xffffffffull) + 1;
-            break;
-        }
+        if ((seen >> 32) == la.epoch) return (i64)(atomicAdd(c, 1ull) & 0xffffffffull) + 1;
         const unsigned long long was = atomicCAS(c, seen, ((unsigned long long)la.epoch << 32) | 1ull);
-        if (was == seen) {
-            pieces = 1;
-            break;
-        }
+        if (was == seen) return 1;
         seen = was;
     }
-    if ((i64)pieces != last - j0 + 2) return;  // (pieces: the head and each tile)
-    __threadfence();
-    A acc[W];
-#pragma unroll
-    for (int k = 0; k < W; ++k) acc[k] = __ldcg(la.first + head * a.features + g * W + k);
-    const A* h = la.partial + (r * la.tiles) * a.features + g * W;
-    i64 q = j0;
-    for (; q + FLIGHT <= last + 1; q += FLIGHT) {
+}
+
+// acc[k] += h[pos(q) * features + k] for q = 0 ... count - 1 in order, FLIGHT of them loaded at a
+// time (other SMs wrote them: read from L2); pos(q) is start + q, or with chunks the first tile
+// of chunk start / LONG_CHUNK + q from start on.  FLIGHT keeps those loads' registers within what
+// add_rows holds (more would cut the launch's occupancy).
+template <class OP, int W, class A>
+__device__ __forceinline__ void add_chain(A (&acc)[W], const A* h, i64 features, i64 start, i64 count, bool chunks) {
+    constexpr int FLIGHT = W * sizeof(A) <= 32 ? 4 : W * sizeof(A) <= 64 ? 2 : 1;
+    const i64 step = chunks ? LONG_CHUNK : 1, first = chunks ? start / LONG_CHUNK * LONG_CHUNK : start;
+    i64 q = 0;
+    for (; q + FLIGHT <= count; q += FLIGHT) {
         A b[FLIGHT][W];
 #pragma unroll
         for (int u = 0; u < FLIGHT; ++u) {
+            const i64 j = max(start, first + (q + u) * step);
 #pragma unroll
-            for (int k = 0; k < W; ++k) b[u][k] = __ldcg(h + (q + u) * a.features + k);  // (other SMs wrote them)
+            for (int k = 0; k < W; ++k) b[u][k] = __ldcg(h + j * features + k);
         }
 #pragma unroll
         for (int u = 0; u < FLIGHT; ++u) {
@@ -176,14 +181,105 @@ __device__ __forceinline__ void long_piece_done(O* __restrict__ out, const Featu
             for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], b[u][k]);
         }
     }
-    for (; q <= last; ++q) {
+    for (; q < count; ++q) {
+        const i64 j = max(start, first + q * step);
 #pragma unroll
-        for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], __ldcg(h + q * a.features + k));
+        for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], __ldcg(h + j * features + k));
     }
-    O* o = out + (r * a.m + s) * a.features + g * W;
+}
+
+// A piece of long segment s = [b0, b1) of batch row r, feature group g, is written: its head
+// (j < 0) or its tile j.  Count it, and if it is the last of the segment's pieces (finished in
+// any order), add them up in order (deterministic: the head, then tiles j0 to the last) and write
+// out[r, s, g].  A segment of more than LONG_CHUNK tiles is added a chunk at a time: a tile is
+// counted in its chunk, whose last tile adds the chunk's tiles in order into the partial of its
+// first and counts it as one of the segment's pieces; the last of those adds the head and the
+// chunks in order.  (One chain of 7,813 tiles took a segment 1.1 ms.)
+template <class O, class OP, bool MEAN, int W, int ROWS, class A>
+__device__ __forceinline__ void long_piece_done(O* __restrict__ out, const FeatureArgs& a, const LongArgs<A>& la,
+                                                i64 r, i64 s, i64 g, i64 b0, i64 b1, i64 j) {
+    if constexpr (LONG_CHUNK == 0) {  // one chain of the head and every tile
+        constexpr int FLIGHT = W * sizeof(A) <= 32 ? 4 : W * sizeof(A) <= 64 ? 2 : 1;
+        const i64 j0 = first_tile<ROWS>(b0), last = min((b1 - 1) / ROWS, la.tiles - 1);
+        const i64 head = r * la.tiles + j0;
+        unsigned long long* c = la.count + head * a.groups + g;
+        __threadfence();  // this piece, before the count that lets the last one read it
+        // The count is of this call's epoch once its first piece is in: then one atomicAdd (a
+        // segment of many tiles would make a compare-and-swap loop retry once per piece that finished
+        // at the same time).  Before, the first piece replaces a count of another epoch by its own.
+        // (Nothing else writes the count in this call before its last piece resets it.)
+        unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(c), pieces;
+        for (;;) {
+            if ((seen >> 32) == la.epoch) {
+                pieces = (atomicAdd(c, 1ull) & 0xffffffffull) + 1;
+                break;
+            }
+            const unsigned long long was = atomicCAS(c, seen, ((unsigned long long)la.epoch << 32) | 1ull);
+            if (was == seen) {
+                pieces = 1;
+                break;
+            }
+            seen = was;
+        }
+        if ((i64)pieces != last - j0 + 2) return;  // (pieces: the head and each tile)
+        __threadfence();
+        A acc[W];
 #pragma unroll
-    for (int k = 0; k < W; ++k) o[k] = finish<O, MEAN>(acc[k], b1 - b0);
-    *c = (unsigned long long)la.epoch << 32;  // (0 pieces of this epoch)
+        for (int k = 0; k < W; ++k) acc[k] = __ldcg(la.first + head * a.features + g * W + k);
+        const A* h = la.partial + (r * la.tiles) * a.features + g * W;
+        i64 q = j0;
+        for (; q + FLIGHT <= last + 1; q += FLIGHT) {
+            A b[FLIGHT][W];
+#pragma unroll
+            for (int u = 0; u < FLIGHT; ++u) {
+#pragma unroll
+                for (int k = 0; k < W; ++k) b[u][k] = __ldcg(h + (q + u) * a.features + k);  // (other SMs wrote them)
+            }
+#pragma unroll
+            for (int u = 0; u < FLIGHT; ++u) {
+#pragma unroll
+                for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], b[u][k]);
+            }
+        }
+        for (; q <= last; ++q) {
+#pragma unroll
+            for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], __ldcg(h + q * a.features + k));
+        }
+        O* o = out + (r * a.m + s) * a.features + g * W;
+#pragma unroll
+        for (int k = 0; k < W; ++k) o[k] = finish<O, MEAN>(acc[k], b1 - b0);
+        *c = (unsigned long long)la.epoch << 32;  // (0 pieces of this epoch)
+    } else {
+        const i64 j0 = first_tile<ROWS>(b0), last = min((b1 - 1) / ROWS, la.tiles - 1);
+        const i64 count = (r * la.tiles + j0) * a.groups + g;
+        const A* h = la.partial + (r * la.tiles) * a.features + g * W;
+        const bool chunks = last - j0 >= LONG_CHUNK;
+        A acc[W];
+        if (chunks && j >= 0) {  // a tile of a segment of chunks: counted in its chunk
+            const i64 c = j / LONG_CHUNK * LONG_CHUNK, lo = max(j0, c), hi = min(last, c + LONG_CHUNK - 1);
+            unsigned long long* cc = la.chunk_count + count + (lo - j0) * a.groups;
+            if (count_piece(la, cc) != hi - lo + 1) return;
+            __threadfence();  // the chunk's other tiles, read below
+#pragma unroll
+            for (int k = 0; k < W; ++k) acc[k] = OP::template identity<O, A>();
+            add_chain<OP, W>(acc, h, a.features, lo, hi - lo + 1, false);
+            A* t = la.partial + (r * la.tiles + lo) * a.features + g * W;
+#pragma unroll
+            for (int k = 0; k < W; ++k) t[k] = acc[k];
+            *cc = (unsigned long long)la.epoch << 32;  // (0 pieces of this epoch)
+        }
+        unsigned long long* c = la.count + count;
+        const i64 pieces = chunks ? last / LONG_CHUNK - j0 / LONG_CHUNK + 1 : last - j0 + 1;
+        if (count_piece(la, c) != pieces + 1) return;  // (pieces: the head and each tile or chunk)
+        __threadfence();
+#pragma unroll
+        for (int k = 0; k < W; ++k) acc[k] = __ldcg(la.first + (r * la.tiles + j0) * a.features + g * W + k);
+        add_chain<OP, W>(acc, h, a.features, j0, pieces, chunks);
+        O* o = out + (r * a.m + s) * a.features + g * W;
+#pragma unroll
+        for (int k = 0; k < W; ++k) o[k] = finish<O, MEAN>(acc[k], b1 - b0);
+        *c = (unsigned long long)la.epoch << 32;  // (0 pieces of this epoch)
+    }
 }
 
 // The head of long segment s = [begin, end) of batch row r, feature group g (its rows before
@@ -194,7 +290,7 @@ __device__ __forceinline__ void long_head_done(O* __restrict__ out, const Featur
     A* h = la.first + (r * la.tiles + first_tile<ROWS>(begin)) * a.features + g * W;
 #pragma unroll
     for (int k = 0; k < W; ++k) h[k] = acc[k];
-    long_piece_done<O, OP, MEAN, W, ROWS>(out, a, la, r, s, g, begin, end);
+    long_piece_done<O, OP, MEAN, W, ROWS>(out, a, la, r, s, g, begin, end, -1);
 }
 
 // The last s in [0, m] with off(s) <= v (0 < v < n): the segment that row v lies in.  The
@@ -257,7 +353,7 @@ __device__ __forceinline__ void long_tile(const T* __restrict__ x, O* __restrict
     A* h = la.partial + rj * a.features + g * W;
 #pragma unroll
     for (int k = 0; k < W; ++k) h[k] = acc[k];
-    long_piece_done<O, OP, MEAN, W, ROWS>(out, a, la, r, lo, g, b0, b1);
+    long_piece_done<O, OP, MEAN, W, ROWS>(out, a, la, r, lo, g, b0, b1, j);
 }
 
 template <class T, class A0, class O, class OP, bool MEAN, int W, int UNROLL, int ROWS, class Off>
@@ -426,7 +522,8 @@ __device__ __forceinline__ void features_split(const T* __restrict__ x, O* __res
 
 // linred_features with ROWS: features_reduce cutting long segments into tiles; its arguments,
 // then long_rows, the tiles per batch row, tile_items (batch * tiles * groups), the heads, the
-// partials, the counts and this call's epoch.
+// partials, the counts (of segments, then of chunks from count + tile_items) and this call's
+// epoch.
 #define LINRED_FEATURES_LONG(T, A, O, OP, MEAN, THREADS, W, UNROLL, ROWS, I, OFFSETS)                                  \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                              \
         linred_features(const T* x, O* out, const I* offsets, int* bad, long long L, long long n, long long m,         \
@@ -436,7 +533,8 @@ __device__ __forceinline__ void features_split(const T* __restrict__ x, O* __res
         FeatureArgs a{n, m, bs, rs, d, groups, total};                                                                 \
         features_reduce<T, A, O, OP, MEAN, W, UNROLL, ROWS>(                                                           \
             x, out, OFFSETS, a, bad,                                                                                   \
-            LongArgs<SumWide<OP, A>::type>{long_rows, tiles, tile_items, first, partial, count, (unsigned)epoch});    \
+            LongArgs<SumWide<OP, A>::type>{long_rows, tiles, tile_items, first, partial, count,                        \
+                                           count + tile_items, (unsigned)epoch});                                      \
     }
 
 // linred_features_split: features_split (lanes = R, total = batch * m pairs).
@@ -462,5 +560,6 @@ __device__ __forceinline__ void features_split(const T* __restrict__ x, O* __res
         FeatureArgs a{n, m, bs, rs, d, groups, total};                                                                 \
         features_split<T, A, O, OP, MEAN, W, UNROLL, ROWS>(                                                            \
             x, out, OFFSETS, a, bad, (int)lanes,                                                                       \
-            LongArgs<SumWide<OP, A>::type>{long_rows, tiles, tile_items, first, partial, count, (unsigned)epoch});    \
+            LongArgs<SumWide<OP, A>::type>{long_rows, tiles, tile_items, first, partial, count,                        \
+                                           count + tile_items, (unsigned)epoch});                                      \
     }

@@ -29,6 +29,7 @@ from linred.backends.nvrtc.kernels import (
     FUSED_FIXUP_PASSES,
     acc_dtype,
     feature_partial_dtype,
+    features_long_chunks,
     features_long_rows,
     features_shared_bytes,
     features_split_lanes,
@@ -529,7 +530,7 @@ class _FeaturesExecutor:
                     launch.fill(self._long[2], 0, stream)
                     self._zeroed = self._zeroed or not captured
                 kernel.launch(stream, grid, block, shared)
-                self._order.end(stream)
+                self._order.end(stream, captured)
             return
         kernel.launch(stream, grid, block, shared)
 
@@ -543,15 +544,17 @@ class _FeaturesExecutor:
         groups = d // width
         lanes = features_split_lanes(problem, width, tuning.threads, launch.sms)
         long = self._long_rows > 0
+        chunks = long and features_long_chunks(problem, tuning, launch.sms)
         if lanes == 1:
-            wrapper = features_wrapper(problem, index_ctype(problem), tuning, width, long=long)
+            wrapper = features_wrapper(problem, index_ctype(problem), tuning, width, long=long, chunks=chunks)
             (kernel,) = get_kernels(launch.device, wrapper, ("linred_features",))
             total = b * problem.num_segments * groups
             threads, shared, items = tuning.threads, 0, total
             tail = (*self._fixed, groups, total)
             name = "linred_features"
         else:
-            wrapper = features_wrapper(problem, index_ctype(problem), tuning, width, split=True, long=long)
+            wrapper = features_wrapper(problem, index_ctype(problem), tuning, width, split=True, long=long,
+                                       chunks=chunks)  # fmt: skip
             (kernel,) = get_kernels(launch.device, wrapper, ("linred_features_split",))
             per_block = tuning.threads // (lanes * groups)  # (row of the batch, segment) pairs per block
             threads = per_block * lanes * groups
@@ -577,13 +580,16 @@ class _FeaturesExecutor:
 
     def _long_workspace(self) -> tuple[Any, Any, Any]:
         """The long segments' heads and partials (one per row of the batch, tile and feature) and
-        counts of finished pieces (one per row of the batch, tile and feature group, at most a
-        feature), made once; the counts are zeroed on a call's stream (see ``__call__``)."""
+        counts of finished pieces (of segments and of chunks of tiles: one per row of the batch,
+        tile and feature group each, at most a feature), made once; the counts are zeroed on a
+        call's stream (see ``__call__``)."""
         if self._long is None:
             b, n, d = self._problem.in_shape
             tiles, launch = -(-n // FEATURE_TILE_ROWS), self._launch
             partial = feature_partial_dtype(self._problem)
-            counts = launch.empty(b * tiles * d, "int64")  # (the kernel's unsigned long long)
+            # (the kernel's unsigned long long: the segments' counts, then the chunks' from
+            # b * tiles * groups on, at most b * tiles * d)
+            counts = launch.empty(2 * b * tiles * d, "int64")
             self._ops = ops_for(launch.kind, launch.device)
             self._order = StreamOrder(self._ops)
             self._long = (launch.empty(b * tiles * d, partial), launch.empty(b * tiles * d, partial), counts)
