@@ -1452,8 +1452,11 @@ def test_nvrtc_features_long_rows(shape, length, segments, min_bytes, factor, ro
     [
         ((1, 10**6, 64), None, 1, True),  # one segment: thousands of tiles
         ((1, 10**6, 64), 10**6, None, True),  # the same with a fixed length
-        ((1, 10**6, 16), None, 527, True),  # 527 pairs, segments of about 1898 rows
-        ((1, 10**6, 16), None, 528, False),  # 528 pairs: enough, the segments cut by the average
+        ((1, 2 * 10**5, 32), None, 3, True),  # three segments of 520 tiles
+        ((1, 10**6, 64), None, 100, False),  # 100 of 78 tiles: a chain each
+        ((1, 128 * 4 * 64 * 2, 64), None, 2, False),  # exactly four chunks on average: a chain
+        ((1, 128 * 4 * 64 * 2 + 2, 64), None, 2, True),  # past them
+        ((1, 10**6, 16), None, 527, False),  # 527 pairs, segments of about 1898 rows
         ((1, 500 * 1024, 64), None, 500, False),  # segments of 1,024 rows on average
         ((4, 10**6, 64), None, 132, False),  # 4 x 132 pairs of the batch
         ((1, 2 * 10**5, 128), None, 2000, False),  # many segments: one chain each (its registers)
@@ -1462,8 +1465,8 @@ def test_nvrtc_features_long_rows(shape, length, segments, min_bytes, factor, ro
 )
 def test_nvrtc_features_long_chunks(shape, length, segments, chunks):
     """Long segments are added a chunk of tiles at a time in the calls whose segments are too few
-    to fill the device (132 SMs: fewer than 528 pairs of 256 threads) and longer than
-    FEATURE_FEW_ROWS on average, and only there; the kernel's source then defines the chunk."""
+    to fill the device (132 SMs: fewer than 528 pairs of 256 threads) and longer than four chunks
+    (32,768 rows) on average, and only there; the kernel's source then defines the chunk."""
     from linred.backends.nvrtc import NvrtcOptions
     from linred.backends.nvrtc.kernels import FEATURE_LONG_CHUNK, features_long_chunks, features_wrapper, index_ctype
 

@@ -218,12 +218,13 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
     shapes += [_variable("offsets", few, 16 * vec), _variable("lengths", few[::-1], 16 * vec)]
     more = (*few, 30, 0, 90, rows, 64, 3, 2 * rows + 1, 50, 70, 11, 0, 100, 4 * rows, 60)
     shapes += [_variable("offsets", more, 8 * vec), _variable("lengths", more[::-1], 8 * vec)]
-    # Where segments are too few to fill the device (features_long_chunks: here three or fewer), a
-    # long segment of more than 64 tiles is added a chunk of 64 tiles at a time: 63 tiles from a
-    # tile boundary, 65 from the last tile of a chunk, 65 after a head (d = vec + 1, groups of one
-    # feature); 2,113 tiles (34 chunks, the last of one tile) beside a short one.  Elsewhere one
-    # chain adds them: 258 tiles in features_reduce, amid short segments.
-    shapes += [_variable("offsets", (63 * rows, 64 * rows + 5, 7 + 65 * rows), vec + 1)]
+    # Where segments are too few to fill the device and long (features_long_chunks: here three or
+    # fewer, of more than 32,768 rows on average), a segment of more than 64 tiles is added a
+    # chunk of 64 tiles at a time: 64 tiles from a tile boundary (one chain), 66 from a chunk's
+    # first tile, 800 after a head (d = vec + 1, groups of one feature); 2,113 tiles (34 chunks,
+    # the last of one tile) beside a short one.  Elsewhere one chain adds them: 258 tiles in
+    # features_reduce, amid short segments.
+    shapes += [_variable("offsets", (64 * rows, 65 * rows + 5, 7 + 800 * rows), vec + 1)]
     shapes += [_variable("lengths", (2113 * rows - 60, 5), vec + 1)]
     shorts = tuple(int(v) for v in rng.integers(0, 41, 40))
     shapes += [_variable("lengths", (*shorts[:20], 257 * rows + 3, *shorts[20:]), 16 * vec)]

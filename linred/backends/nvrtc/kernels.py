@@ -395,6 +395,9 @@ FEATURE_FEW_ROWS = 8 * FEATURE_TILE_ROWS
 #: of more tiles is added a chunk at a time, then its chunks
 FEATURE_LONG_CHUNK = 64
 
+#: the average rows of a segment past which :func:`features_long_chunks` holds: four chunks
+FEATURE_CHUNKS_MIN_ROWS = 4 * FEATURE_LONG_CHUNK * FEATURE_TILE_ROWS
+
 
 def _few_pairs(problem: Problem, options: NvrtcOptions, sms: int) -> bool:
     """Whether the (row of the batch, segment) pairs are too few to fill the device even with a
@@ -406,14 +409,16 @@ def _few_pairs(problem: Problem, options: NvrtcOptions, sms: int) -> bool:
 def features_long_chunks(problem: Problem, options: NvrtcOptions, sms: int) -> bool:
     """Whether the long kernels of a call add a long segment's tiles a chunk of
     :data:`FEATURE_LONG_CHUNK` at a time (features.cuh, ``LONG_CHUNK``): in the calls whose
-    segments are too few to fill the device (:func:`features_long_rows`), whose segments may have
-    thousands of tiles.  One thread adding a segment's tiles in a chain took one segment of 10^6
-    x 64 int32 rows 1,096 us on an H200 (130 with chunks; a copy of the data 123), float32 10^6 x
-    128 in one segment 2,061 (175).  Elsewhere the chain stays: the chunks cost the kernel
-    registers, and 2 * 10^5 x 128 float32 rows in 2,000 even segments took 35.6 us with them
-    against 32.0 without."""
+    segments are too few to fill the device (:func:`features_long_rows`) and longer than four
+    chunks on average (:data:`FEATURE_CHUNKS_MIN_ROWS`), where one thread would add thousands of
+    tiles in a chain.  Measured on an H200 (device us, chain -> chunks; a copy of the data for
+    scale): one segment of 10^6 x 64 int32 rows 1,096 -> 130 (123), float32 10^6 x 128 in one
+    segment 2,061 -> 175 (243), int64 2 * 10^5 x 32 in 3 segments 53.2 -> 41.6 (27); but 10^6 x 64
+    int32 rows in 100 segments of 78 tiles 89.1 -> 103.6, and 2 * 10^5 x 128 float32 rows in
+    2,000 even segments (no chunks needed) 32.0 -> 35.6: the chunks cost the kernel registers.
+    Elsewhere the chain stays."""
     n, m = problem.n, problem.num_segments
-    return n > 0 and m > 0 and _few_pairs(problem, options, sms)
+    return n > 0 and m > 0 and _few_pairs(problem, options, sms) and -(-n // m) > FEATURE_CHUNKS_MIN_ROWS
 
 
 def features_long_rows(problem: Problem, options: NvrtcOptions, sms: int) -> int:
