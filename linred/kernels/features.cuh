@@ -6,7 +6,8 @@
 //    a segment of more than long_rows rows (LongArgs) is cut at multiples of ROWS: its thread
 //    adds the rows before the first (its head), and one more thread per tile of ROWS rows
 //    (long_tile, its segment found by segment_of_row) each tile's, into partials that the
-//    last of them to finish adds up in a fixed order, with LONG_CHUNK (calls of few segments) a
+//    last of them to finish adds up in a fixed order; with LONG_CHUNK (the LINRED_LONG_CHUNK a
+//    kernel's source defines before it includes this header: calls of few long segments) a
 //    chunk of 64 tiles at a time where they are more (long_piece_done, add_chain, count_piece;
 //    long_head_done for a head, first_tile for where its tiles start);
 //  - add_rows: a thread's rows of one feature group (every row, or every R-th for a lane of
