@@ -192,10 +192,12 @@ __device__ __forceinline__ void add_chain(A (&acc)[W], const A* h, i64 features,
 // A piece of long segment s = [b0, b1) of batch row r, feature group g, is written: its head
 // (j < 0) or its tile j.  Count it, and if it is the last of the segment's pieces (finished in
 // any order), add them up in order (deterministic: the head, then tiles j0 to the last) and write
-// out[r, s, g].  A segment of more than LONG_CHUNK tiles is added a chunk at a time: a tile is
-// counted in its chunk, whose last tile adds the chunk's tiles in order into the partial of its
-// first and counts it as one of the segment's pieces; the last of those adds the head and the
-// chunks in order.  (One chain of 7,813 tiles took a segment 1.1 ms.)
+// out[r, s, g].  With LONG_CHUNK, a segment of more than LONG_CHUNK tiles is added a chunk at a
+// time: a tile is counted in its chunk, whose last tile adds the chunk's tiles in order into the
+// partial of its first and counts it as one of the segment's pieces; the last of those adds the
+// head and the chunks in order.  (One chain of 7,813 tiles took a segment 1.1 ms.)  Without, the
+// chain is written as it was before the chunks, so that its kernels compile as they did (the
+// same PTX), and count_piece and add_chain serve the chunks only.
 template <class O, class OP, bool MEAN, int W, int ROWS, class A>
 __device__ __forceinline__ void long_piece_done(O* __restrict__ out, const FeatureArgs& a, const LongArgs<A>& la,
                                                 i64 r, i64 s, i64 g, i64 b0, i64 b1, i64 j) {
