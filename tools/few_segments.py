@@ -2,8 +2,10 @@
 
 For each case (dtype, rows x features, segments, spec) below, CUDA tensors in this process: the
 device time per call of ``segmented_sum(..., check=False)`` through nvrtc as shipped, through
-nvrtc with ``FEATURE_FEW_ROWS`` patched past any length (those segments walked by one block's
-lanes), through cub, and with ``backend="auto"``; and a copy of the data for scale. Each figure is
+nvrtc with ``FEATURE_CHUNKS_MIN_ROWS`` patched past any length (a long segment's tiles added in
+one chain, not a chunk at a time), through nvrtc with ``FEATURE_FEW_ROWS`` patched past any length
+(those segments walked by one block's lanes), through cub, and with ``backend="auto"``; and a
+copy of the data for scale. Each figure is
 the median of 9 samples of 10 back-to-back calls timed with CUDA events
 (``feature_rows.timeit``); every result is checked against float64 first.
 
@@ -41,12 +43,13 @@ def main() -> None:
         ref = torch.segment_reduce(x.double(), "sum", offsets=ptr, axis=0)
         cases.append((f"{dtype} {n} x {d}, {m} segments, {spec}", x, kw, ref))
     print(torch.cuda.get_device_name(), "device us per call, check=False")
-    base = kernels.FEATURE_FEW_ROWS
-    rows = (("nvrtc cut (default)", "nvrtc", base), ("nvrtc no few cut", "nvrtc", 1 << 62), ("cub", "cub", base),
-            ("auto", "auto", base))  # fmt: skip
+    base, chunks = kernels.FEATURE_FEW_ROWS, kernels.FEATURE_CHUNKS_MIN_ROWS
+    rows = (("nvrtc cut (default)", "nvrtc", base, chunks), ("nvrtc cut, one chain", "nvrtc", base, 1 << 62),
+            ("nvrtc no few cut", "nvrtc", 1 << 62, chunks), ("cub", "cub", base, chunks),
+            ("auto", "auto", base, chunks))  # fmt: skip
     try:
-        for name, backend, few in rows:
-            kernels.FEATURE_FEW_ROWS = few
+        for name, backend, few, min_rows in rows:
+            kernels.FEATURE_FEW_ROWS, kernels.FEATURE_CHUNKS_MIN_ROWS = few, min_rows
             linred.clear_plan_cache()
             cells = []
             for label, x, kw, ref in cases:
@@ -58,7 +61,7 @@ def main() -> None:
                 cells.append(timeit(call, reps=10)[0])
             print(f"{name:22s}", " ".join(f"{t:9.1f}" for t in cells), flush=True)
     finally:
-        kernels.FEATURE_FEW_ROWS = base
+        kernels.FEATURE_FEW_ROWS, kernels.FEATURE_CHUNKS_MIN_ROWS = base, chunks
         linred.clear_plan_cache()
     copies = []
     for _, x, _, _ in cases:
