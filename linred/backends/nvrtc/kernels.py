@@ -348,7 +348,8 @@ FEATURE_NARROW_GROUPS = 4
 
 def narrow_rows(problem: Problem) -> bool:
     """Whether feature rows are narrow: at most :data:`FEATURE_NARROW_GROUPS` 16-byte groups
-    (their long segments are not cut, and their threads load :func:`features_unroll` rows at once)."""
+    (their long segments are not cut where ``features_split`` deals them to lanes:
+    :func:`features_long_rows`; their threads load :func:`features_unroll` rows at once)."""
     return problem.features * itemsize(problem.dtype) <= 16 * FEATURE_NARROW_GROUPS
 
 
