@@ -166,7 +166,8 @@ template <class A> __device__ __forceinline__ i64 count_piece(const LongArgs<A>&
 template <class OP, int W, class A>
 __device__ __forceinline__ void add_chain(A (&acc)[W], const A* h, i64 features, i64 start, i64 count, bool chunks) {
     constexpr int FLIGHT = W * sizeof(A) <= 32 ? 4 : W * sizeof(A) <= 64 ? 2 : 1;
-    const i64 step = chunks ? LONG_CHUNK : 1, first = chunks ? start / LONG_CHUNK * LONG_CHUNK : start;
+    constexpr i64 CHUNK = LONG_CHUNK ? LONG_CHUNK : 1;  // (no division by 0 where there are no chunks)
+    const i64 step = chunks ? CHUNK : 1, first = chunks ? start / CHUNK * CHUNK : start;
     i64 q = 0;
     for (; q + FLIGHT <= count; q += FLIGHT) {
         A b[FLIGHT][W];
@@ -196,68 +197,16 @@ __device__ __forceinline__ void add_chain(A (&acc)[W], const A* h, i64 features,
 // time: a tile is counted in its chunk, whose last tile adds the chunk's tiles in order into the
 // partial of its first and counts it as one of the segment's pieces; the last of those adds the
 // head and the chunks in order.  (One chain of 7,813 tiles took a segment 1.1 ms.)  Without, the
-// chain is written as it was before the chunks, so that its kernels compile as they did (the
-// same PTX), and count_piece and add_chain serve the chunks only.
+// head and every tile are added in one chain.
 template <class O, class OP, bool MEAN, int W, int ROWS, class A>
 __device__ __forceinline__ void long_piece_done(O* __restrict__ out, const FeatureArgs& a, const LongArgs<A>& la,
                                                 i64 r, i64 s, i64 g, i64 b0, i64 b1, i64 j) {
-    if constexpr (LONG_CHUNK == 0) {  // one chain of the head and every tile
-        constexpr int FLIGHT = W * sizeof(A) <= 32 ? 4 : W * sizeof(A) <= 64 ? 2 : 1;
-        const i64 j0 = first_tile<ROWS>(b0), last = min((b1 - 1) / ROWS, la.tiles - 1);
-        const i64 head = r * la.tiles + j0;
-        unsigned long long* c = la.count + head * a.groups + g;
-        __threadfence();  // this piece, before the count that lets the last one read it
-        // The count is of this call's epoch once its first piece is in: then one atomicAdd (a
-        // segment of many tiles would make a compare-and-swap loop retry once per piece that finished
-        // at the same time).  Before, the first piece replaces a count of another epoch by its own.
-        // (Nothing else writes the count in this call before its last piece resets it.)
-        unsigned long long seen = *reinterpret_cast<volatile unsigned long long*>(c), pieces;
-        for (;;) {
-            if ((seen >> 32) == la.epoch) {
-                pieces = (atomicAdd(c, 1ull) & 0xffffffffull) + 1;
-                break;
-            }
-            const unsigned long long was = atomicCAS(c, seen, ((unsigned long long)la.epoch << 32) | 1ull);
-            if (was == seen) {
-                pieces = 1;
-                break;
-            }
-            seen = was;
-        }
-        if ((i64)pieces != last - j0 + 2) return;  // (pieces: the head and each tile)
-        __threadfence();
-        A acc[W];
-#pragma unroll
-        for (int k = 0; k < W; ++k) acc[k] = __ldcg(la.first + head * a.features + g * W + k);
-        const A* h = la.partial + (r * la.tiles) * a.features + g * W;
-        i64 q = j0;
-        for (; q + FLIGHT <= last + 1; q += FLIGHT) {
-            A b[FLIGHT][W];
-#pragma unroll
-            for (int u = 0; u < FLIGHT; ++u) {
-#pragma unroll
-                for (int k = 0; k < W; ++k) b[u][k] = __ldcg(h + (q + u) * a.features + k);  // (other SMs wrote them)
-            }
-#pragma unroll
-            for (int u = 0; u < FLIGHT; ++u) {
-#pragma unroll
-                for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], b[u][k]);
-            }
-        }
-        for (; q <= last; ++q) {
-#pragma unroll
-            for (int k = 0; k < W; ++k) acc[k] = OP::combine(acc[k], __ldcg(h + q * a.features + k));
-        }
-        O* o = out + (r * a.m + s) * a.features + g * W;
-#pragma unroll
-        for (int k = 0; k < W; ++k) o[k] = finish<O, MEAN>(acc[k], b1 - b0);
-        *c = (unsigned long long)la.epoch << 32;  // (0 pieces of this epoch)
-    } else {
-        const i64 j0 = first_tile<ROWS>(b0), last = min((b1 - 1) / ROWS, la.tiles - 1);
-        const i64 count = (r * la.tiles + j0) * a.groups + g;
-        const A* h = la.partial + (r * la.tiles) * a.features + g * W;
-        const bool chunks = last - j0 >= LONG_CHUNK;
-        A acc[W];
+    const i64 j0 = first_tile<ROWS>(b0), last = min((b1 - 1) / ROWS, la.tiles - 1);
+    const i64 count = (r * la.tiles + j0) * a.groups + g;
+    const A* h = la.partial + (r * la.tiles) * a.features + g * W;
+    const bool chunks = LONG_CHUNK != 0 && last - j0 >= LONG_CHUNK;  // (never without LONG_CHUNK)
+    A acc[W];
+    if constexpr (LONG_CHUNK != 0) {
         if (chunks && j >= 0) {  // a tile of a segment of chunks: counted in its chunk
             const i64 c = j / LONG_CHUNK * LONG_CHUNK, lo = max(j0, c), hi = min(last, c + LONG_CHUNK - 1);
             unsigned long long* cc = la.chunk_count + count + (lo - j0) * a.groups;
@@ -271,18 +220,19 @@ __device__ __forceinline__ void long_piece_done(O* __restrict__ out, const Featu
             for (int k = 0; k < W; ++k) t[k] = acc[k];
             *cc = (unsigned long long)la.epoch << 32;  // (0 pieces of this epoch)
         }
-        unsigned long long* c = la.count + count;
-        const i64 pieces = chunks ? last / LONG_CHUNK - j0 / LONG_CHUNK + 1 : last - j0 + 1;
-        if (count_piece(la, c) != pieces + 1) return;  // (pieces: the head and each tile or chunk)
-        __threadfence();
-#pragma unroll
-        for (int k = 0; k < W; ++k) acc[k] = __ldcg(la.first + (r * la.tiles + j0) * a.features + g * W + k);
-        add_chain<OP, W>(acc, h, a.features, j0, pieces, chunks);
-        O* o = out + (r * a.m + s) * a.features + g * W;
-#pragma unroll
-        for (int k = 0; k < W; ++k) o[k] = finish<O, MEAN>(acc[k], b1 - b0);
-        *c = (unsigned long long)la.epoch << 32;  // (0 pieces of this epoch)
     }
+    unsigned long long* c = la.count + count;
+    constexpr i64 CHUNK = LONG_CHUNK ? LONG_CHUNK : 1;
+    const i64 pieces = chunks ? last / CHUNK - j0 / CHUNK + 1 : last - j0 + 1;
+    if (count_piece(la, c) != pieces + 1) return;  // (pieces: the head and each tile or chunk)
+    __threadfence();
+#pragma unroll
+    for (int k = 0; k < W; ++k) acc[k] = __ldcg(la.first + (r * la.tiles + j0) * a.features + g * W + k);
+    add_chain<OP, W>(acc, h, a.features, j0, pieces, chunks);
+    O* o = out + (r * a.m + s) * a.features + g * W;
+#pragma unroll
+    for (int k = 0; k < W; ++k) o[k] = finish<O, MEAN>(acc[k], b1 - b0);
+    *c = (unsigned long long)la.epoch << 32;  // (0 pieces of this epoch)
 }
 
 // The head of long segment s = [begin, end) of batch row r, feature group g (its rows before
