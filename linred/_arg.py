@@ -13,14 +13,17 @@ of the segment's first NaN, as :func:`numpy.argmax` does.  An empty segment has 
 element to point at: its index is ``n = x.shape[axis]``, one past the end, so that
 using it to index ``x`` raises instead of reading another segment's element.
 
-It reads the data twice and writes an int64 position per element; a fused kernel
-would read it once.
+Steps 2 and 3 read the data again and write an int64 position per element.  On the GPU
+(CuPy arrays and CUDA tensors, C-contiguous, with the backend ``"auto"`` or ``"nvrtc"``) one
+kernel does them instead, reading the data once (:mod:`linred._arg_kernel`); the result is
+the same.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from linred import _arg_kernel
 from linred._frontend import normalize_axis
 from linred.arrays import as_array, namespace
 
@@ -49,6 +52,14 @@ def argextreme(
     extreme = _dynamo.run(which, x, segment_length, offsets, lengths, axis, None, None, backend, stream, check)
     n = info.shape[axis]
     handle = adapter.resolve_stream(stream, info.device)
+    if _arg_kernel.serves(adapter, x, info.dtype, backend):
+        # One kernel over the data where the GPU takes it (see linred._arg_kernel).
+        with adapter.on_stream(handle, info.device):
+            if segment_length is None:
+                offsets = device_offsets(adapter, offsets, lengths, info.device)
+            else:
+                segment_length = int(segment_length)
+            return _arg_kernel.first_hit(adapter, x, extreme, axis, segment_length, offsets, info.device, handle)
     with adapter.on_stream(handle, info.device):
         positions = _positions(adapter, info, x, extreme, segment_length, offsets, lengths, axis)
     # (the offsets were checked by the first reduction; the second reads the same ones)
@@ -59,6 +70,14 @@ def argextreme(
         else:
             namespace(adapter.kind).minimum(first, n, out=first)
     return first
+
+
+def device_offsets(adapter: Any, offsets: Any, lengths: Any, device: int) -> Any:
+    """The segments' offsets as a contiguous int32 or int64 array on ``device``, from ``offsets`` or
+    ``lengths`` (whichever is given)."""
+    if offsets is None:
+        return adapter.lengths_to_offsets(adapter.index_array(lengths, device, "lengths"))
+    return adapter.index_array(offsets, device, "offsets")
 
 
 def _positions(adapter: Any, info: Any, x: Any, extreme: Any, segment_length: Any, offsets: Any, lengths: Any,

@@ -26,7 +26,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from linred import _plan_cache
+from linred import _arg_kernel, _plan_cache
+from linred._arg import device_offsets
 from linred._dtypes import dtype_name, resolve
 
 __all__ = ["run", "segmented_reduce"]
@@ -92,9 +93,14 @@ def _backward(ctx: Any, grad: Tensor) -> tuple:
         if ctx.n == 0:
             return (torch.zeros(x.shape, dtype=ctx.x_dtype, device=x.device), *nones)
         arg = _arg(ctx, x, extreme, offsets, lengths)
-        chosen = arg < ctx.n  # empty segments choose no element
-        gx = torch.zeros(x.shape, dtype=grad.dtype, device=grad.device)
-        gx = gx.scatter_add(ctx.axis, arg.clamp(max=ctx.n - 1), grad.masked_fill(~chosen, 0))
+        if ctx.axis == 0:
+            # An empty segment's position is n: its gradient goes to a row past the end, cut off.
+            gx = torch.zeros((ctx.n + 1, *x.shape[1:]), dtype=grad.dtype, device=grad.device)
+            gx = gx.scatter_add_(0, arg, grad)[: ctx.n]
+        else:  # (the same, without a cut along another axis, which would leave a strided gradient)
+            chosen = arg < ctx.n  # empty segments choose no element
+            gx = torch.zeros(x.shape, dtype=grad.dtype, device=grad.device)
+            gx = gx.scatter_add_(ctx.axis, arg.clamp(max=ctx.n - 1), grad.masked_fill(~chosen, 0))
         return (gx.to(ctx.x_dtype), *nones)
     if ctx.reduction == "prod":
         return (_prod_backward(ctx, grad), *nones)
@@ -194,12 +200,34 @@ def _prod_backward(ctx: Any, grad: Tensor) -> Tensor:
     return (g * local).to(ctx.x_dtype)
 
 
+def _torch_adapter() -> Any:
+    from linred.arrays._torch import TORCH  # (imported here: that module imports this one)
+
+    return TORCH
+
+
 def _arg(ctx: Any, x: Tensor, extreme: Tensor, offsets: Optional[Tensor], lengths: Optional[Tensor]) -> Tensor:  # noqa: UP045
     """The first position along the axis that attains each segment's extreme (``n`` for an
-    empty segment), from the saved input and result: torch operations and the operator itself,
-    so that it is traced as it is (also with fake tensors, by torch.compile's backward)."""
+    empty segment), from the saved input and result: one kernel for CUDA tensors where eager
+    (:mod:`linred._arg_kernel`), else torch operations and linred's minimum, so that it is traced as
+    it is (also with fake tensors, by torch.compile's backward)."""
     n = ctx.n
     x, extreme = x.detach(), extreme.detach()
+    if (
+        type(x) is Tensor
+        and x.is_cuda
+        and extreme.dtype == x.dtype
+        and not torch.compiler.is_compiling()
+        and _arg_kernel.serves(_torch_adapter(), x, dtype_name(x.dtype), "auto")
+    ):
+        # One kernel over the data (linred._arg_kernel) in place of the operations below.
+        TORCH = _torch_adapter()
+        device = x.device.index
+        if ctx.segment_length is None:
+            offsets = device_offsets(TORCH, offsets, lengths, device)
+        stream = torch.cuda.current_stream(device).cuda_stream
+        return _arg_kernel.first_hit(TORCH, x, extreme.contiguous(), ctx.axis, ctx.segment_length, offsets, device,
+                                     stream)  # fmt: skip
     spread = _spread_rows(ctx, extreme, offsets, lengths, "sum", differentiable=False)
     if spread is None:
         spread = _expand(ctx, extreme, offsets.diff() if lengths is None and offsets is not None else lengths)
