@@ -29,7 +29,7 @@ from linred.kernels.launch import PackedLaunch
 __all__ = ["ARG_ROWS", "first_hit", "serves"]
 
 #: rows of one feature a thread walks (ARG_ROWS of arg.cuh)
-ARG_ROWS = 32
+ARG_ROWS = 64
 THREADS = 256
 #: the most blocks per SM a call launches (its threads loop over the rest)
 BLOCKS_PER_SM = 32

@@ -103,8 +103,11 @@ def test_arg_kernel_positions(kind, dtype, which):
 def test_arg_kernel_grid_stride_and_one_long_segment(kind):
     """More items than the grid's threads (the grid-stride loop), segments of thousands of tiles,
     and the extreme in the last row of a long segment."""
+    assert _arg_kernel.ARG_ROWS == T
     rng = np.random.default_rng(5)
-    n, d = 1 << 17, 64  # 4,096 tiles x 64 features: more than 32 blocks per SM of 256 threads
+    d = 64
+    threads = _arg_kernel.BLOCKS_PER_SM * _arg_kernel._multiprocessors(0) * _arg_kernel.THREADS
+    n = -(-threads * 3 // 2 // d) * T  # tiles x features: half as many again as the grid's threads
     x = rng.standard_normal((n, d)).astype(np.float32)
     offsets = np.array([0, 3, 70_000, 70_000, 100_001, n])
     x[69_999, 5] = 100.0  # the last row of segment 1

@@ -3,11 +3,12 @@
 //
 // Holds:
 //  - first_hit: threads over (row of the batch, tile of ARG_ROWS rows, feature), neighbouring
-//    threads on neighbouring features of a row.  A thread finds the segment of its tile's first
-//    row (segment_of), walks the tile's rows of its feature ARG_LOADS loads at a time and, in each
+//    threads on neighbouring features of a row.  A thread loads its tile's first rows, finds the
+//    segment of its first row (segment_of), walks the rows of its feature ARG_LOADS loads at a time and, in each
 //    segment it meets, takes the first row whose value is the segment's extreme (same_value):
 //    first[row of the batch, segment, feature] is lowered to it by atomicMin.  The smallest row
 //    over every tile is what is left, whatever order the tiles run in: the same result every run;
+//  - load_rows: a step of ARG_LOADS rows' loads;
 //  - same_value: a value that is the extreme (compared as promote makes them; a NaN extreme is
 //    met by the first NaN, as numpy.argmax finds it);
 //  - segment_of: the last segment starting at or before a row (a binary search of the offsets,
@@ -22,9 +23,10 @@
 
 #include "offsets.cuh"
 
-// Rows of one feature a thread walks, and the loads it keeps in flight: 4 tiles of 8 loads, so
-// that a warp waits for memory four times per tile, not 32 times.
-constexpr int ARG_ROWS = 32;
+// Rows of one feature a thread walks, and the loads it keeps in flight: 8 steps of 8 loads, so
+// that a warp waits for memory eight times per tile, not 64 times, and its search of the offsets
+// (a chain of dependent loads) is paid once per 64 rows, while its first loads are in flight.
+constexpr int ARG_ROWS = 64;
 constexpr int ARG_LOADS = 8;
 
 template <class T> __device__ __forceinline__ bool same_value(T v, T e) {
@@ -47,6 +49,15 @@ template <class I> __device__ __forceinline__ i64 segment_of(const ArrayOffsets<
 }
 __device__ __forceinline__ i64 segment_of(const FixedOffsets& off, i64 m, i64 row) { return min(row / off.L, m - 1); }
 
+// v[u] = xc[(q + u) * d] for the rows q + u before row1 (the others are left as they are).
+template <class T>
+__device__ __forceinline__ void load_rows(T (&v)[ARG_LOADS], const T* __restrict__ xc, i64 d, i64 q, i64 row1) {
+#pragma unroll
+    for (int u = 0; u < ARG_LOADS; ++u) {
+        if (q + u < row1) v[u] = xc[(q + u) * d];
+    }
+}
+
 // x: (batch, n, d) and extreme, first: (batch, m, d), C-contiguous; items = batch * tiles * d.
 template <class T, class Off>
 __device__ __forceinline__ void first_hit(const T* __restrict__ x, const T* __restrict__ extreme,
@@ -56,18 +67,15 @@ __device__ __forceinline__ void first_hit(const T* __restrict__ x, const T* __re
     for (i64 w = blockIdx.x * (i64)blockDim.x + threadIdx.x; w < items; w += (i64)gridDim.x * blockDim.x) {
         const i64 c = w % d, t = (w / d) % tiles, r = w / d / tiles;
         const i64 row0 = t * ARG_ROWS, row1 = min(n, row0 + ARG_ROWS);
+        const T* xc = x + r * n * d + c;
+        T v[ARG_LOADS];
+        load_rows(v, xc, d, row0, row1);  // (in flight during the search, which does not need them)
         i64 s = segment_of(off, m, row0);
         i64 begin = off(s), end = off(s + 1);
         const T* e_row = extreme + r * m * d + c;
         T e = e_row[s * d];
         bool done = false;  // this segment's first row in the tile is taken
-        const T* xc = x + r * n * d + c;
-        for (i64 q = row0; q < row1; q += ARG_LOADS) {
-            T v[ARG_LOADS];
-#pragma unroll
-            for (int u = 0; u < ARG_LOADS; ++u) {
-                if (q + u < row1) v[u] = xc[(q + u) * d];
-            }
+        for (i64 q = row0;;) {
 #pragma unroll
             for (int u = 0; u < ARG_LOADS; ++u) {
                 const i64 row = q + u;
@@ -84,6 +92,9 @@ __device__ __forceinline__ void first_hit(const T* __restrict__ x, const T* __re
                     done = true;
                 }
             }
+            q += ARG_LOADS;
+            if (q >= row1) break;
+            load_rows(v, xc, d, q, row1);
         }
     }
 }
