@@ -26,10 +26,12 @@ from linred._dtypes import dtype_name
 from linred.kernels.compiler import CTYPES, get_kernels
 from linred.kernels.launch import PackedLaunch
 
-__all__ = ["ARG_ROWS", "first_hit", "serves"]
+__all__ = ["ARG_LOADS", "ARG_ROWS", "first_hit", "serves"]
 
-#: rows of one feature a thread walks (ARG_ROWS of arg.cuh)
+#: rows of one feature a thread walks, and the loads it keeps in flight (arg.cuh's ARG_ROWS and
+#: ARG_LOADS, which the kernel's program defines from these)
 ARG_ROWS = 64
+ARG_LOADS = 8
 THREADS = 256
 #: the most blocks per SM a call launches (its threads loop over the rest)
 BLOCKS_PER_SM = 32
@@ -63,14 +65,17 @@ def serves(adapter: Any, x: Any, dtype: str, backend: Any) -> bool:
 
 def _launch(key: tuple[Any, ...]) -> PackedLaunch:
     """This thread's launch of the kernel for ``key`` (device, data dtype name, offsets dtype name
-    or None for a fixed length), compiled and kept."""
+    or None for a fixed length, ARG_ROWS, ARG_LOADS), compiled and kept."""
     launch = getattr(_local, "launches", _NONE).get(key)
     if launch is not None:
         return launch
-    device, dtype, index_dtype = key
+    device, dtype, index_dtype, rows, loads = key
     index = "long long" if index_dtype is None else CTYPES[index_dtype]
     bounds = "FixedOffsets{L}" if index_dtype is None else f"ArrayOffsets<{index}>{{offsets}}"
-    wrapper = f'#include "arg.cuh"\nLINRED_FIRST_HIT({CTYPES[dtype]}, {index}, {bounds})\n'
+    wrapper = (
+        f"#define LINRED_ARG_ROWS {rows}\n#define LINRED_ARG_LOADS {loads}\n"
+        f'#include "arg.cuh"\nLINRED_FIRST_HIT({CTYPES[dtype]}, {index}, {bounds})\n'
+    )
     (kernel,) = get_kernels(device, wrapper, ("linred_first_hit",))
     launches = getattr(_local, "launches", None)
     if launches is None:
@@ -127,7 +132,7 @@ def first_hit(
         index_dtype, offsets_pointer, length = None, 0, int(segment_length)
     else:
         index_dtype, offsets_pointer, length = dtype_name(offsets.dtype), adapter.pointer(offsets), 0
-    launch = _launch((device, dtype_name(x.dtype), index_dtype))
+    launch = _launch((device, dtype_name(x.dtype), index_dtype, ARG_ROWS, ARG_LOADS))
     grid = max(1, min(-(-items // THREADS), BLOCKS_PER_SM * _multiprocessors(device)))
     launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(extreme), adapter.pointer(first),
            offsets_pointer, length, n, m, features, items)  # fmt: skip

@@ -13,7 +13,8 @@
 //    met by the first NaN, as numpy.argmax finds it);
 //  - segment_of: the last segment starting at or before a row (a binary search of the offsets,
 //    or row / L for a fixed length);
-//  - ARG_ROWS, ARG_LOADS, and the entry point: LINRED_FIRST_HIT (linred_first_hit).
+//  - ARG_ROWS and ARG_LOADS (LINRED_ARG_ROWS, LINRED_ARG_LOADS where the program defines them), and
+//    the entry point: LINRED_FIRST_HIT (linred_first_hit).
 //
 // first holds n (past the end) where the caller filled it: an empty segment keeps n.  Rows
 // outside every segment (offsets that do not cover [0, n), or a fixed length's remainder) are
@@ -26,8 +27,16 @@
 // Rows of one feature a thread walks, and the loads it keeps in flight: 8 steps of 8 loads, so
 // that a warp waits for memory eight times per tile, not 64 times, and its search of the offsets
 // (a chain of dependent loads) is paid once per 64 rows, while its first loads are in flight.
-constexpr int ARG_ROWS = 64;
-constexpr int ARG_LOADS = 8;
+// linred._arg_kernel defines both (LINRED_ARG_ROWS, LINRED_ARG_LOADS) before it includes this
+// header; these are its defaults.
+#ifndef LINRED_ARG_ROWS
+#define LINRED_ARG_ROWS 64
+#endif
+#ifndef LINRED_ARG_LOADS
+#define LINRED_ARG_LOADS 8
+#endif
+constexpr int ARG_ROWS = LINRED_ARG_ROWS;
+constexpr int ARG_LOADS = LINRED_ARG_LOADS;
 
 template <class T> __device__ __forceinline__ bool same_value(T v, T e) {
     const auto a = promote(v), b = promote(e);
