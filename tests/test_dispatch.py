@@ -384,3 +384,23 @@ def test_tune_cpu_writes_a_host_table(tmp_path, capsys):
     assert table["version"] == dispatch.TABLE_VERSION and table["device"].startswith("cpu")
     assert table["rules"] and all(set(r["order"]) <= {"numpy", "nvmath"} for r in table["rules"])
     assert "host rules" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("reduction", ["max", "min"])
+@pytest.mark.parametrize(("n", "segments"), [(10**6, 1), (10**6, 100), (2000, 32)])
+def test_shipped_table_gives_feature_rows_max_min_to_nvrtc_at_every_length(monkeypatch, reduction, n, segments):
+    """Max and min of feature rows go to linred's feature kernel, which cuts long segments into
+    tiles, whatever their mean length: cub's strided kernel, which the table gave segments of 256
+    rows or more, reads a segment's feature column in one thread (one segment of 10^6 x 64 float32
+    rows: 55 ms on an H200)."""
+    from linred.problem import Problem
+
+    monkeypatch.setattr(linred.backends.select, "tune_cache_path", lambda: dispatch.Path("/nonexistent/table.json"))
+    dispatch.reload()
+    try:
+        problem = Problem(reduction, "torch", 0, "float32", "float32", "float32", 1, n, 64, (n * 64, 64, 1), segments,
+                          None, "int64")  # fmt: skip
+        assert dispatch.rule_key(problem)[0] == "features"
+        assert dispatch.preference(problem)[0] == "nvrtc"
+    finally:
+        dispatch.reload()
