@@ -30,7 +30,7 @@ __all__ = ["ARG_LOADS", "ARG_ROWS", "first_hit", "serves"]
 
 #: rows of one feature a thread walks, and the loads it keeps in flight (arg.cuh's ARG_ROWS and
 #: ARG_LOADS, which the kernel's program defines from these)
-ARG_ROWS = 64
+ARG_ROWS = 128
 ARG_LOADS = 8
 THREADS = 256
 #: the most blocks per SM a call launches (its threads loop over the rest)
