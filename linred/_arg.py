@@ -52,7 +52,11 @@ def argextreme(
     extreme = _dynamo.run(which, x, segment_length, offsets, lengths, axis, None, None, backend, stream, check)
     n = info.shape[axis]
     handle = adapter.resolve_stream(stream, info.device)
-    if _arg_kernel.serves(adapter, x, info.dtype, backend):
+    if (
+        _arg_kernel.serves(adapter, x, info.dtype, backend)
+        and adapter.info(extreme).dtype == info.dtype
+        and adapter.is_c_contiguous(extreme)
+    ):
         # One kernel over the data where the GPU takes it (see linred._arg_kernel).
         with adapter.on_stream(handle, info.device):
             if segment_length is None:

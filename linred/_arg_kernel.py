@@ -45,11 +45,18 @@ _sms: dict[int, int] = {}
 
 def serves(adapter: Any, x: Any, dtype: str, backend: Any) -> bool:
     """Whether :func:`first_hit` takes ``x`` (of dtype name ``dtype``) for a call with ``backend``:
-    a CuPy array or CUDA tensor, C-contiguous, of a dtype with an order (complex numbers have
-    none), the backend ``"auto"`` or ``"nvrtc"`` (a call naming another backend has each of its
-    steps done by that backend), and the nvrtc backend available."""
+    a CuPy array or CUDA tensor (not inside ``torch.compile``, which traces the composition
+    instead), C-contiguous, of a dtype with an order (complex numbers have none), the backend
+    ``"auto"`` or ``"nvrtc"`` (a call naming another backend has each of its steps done by that
+    backend), the nvrtc backend available, and for bfloat16 a GPU of compute capability 8.0 or
+    more."""
     if backend not in ("auto", "nvrtc") or dtype not in _SERVED or adapter.kind not in ("cupy", "torch"):
         return False
+    if adapter.kind == "torch":
+        import torch
+
+        if torch.compiler.is_compiling():  # (traced: the composition's operations go in the graph)
+            return False
     if adapter.device_of(x) is None or not adapter.is_c_contiguous(x):
         return False
     from linred.backends import unavailable
@@ -110,7 +117,8 @@ def first_hit(
     ``segment_length`` (the segments are ``extreme.shape[axis]`` of it; rows past them are not
     looked at) or ``offsets`` (a contiguous int32 or int64 array on ``device``, one more than the
     segments), already checked where they had to be.  Runs on ``stream`` (a raw handle), which
-    the adapter's current stream must be (the fill of the result is enqueued on it).
+    must be the array library's current stream on ``device`` (the fill of the result is
+    enqueued there); the result is on ``device``.
     """
     shape = tuple(x.shape)
     n = shape[axis]
@@ -124,7 +132,8 @@ def first_hit(
     else:
         import cupy
 
-        first = cupy.full(out_shape, n, dtype=cupy.int64)
+        with cupy.cuda.Device(device):  # (x's device, which need not be the current one)
+            first = cupy.full(out_shape, n, dtype=cupy.int64)
     items = batch * -(-n // ARG_ROWS) * features
     if items == 0 or m == 0:
         return first

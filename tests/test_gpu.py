@@ -323,6 +323,9 @@ def test_second_device(backend):
         got = run_or_refused(linred.segmented_max, x, offsets=[0, 4, 12], backend=backend)
         assert got.device.id == 1
         np.testing.assert_array_equal(cupy.asnumpy(got), [4, 12])
+        got = run_or_refused(linred.segmented_argmax, x, offsets=[0, 4, 12], backend=backend)
+        assert got.device.id == 1
+        np.testing.assert_array_equal(cupy.asnumpy(got), [3, 11])
     if HAS_TORCH_CUDA:
         t = torch.arange(1, 13, dtype=torch.float32, device="cuda:1")
         got = run_or_refused(linred.segmented_sum, t, 4, backend=backend)

@@ -133,10 +133,14 @@ def test_arg_kernel_matches_the_composition(kind, monkeypatch):
 @pytest.mark.parametrize("which", ["max", "min"])
 @pytest.mark.parametrize(("shape", "axis"), [((3 * T + 1, 5), 0), ((T + 1,), 0), ((4, 2 * T - 1, 3), 1)])
 @pytest.mark.parametrize("spec", ["offsets", "lengths", "fixed"])
-def test_cuda_max_min_backward_goes_to_the_first_extreme(which, shape, axis, spec):
+def test_cuda_max_min_backward_goes_to_the_first_extreme(which, shape, axis, spec, monkeypatch):
     """Each segment's gradient goes to the first position of its extreme (ties: small integers),
     nothing from an empty segment; the kernel finds the positions."""
     import torch
+
+    calls = []
+    kernel = _arg_kernel.first_hit
+    monkeypatch.setattr(_arg_kernel, "first_hit", lambda *a: calls.append(1) or kernel(*a))
 
     rng = np.random.default_rng(3)
     x = rng.integers(0, 4, shape).astype(np.float64)
@@ -160,6 +164,21 @@ def test_cuda_max_min_backward_goes_to_the_first_extreme(which, shape, axis, spe
         if moved_f[idx] < x.shape[axis]:
             moved_e[(*idx[:-1], moved_f[idx])] += moved_g[idx]
     np.testing.assert_array_equal(xt.grad.cpu().numpy(), expected)
+    assert calls == [1]
+
+
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs PyTorch with CUDA")
+def test_arg_reduction_inside_torch_compile_traces_the_composition():
+    """Inside torch.compile(fullgraph=True) the kernel is not called (its launch cannot be traced):
+    the composition of torch operations is, with the same positions."""
+    import torch
+
+    rng = np.random.default_rng(4)
+    x = torch.tensor(rng.integers(0, 5, (300, 6)).astype(np.float32), device="cuda")
+    ptr = torch.tensor(_offsets(rng, 300), device="cuda")
+    eager = linred.segmented_argmax(x, offsets=ptr)
+    compiled = torch.compile(lambda t, p: linred.segmented_argmax(t, offsets=p), fullgraph=True)
+    torch.testing.assert_close(compiled(x, ptr), eager)
 
 
 def _adapter(x):

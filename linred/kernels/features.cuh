@@ -204,11 +204,12 @@ __device__ __forceinline__ void long_piece_done(O* __restrict__ out, const Featu
     const i64 j0 = first_tile<ROWS>(b0), last = min((b1 - 1) / ROWS, la.tiles - 1);
     const i64 count = (r * la.tiles + j0) * a.groups + g;
     const A* h = la.partial + (r * la.tiles) * a.features + g * W;
+    constexpr i64 CHUNK = LONG_CHUNK ? LONG_CHUNK : 1;  // (no division by 0 where there are no chunks)
     const bool chunks = LONG_CHUNK != 0 && last - j0 >= LONG_CHUNK;  // (never without LONG_CHUNK)
     A acc[W];
     if constexpr (LONG_CHUNK != 0) {
         if (chunks && j >= 0) {  // a tile of a segment of chunks: counted in its chunk
-            const i64 c = j / LONG_CHUNK * LONG_CHUNK, lo = max(j0, c), hi = min(last, c + LONG_CHUNK - 1);
+            const i64 c = j / CHUNK * CHUNK, lo = max(j0, c), hi = min(last, c + CHUNK - 1);
             unsigned long long* cc = la.chunk_count + count + (lo - j0) * a.groups;
             if (count_piece(la, cc) != hi - lo + 1) return;
             __threadfence();  // the chunk's other tiles, read below
@@ -222,7 +223,6 @@ __device__ __forceinline__ void long_piece_done(O* __restrict__ out, const Featu
         }
     }
     unsigned long long* c = la.count + count;
-    constexpr i64 CHUNK = LONG_CHUNK ? LONG_CHUNK : 1;
     const i64 pieces = chunks ? last / CHUNK - j0 / CHUNK + 1 : last - j0 + 1;
     if (count_piece(la, c) != pieces + 1) return;  // (pieces: the head and each tile or chunk)
     __threadfence();
