@@ -369,3 +369,79 @@ def test_many_non_finite_short_segments_of_narrow_rows(rng, share):
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
     finite = np.isfinite(ref)
     np.testing.assert_allclose(got[finite], ref[finite], rtol=1e-6, atol=1e-6)
+
+
+# --- max and min of feature rows: one ufunc.reduce per segment where rows are wide (_loop_extreme) ---
+
+
+def _extreme_reference(x: np.ndarray, offsets: np.ndarray, reduction: str, axis: int) -> np.ndarray:
+    """Each segment's maximum (minimum) along ``axis``, NaN where it holds one, the identity where empty."""
+    moved = np.moveaxis(x, axis, 0)
+    pick = np.max if reduction == "max" else np.min
+    fill = (-np.inf if reduction == "max" else np.inf) if x.dtype.kind == "f" else None
+    if fill is None:
+        info = np.iinfo(x.dtype)
+        fill = info.min if reduction == "max" else info.max
+    out = np.empty((len(offsets) - 1, *moved.shape[1:]), dtype=x.dtype)
+    for i in range(len(offsets) - 1):
+        lo, hi = offsets[i], offsets[i + 1]
+        out[i] = pick(moved[lo:hi], axis=0) if hi > lo else fill
+    return np.moveaxis(out, 0, axis)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("reduction", ["max", "min"])
+@pytest.mark.parametrize(
+    ("d", "mean_length", "batch", "dtype", "loop"),
+    [
+        (16, 100, 1, "float32", True),  # 1,600 elements a segment: the loop
+        (16, 99, 1, "float32", False),  # 1,584: reduceat
+        (15, 2000, 1, "float32", False),  # too narrow for the loop at any length
+        (32, 8, 1, "float32", True),  # wide rows: 256 elements a segment
+        (32, 7, 1, "float32", False),  # 224
+        (33, 9, 3, "float64", True),  # a batch along axis 1
+        (64, 40, 1, "int32", True),
+        (128, 12, 1, "float16", True),
+    ],
+)
+def test_max_min_of_wide_rows_loop_per_segment(monkeypatch, clean_plan_cache, rng, d, mean_length, batch, dtype,
+                                               loop, reduction, kind):  # fmt: skip
+    """The per-segment loop where rows are wide and segments hold enough elements (and reduceat
+    elsewhere), both with the same values: empty segments first, inside and last, NaN in one
+    segment and feature."""
+    planned = []
+    real = numpy_backend._loop_extreme
+
+    def spy(problem):
+        run = real(problem)
+        planned.append(run is not None)
+        return run
+
+    monkeypatch.setattr(numpy_backend, "_loop_extreme", spy)
+    monkeypatch.setattr(numpy_backend, "EXTREME_LOOP_MIN_BYTES", 0)  # (small data, the rule's other terms)
+    m = 200
+    lengths = rng.integers(mean_length // 2, mean_length + 1, m)
+    lengths[[0, 77, m - 1]] = 0
+    lengths[1] = 0
+    lengths[1] = mean_length * m - lengths.sum()  # the mean exactly mean_length (one longer segment)
+    offsets = _offsets(lengths)
+    n = int(offsets[-1])
+    shape = (batch, n, d) if batch > 1 else (n, d)
+    x = (rng.standard_normal(shape) * 100).astype(dtype)
+    if dtype.startswith("float"):
+        x[..., offsets[5] + 1, 3] = np.nan
+    axis = 1 if batch > 1 else 0
+    got = getattr(linred, f"segmented_{reduction}")(to_kind(x, kind), offsets=offsets, axis=axis, backend="numpy")
+    assert planned == [loop]
+    np.testing.assert_array_equal(to_numpy(got), _extreme_reference(x, offsets, reduction, axis))
+
+
+def test_max_of_wide_rows_keeps_reduceat_for_data_in_the_cache(clean_plan_cache, monkeypatch, rng):
+    planned = []
+    real = numpy_backend._loop_extreme
+    monkeypatch.setattr(numpy_backend, "_loop_extreme", lambda p: planned.append(real(p) is not None) or real(p))
+    x = rng.standard_normal((2000, 64)).astype(np.float32)  # 512 KB
+    linred.segmented_max(x, offsets=[0, 700, 2000], backend="numpy")
+    y = rng.standard_normal((5000, 64)).astype(np.float32)  # 1.3 MB
+    linred.segmented_max(y, offsets=[0, 700, 5000], backend="numpy")
+    assert planned == [False, True]
