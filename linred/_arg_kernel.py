@@ -23,8 +23,8 @@ import threading
 from typing import Any
 
 from linred._dtypes import dtype_name
-from linred.kernels.compiler import CTYPES, get_kernels
-from linred.kernels.launch import PackedLaunch
+from linred.kernels.compiler import CTYPES
+from linred.kernels.launch import PackedLaunch, multiprocessors, thread_launch
 
 __all__ = ["ARG_LOADS", "ARG_ROWS", "first_hit", "serves"]
 
@@ -40,7 +40,6 @@ _SERVED = frozenset(("bool", "int8", "uint8", "int16", "uint16", "int32", "uint3
 
 _local = threading.local()  # this thread's launches (PackedLaunch slots are rewritten per call)
 _NONE: dict[Any, PackedLaunch] = {}
-_sms: dict[int, int] = {}
 
 
 def serves(adapter: Any, x: Any, dtype: str, backend: Any) -> bool:
@@ -83,21 +82,7 @@ def _launch(key: tuple[Any, ...]) -> PackedLaunch:
         f"#define LINRED_ARG_ROWS {rows}\n#define LINRED_ARG_LOADS {loads}\n"
         f'#include "arg.cuh"\nLINRED_FIRST_HIT({CTYPES[dtype]}, {index}, {bounds})\n'
     )
-    (kernel,) = get_kernels(device, wrapper, ("linred_first_hit",))
-    launches = getattr(_local, "launches", None)
-    if launches is None:
-        launches = _local.launches = {}
-    launch = launches[key] = PackedLaunch(kernel, 9, "linred_first_hit", device)
-    return launch
-
-
-def _multiprocessors(device: int) -> int:
-    count = _sms.get(device)
-    if count is None:
-        from cuda.core import Device
-
-        count = _sms[device] = Device(device).properties.multiprocessor_count
-    return count
+    return thread_launch(_local, key, device, wrapper, "linred_first_hit", 9)
 
 
 def first_hit(
@@ -142,7 +127,7 @@ def first_hit(
     else:
         index_dtype, offsets_pointer, length = dtype_name(offsets.dtype), adapter.pointer(offsets), 0
     launch = _launch((device, dtype_name(x.dtype), index_dtype, ARG_ROWS, ARG_LOADS))
-    grid = max(1, min(-(-items // THREADS), BLOCKS_PER_SM * _multiprocessors(device)))
+    grid = max(1, min(-(-items // THREADS), BLOCKS_PER_SM * multiprocessors(device)))
     launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(extreme), adapter.pointer(first),
            offsets_pointer, length, n, m, features, items)  # fmt: skip
     return first

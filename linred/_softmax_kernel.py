@@ -38,8 +38,8 @@ import threading
 from typing import Any
 
 from linred._dtypes import HALF, REAL, dtype_name
-from linred.kernels.compiler import CTYPES, get_kernels
-from linred.kernels.launch import PackedLaunch
+from linred.kernels.compiler import CTYPES
+from linred.kernels.launch import PackedLaunch, multiprocessors, thread_launch
 from linred.segments import FixedSegments, parse_lengths, parse_offsets, parse_segments, verify
 
 __all__ = ["run", "serves"]
@@ -63,7 +63,6 @@ MAX_MEAN_ROWS = 1 << 14
 _DOUBLE, _DOUBLE_BITS = struct.Struct("<d"), struct.Struct("<q")
 _local = threading.local()  # this thread's launches (PackedLaunch slots are rewritten per call)
 _NONE: dict[Any, PackedLaunch] = {}  # (the launches of a thread that has none yet)
-_sms: dict[int, int] = {}
 
 
 def serves(
@@ -115,7 +114,7 @@ def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int) ->
     workers = _workers(batch, m, features)[2]
     if not workers:
         return True  # (nothing to read: the kernel is not even launched)
-    return workers >= MIN_WORKERS_PER_SM * _multiprocessors(device) and n <= MAX_MEAN_ROWS * m
+    return workers >= MIN_WORKERS_PER_SM * multiprocessors(device) and n <= MAX_MEAN_ROWS * m
 
 
 def _workers(batch: int, m: int, features: int) -> tuple[int, int, int]:
@@ -141,21 +140,7 @@ def _compile(key: tuple[Any, ...]) -> PackedLaunch:
         f'#include "softmax.cuh"\n'
         f"LINRED_SOFTMAX({t}, {a}, {o}, {MODES[name]}, {group}, {width}, {THREADS}, {index}, {bounds})\n"
     )
-    (kernel,) = get_kernels(device, wrapper, ("linred_softmax",))
-    launches = getattr(_local, "launches", None)
-    if launches is None:
-        launches = _local.launches = {}
-    launch = launches[key] = PackedLaunch(kernel, 10, "linred_softmax", device)
-    return launch
-
-
-def _multiprocessors(device: int) -> int:
-    count = _sms.get(device)
-    if count is None:
-        from cuda.core import Device
-
-        count = _sms[device] = Device(device).properties.multiprocessor_count
-    return count
+    return thread_launch(_local, key, device, wrapper, "linred_softmax", 10)
 
 
 def run(
@@ -201,7 +186,7 @@ def run(
         launch = getattr(_local, "launches", _NONE).get(key)
         if launch is None:
             launch = _compile(key)
-        grid = max(1, min(-(-workers * group // THREADS), BLOCKS_PER_SM * _multiprocessors(device)))
+        grid = max(1, min(-(-workers * group // THREADS), BLOCKS_PER_SM * multiprocessors(device)))
         # (var and std read ddof as the bits of a double; the other functions ignore it)
         ddof_bits = _DOUBLE_BITS.unpack(_DOUBLE.pack(float(ddof)))[0] if ddof else 0
         launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(out), offsets_pointer, word, length, n, m,

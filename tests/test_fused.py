@@ -699,7 +699,7 @@ def test_gpu_kernel_workers_past_the_grid(kernel_calls, kind, name, features, ba
     group = _softmax_kernel._workers(1, 1, features)[0]  # (32: a warp per segment; 1: a thread per feature)
     device = 0 if kind == "cupy" else torch.cuda.current_device()
     stride = (
-        _softmax_kernel.BLOCKS_PER_SM * _softmax_kernel._multiprocessors(device) * (_softmax_kernel.THREADS // group)
+        _softmax_kernel.BLOCKS_PER_SM * _softmax_kernel.multiprocessors(device) * (_softmax_kernel.THREADS // group)
     )
     m = -(-(2 * stride + 123) // (batch * (1 if group == 32 else features)))
     rng = np.random.default_rng(features + batch)
@@ -822,7 +822,7 @@ def test_what_the_gpu_kernel_serves(monkeypatch):
 
     monkeypatch.setattr(linred.backends, "unavailable", lambda name: None)
     monkeypatch.setattr(nvrtc, "_compute_capability", lambda device: (7, 5))
-    monkeypatch.setattr(_softmax_kernel, "_multiprocessors", lambda device: 132)
+    monkeypatch.setattr(_softmax_kernel, "multiprocessors", lambda device: 132)
     monkeypatch.setattr(_softmax_kernel, "MIN_WORKERS_PER_SM", 0)
 
     def serves(segments, in_name="float32", result="float32", check=True, grad=False, backend="auto", x=None):

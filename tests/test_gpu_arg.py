@@ -18,6 +18,7 @@ from support.dtypes import np_dtype
 
 import linred
 from linred import _arg_kernel
+from linred.kernels.launch import multiprocessors
 
 pytestmark = pytest.mark.gpu
 
@@ -106,7 +107,7 @@ def test_arg_kernel_grid_stride_and_one_long_segment(kind):
     assert _arg_kernel.ARG_ROWS == T
     rng = np.random.default_rng(5)
     d = 64
-    threads = _arg_kernel.BLOCKS_PER_SM * _arg_kernel._multiprocessors(0) * _arg_kernel.THREADS
+    threads = _arg_kernel.BLOCKS_PER_SM * multiprocessors(0) * _arg_kernel.THREADS
     n = -(-threads * 3 // 2 // d) * T  # tiles x features: half as many again as the grid's threads
     x = rng.standard_normal((n, d)).astype(np.float32)
     offsets = np.array([0, 3, 70_000, 70_000, 100_001, n])

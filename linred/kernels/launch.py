@@ -1,4 +1,6 @@
-"""A compiled kernel launched through the CUDA driver, its arguments packed once.
+"""A compiled kernel launched through the CUDA driver, its arguments packed once; and the two
+helpers the kernels outside the nvrtc backend share (:func:`thread_launch`, one launch per
+thread and kernel; :func:`multiprocessors`, a device's SM count).
 
 cuda.core's ``launch`` converts and packs every argument on every call (about 8 µs for a
 kernel of 14 arguments on an H100 host), which is most of what a small call costs.  The
@@ -25,9 +27,10 @@ from typing import Any
 from linred.arrays._context import current_device, on_device
 from linred.arrays._context import driver as cuda_driver
 
-__all__ = ["PackedLaunch"]
+__all__ = ["PackedLaunch", "multiprocessors", "thread_launch"]
 
 _driver: Any = None
+_sms: dict[int, int] = {}
 
 
 def _check(result: Any, what: str) -> Any:
@@ -92,3 +95,27 @@ class PackedLaunch:
                 )
         if err:  # (CUDA_SUCCESS is 0)
             raise RuntimeError(f"launching {self.name} failed: {err}")
+
+
+def thread_launch(local: Any, key: Any, device: int, wrapper: str, name: str, count: int) -> PackedLaunch:
+    """This thread's :class:`PackedLaunch` of kernel ``name`` (``count`` arguments) of program
+    ``wrapper`` on ``device``, made once and kept in ``local.launches[key]`` (``local`` is a
+    ``threading.local``: a launch's slots are rewritten by every call, so each thread has its own)."""
+    from linred.kernels.compiler import get_kernels
+
+    (kernel,) = get_kernels(device, wrapper, (name,))
+    launches = getattr(local, "launches", None)
+    if launches is None:
+        launches = local.launches = {}
+    launch = launches[key] = PackedLaunch(kernel, count, name, device)
+    return launch
+
+
+def multiprocessors(device: int) -> int:
+    """The multiprocessor count of CUDA device ``device`` (asked once per process)."""
+    count = _sms.get(device)
+    if count is None:
+        from cuda.core import Device
+
+        count = _sms[device] = Device(device).properties.multiprocessor_count
+    return count
