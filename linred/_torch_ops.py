@@ -21,6 +21,7 @@ Gradients (see docs/torch.md):
   maximum (minimum), as :func:`linred.segmented_argmax` (``argmin``) finds it; the others get 0.
 """
 
+import math
 from typing import Any, Optional
 
 import torch
@@ -147,7 +148,8 @@ def _spread_rows(
         or type(grad) is not Tensor  # (a FakeTensor or FunctionalTensor under tracing)
         or (differentiable and torch.is_grad_enabled())
         or grad.dtype != ctx.x_dtype
-        or grad[0].numel() < 2
+        or grad.shape[0] == 0  # (no segment: nothing for the kernel; grad[0] would not exist)
+        or math.prod(grad.shape[1:]) < 2
     ):
         return None
     if offsets is None:

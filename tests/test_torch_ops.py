@@ -344,3 +344,17 @@ def test_empty_segment_lists_for_a_tensor_that_requires_grad(reduction):
         assert fn(torch.zeros(0), **kwargs).shape == (0,)
     with pytest.raises(TypeError, match="lengths must be an array of integers"):
         fn(torch.zeros(3, requires_grad=True), lengths=[1.0, 2.0])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max", "min", "prod"])
+def test_no_segments_of_empty_feature_rows_get_an_empty_gradient(device, reduction):
+    """offsets=[0] over (0, d) rows that require grad: an empty result, and backward gives an
+    empty gradient (on CUDA the sum's and mean's spread took grad[0] of a gradient of no rows)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x = torch.zeros((0, 8), device=device, requires_grad=True)
+    got = getattr(linred, f"segmented_{reduction}")(x, offsets=torch.tensor([0], device=device))
+    assert got.shape == (0, 8)
+    got.sum().backward()
+    assert x.grad.shape == (0, 8)
