@@ -13,7 +13,8 @@ smallest position wins whatever order the threads run in, so the result is the s
 It serves CuPy arrays and CUDA tensors whose data is C-contiguous and real or integer
 (:func:`serves`), with the extreme computed by linred (C-contiguous, the data's dtype), and
 segments given as a fixed length or as offsets on the device; lengths are turned into offsets
-first.  Anything else is composed as before.
+first.  Anything else, and every call inside ``torch.compile`` (which cannot trace the launch),
+is composed as before.
 """
 
 from __future__ import annotations
