@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from linred import _arg_kernel, _plan_cache
-from linred._arg import device_offsets
+from linred._arg import device_offsets, host_first
 from linred._dtypes import dtype_name, resolve
 
 __all__ = ["run", "segmented_reduce"]
@@ -230,6 +230,12 @@ def _arg(ctx: Any, x: Tensor, extreme: Tensor, offsets: Optional[Tensor], length
         stream = torch.cuda.current_stream(device).cuda_stream
         return _arg_kernel.first_hit(TORCH, x, extreme.contiguous(), ctx.axis, ctx.segment_length, offsets, device,
                                      stream)  # fmt: skip
+    if type(x) is Tensor and not x.is_cuda and extreme.dtype == x.dtype and not torch.compiler.is_compiling():
+        # Wide rows on the host: a loop over segments (linred._arg.host_first), where it is the faster.
+        TORCH = _torch_adapter()
+        first = host_first(TORCH, TORCH.info(x), x, extreme, ctx.segment_length, offsets, lengths, ctx.axis)
+        if first is not None:
+            return first
     spread = _spread_rows(ctx, extreme, offsets, lengths, "sum", differentiable=False)
     if spread is None:
         spread = _expand(ctx, extreme, offsets.diff() if lengths is None and offsets is not None else lengths)

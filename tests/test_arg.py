@@ -1,0 +1,78 @@
+"""segmented_argmax / argmin of host data (linred._arg): the composition and, for wide rows,
+the loop over segments (host_first), each against positions found by NumPy segment by segment:
+ties, NaN (the first NaN where a segment holds one), empty segments, batches, CPU tensors."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from support import HAS_TORCH, to_kind, to_numpy
+
+import linred
+from linred import _arg
+
+KINDS = ["numpy", "torch-cpu"] if HAS_TORCH else ["numpy"]
+
+
+def _expected(which: str, x: np.ndarray, offsets: np.ndarray, axis: int) -> np.ndarray:
+    pick = np.argmax if which == "argmax" else np.argmin
+    moved = np.moveaxis(x, axis, -1)
+    n = moved.shape[-1]
+    out = np.empty((*moved.shape[:-1], len(offsets) - 1), dtype=np.int64)
+    for s, (a, b) in enumerate(itertools.pairwise(offsets)):
+        out[..., s] = n if a == b else a + pick(moved[..., a:b], axis=-1)
+    return np.moveaxis(out, -1, axis)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("which", ["argmax", "argmin"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32", "uint8", "bool"])
+@pytest.mark.parametrize(
+    ("shape", "axis", "segments", "loop"),
+    [
+        ((1024, 16), 0, 16, True),  # 1,024 elements a segment, 16 features: the loop
+        ((1023, 16), 0, 16, False),  # 1,023: the composition
+        ((4000, 15), 0, 8, False),  # 15 features: the composition at any length
+        ((2, 500, 40), 1, 12, True),  # a batch along axis 1
+        ((300, 4, 8), 0, 5, True),  # features of two axes (4 x 8)
+    ],
+)
+def test_host_positions(monkeypatch, rng, kind, which, dtype, shape, axis, segments, loop):
+    taken = []
+    real = _arg.host_first
+    monkeypatch.setattr(_arg, "host_first", lambda *a: taken.append(r := real(*a)) or r)
+    x = rng.integers(0, 4, shape).astype(dtype)  # many ties
+    if dtype.startswith("float"):
+        x.reshape(-1)[rng.integers(0, x.size, 30)] = np.nan
+    n = shape[axis]
+    cuts = np.sort(rng.integers(1, n, segments - 3))
+    offsets = np.concatenate([[0, 0], cuts, [n, n]])  # empty first and last segments
+    assert len(offsets) - 1 == segments
+    got = getattr(linred, f"segmented_{which}")(to_kind(x, kind), offsets=offsets, axis=axis)
+    assert (taken[0] is not None) == loop
+    assert got.dtype == np.int64 if kind == "numpy" else str(got.dtype) == "torch.int64"
+    np.testing.assert_array_equal(to_numpy(got), _expected(which, x, offsets, axis))
+
+
+@pytest.mark.parametrize("spec", ["lengths", "fixed"])
+def test_host_positions_of_lengths_and_fixed_lengths(rng, spec):
+    x = rng.integers(0, 3, (2048, 32)).astype(np.float32)
+    if spec == "fixed":
+        got = linred.segmented_argmin(x, 256)
+        offsets = np.arange(0, 2049, 256)
+    else:
+        lengths = np.array([0, 700, 0, 1000, 348, 0])
+        got = linred.segmented_argmin(x, lengths=lengths)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+    np.testing.assert_array_equal(got, _expected("argmin", x, offsets, 0))
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
+def test_host_positions_of_a_tensor_that_requires_grad(rng):
+    import torch
+
+    x = torch.tensor(rng.standard_normal((2000, 64)), requires_grad=True)
+    got = linred.segmented_argmax(x, offsets=[0, 900, 2000])
+    np.testing.assert_array_equal(got.numpy(), _expected("argmax", x.detach().numpy(), np.array([0, 900, 2000]), 0))
