@@ -53,22 +53,9 @@ def argextreme(
     extreme = _dynamo.run(which, x, segment_length, offsets, lengths, axis, None, None, backend, stream, check)
     n = info.shape[axis]
     handle = adapter.resolve_stream(stream, info.device)
-    if (
-        _arg_kernel.serves(adapter, x, info.dtype, backend)
-        and adapter.info(extreme).dtype == info.dtype
-        and adapter.is_c_contiguous(extreme)
-    ):
-        # One kernel over the data where the GPU takes it (see linred._arg_kernel).
-        with adapter.on_stream(handle, info.device):
-            if segment_length is None:
-                offsets = device_offsets(adapter, offsets, lengths, info.device)
-            else:
-                segment_length = int(segment_length)
-            return _arg_kernel.first_hit(adapter, x, extreme, axis, segment_length, offsets, info.device, handle)
-    if info.device is None and backend in ("auto", "numpy"):
-        first = host_first(adapter, info, x, extreme, segment_length, offsets, lengths, axis)
-        if first is not None:
-            return first
+    first = first_positions(adapter, info, x, extreme, segment_length, offsets, lengths, axis, backend, handle)
+    if first is not None:
+        return first
     with adapter.on_stream(handle, info.device):
         positions = _positions(adapter, info, x, extreme, segment_length, offsets, lengths, axis)
     # (the offsets were checked by the first reduction; the second reads the same ones)
@@ -79,6 +66,28 @@ def argextreme(
         else:
             namespace(adapter.kind).minimum(first, n, out=first)
     return first
+
+
+def first_positions(adapter: Any, info: Any, x: Any, extreme: Any, segment_length: Any, offsets: Any, lengths: Any,
+                    axis: int, backend: Any, handle: Any) -> Any:  # fmt: skip
+    """Steps 2 and 3 without the composition, or None where neither way takes the call: on the
+    GPU one kernel (:mod:`linred._arg_kernel`, on ``handle``), on the host a loop over segments
+    (:func:`host_first`).  ``extreme`` is step 1's result for ``x`` (``info``: its adapter's
+    description); the segments are as the call gave them."""
+    if (
+        _arg_kernel.serves(adapter, x, info.dtype, backend)
+        and adapter.info(extreme).dtype == info.dtype
+        and adapter.is_c_contiguous(extreme)
+    ):
+        with adapter.on_stream(handle, info.device):
+            if segment_length is None:
+                offsets = device_offsets(adapter, offsets, lengths, info.device)
+            else:
+                segment_length = int(segment_length)
+            return _arg_kernel.first_hit(adapter, x, extreme, axis, segment_length, offsets, info.device, handle)
+    if info.device is None and backend in ("auto", "numpy"):
+        return host_first(adapter, info, x, extreme, segment_length, offsets, lengths, axis)
+    return None
 
 
 #: host data: each segment's positions found by a loop over segments (:func:`host_first`) where
@@ -114,10 +123,8 @@ def host_first(adapter: Any, info: Any, x: Any, extreme: Any, segment_length: An
     x3, e3 = xs.reshape(batch, n, features), es.reshape(batch, m, features)
     if segment_length is not None:
         bounds = list(range(0, (m + 1) * int(segment_length), int(segment_length)))
-    elif offsets is not None:
-        bounds = np.asarray(offsets).tolist()
     else:
-        bounds = [0, *np.cumsum(np.asarray(lengths), dtype=np.int64).tolist()]
+        bounds = np.asarray(device_offsets(adapter, offsets, lengths, None)).tolist()
     floating = xs.dtype.kind == "f" or info.dtype in ("float16", "bfloat16")
     out = np.full((batch, m, features), n, dtype=np.int64)
     for b in range(batch):

@@ -27,8 +27,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from linred import _arg_kernel, _plan_cache
-from linred._arg import device_offsets, host_first
+from linred import _plan_cache
+from linred._arg import first_positions
 from linred._dtypes import dtype_name, resolve
 
 __all__ = ["run", "segmented_reduce"]
@@ -210,30 +210,19 @@ def _torch_adapter() -> Any:
 
 def _arg(ctx: Any, x: Tensor, extreme: Tensor, offsets: Optional[Tensor], lengths: Optional[Tensor]) -> Tensor:  # noqa: UP045
     """The first position along the axis that attains each segment's extreme (``n`` for an
-    empty segment), from the saved input and result: one kernel for CUDA tensors where eager
-    (:mod:`linred._arg_kernel`), else torch operations and linred's minimum, so that it is traced as
-    it is (also with fake tensors, by torch.compile's backward)."""
+    empty segment), from the saved input and result: where eager, as ``segmented_argmax`` finds
+    it (one kernel on the GPU, a loop over segments for wide rows on the host), else torch
+    operations and linred's minimum, so that it is traced as it is (also with fake tensors, by
+    torch.compile's backward)."""
     n = ctx.n
     x, extreme = x.detach(), extreme.detach()
-    if (
-        type(x) is Tensor
-        and x.is_cuda
-        and extreme.dtype == x.dtype
-        and not torch.compiler.is_compiling()
-        and _arg_kernel.serves(_torch_adapter(), x, dtype_name(x.dtype), "auto")
-    ):
-        # One kernel over the data (linred._arg_kernel) in place of the operations below.
+    if type(x) is Tensor and not torch.compiler.is_compiling():
+        # One kernel on the GPU, a loop over segments on the host, where they take the call
+        # (linred._arg.first_positions), in place of the operations below.
         TORCH = _torch_adapter()
-        device = x.device.index
-        if ctx.segment_length is None:
-            offsets = device_offsets(TORCH, offsets, lengths, device)
-        stream = torch.cuda.current_stream(device).cuda_stream
-        return _arg_kernel.first_hit(TORCH, x, extreme.contiguous(), ctx.axis, ctx.segment_length, offsets, device,
-                                     stream)  # fmt: skip
-    if type(x) is Tensor and not x.is_cuda and extreme.dtype == x.dtype and not torch.compiler.is_compiling():
-        # Wide rows on the host: a loop over segments (linred._arg.host_first), where it is the faster.
-        TORCH = _torch_adapter()
-        first = host_first(TORCH, TORCH.info(x), x, extreme, ctx.segment_length, offsets, lengths, ctx.axis)
+        info = TORCH.info(x)
+        handle = TORCH.resolve_stream(None, info.device)
+        first = first_positions(TORCH, info, x, extreme, ctx.segment_length, offsets, lengths, ctx.axis, "auto", handle)
         if first is not None:
             return first
     spread = _spread_rows(ctx, extreme, offsets, lengths, "sum", differentiable=False)

@@ -54,7 +54,7 @@ from linred.backends.nvrtc.kernels import (
     warp_wrapper,
 )
 from linred.kernels.compiler import get_kernels
-from linred.kernels.launch import PackedLaunch
+from linred.kernels.launch import PackedLaunch, multiprocessors
 from linred.problem import Problem
 from linred.segments import Segments, VariableSegments
 
@@ -69,7 +69,7 @@ class _Launcher:
         self.device = problem.device
         dev = Device(problem.device)
         dev.set_current()
-        self.sms = dev.properties.multiprocessor_count
+        self.sms = multiprocessors(problem.device)
         self.kind = problem.kind
         #: the device pointer of an array of the problem's library (chosen once: calls are hot)
         self.ptr = self._adapter().pointer
