@@ -21,6 +21,7 @@ rows of many features, a loop over segments does (:func:`host_first`).  The resu
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -52,15 +53,17 @@ def argextreme(
         raise TypeError(f"segmented_arg{which}: complex numbers have no order")
     extreme = _dynamo.run(which, x, segment_length, offsets, lengths, axis, None, None, backend, stream, check)
     n = info.shape[axis]
-    handle = adapter.resolve_stream(stream, info.device)
+    # (None: the library's current stream, where the operations below run anyway; not asked
+    # for here, since inside torch.compile the query cannot be traced)
+    handle = None if stream is None else adapter.resolve_stream(stream, info.device)
     first = first_positions(adapter, info, x, extreme, segment_length, offsets, lengths, axis, backend, handle)
     if first is not None:
         return first
-    with adapter.on_stream(handle, info.device):
+    with _on_stream(adapter, handle, info.device):
         positions = _positions(adapter, info, x, extreme, segment_length, offsets, lengths, axis)
     # (the offsets were checked by the first reduction; the second reads the same ones)
     first = _dynamo.run("min", positions, segment_length, offsets, lengths, axis, None, None, backend, stream, False)
-    with adapter.on_stream(handle, info.device):  # an empty segment's minimum is int64's largest
+    with _on_stream(adapter, handle, info.device):  # an empty segment's minimum is int64's largest
         if adapter.kind == "torch":
             first.clamp_(max=n)
         else:
@@ -73,12 +76,14 @@ def first_positions(adapter: Any, info: Any, x: Any, extreme: Any, segment_lengt
     """Steps 2 and 3 without the composition, or None where neither way takes the call: on the
     GPU one kernel (:mod:`linred._arg_kernel`, on ``handle``), on the host a loop over segments
     (:func:`host_first`).  ``extreme`` is step 1's result for ``x`` (``info``: its adapter's
-    description); the segments are as the call gave them."""
+    description); the segments are as the call gave them; ``handle`` None is the current stream."""
     if (
         _arg_kernel.serves(adapter, x, info.dtype, backend)
         and adapter.info(extreme).dtype == info.dtype
         and adapter.is_c_contiguous(extreme)
     ):
+        if handle is None:
+            handle = adapter.resolve_stream(None, info.device)
         with adapter.on_stream(handle, info.device):
             if segment_length is None:
                 offsets = device_offsets(adapter, offsets, lengths, info.device)
@@ -88,6 +93,12 @@ def first_positions(adapter: Any, info: Any, x: Any, extreme: Any, segment_lengt
     if info.device is None and backend in ("auto", "numpy"):
         return host_first(adapter, info, x, extreme, segment_length, offsets, lengths, axis)
     return None
+
+
+def _on_stream(adapter: Any, handle: Any, device: Any) -> Any:
+    """``adapter.on_stream(handle, device)``, or nothing to enter where ``handle`` is None (the
+    current stream already)."""
+    return contextlib.nullcontext() if handle is None else adapter.on_stream(handle, device)
 
 
 #: host data: each segment's positions found by a loop over segments (:func:`host_first`) where

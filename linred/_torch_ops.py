@@ -220,9 +220,8 @@ def _arg(ctx: Any, x: Tensor, extreme: Tensor, offsets: Optional[Tensor], length
         # One kernel on the GPU, a loop over segments on the host, where they take the call
         # (linred._arg.first_positions), in place of the operations below.
         TORCH = _torch_adapter()
-        info = TORCH.info(x)
-        handle = TORCH.resolve_stream(None, info.device)
-        first = first_positions(TORCH, info, x, extreme, ctx.segment_length, offsets, lengths, ctx.axis, "auto", handle)
+        first = first_positions(TORCH, TORCH.info(x), x, extreme, ctx.segment_length, offsets, lengths, ctx.axis,
+                                "auto", None)  # fmt: skip
         if first is not None:
             return first
     spread = _spread_rows(ctx, extreme, offsets, lengths, "sum", differentiable=False)
