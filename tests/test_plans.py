@@ -301,15 +301,21 @@ def test_cache_eviction_never_frees_a_plan_in_use(monkeypatch, clean_plan_cache)
     linred.set_plan_cache_size(1)
     looked_up = threading.Event()
     evicted = threading.Event()
-    original = plan_module.SegmentedReduction._run
+    original = plan_module.SegmentedReduction._setup
 
-    def paused_run(plan, x, out, handle, segments):
-        if threading.current_thread().name == "A":
-            looked_up.set()
-            assert evicted.wait(10)
-        return original(plan, x, out, handle, segments)
+    def setup(plan, req, x):  # each plan's run step (a method, or a closure made for host data) pauses A
+        original(plan, req, x)
+        run = plan._run
 
-    monkeypatch.setattr(plan_module.SegmentedReduction, "_run", paused_run)
+        def paused_run(x, out, handle, segments):
+            if threading.current_thread().name == "A":
+                looked_up.set()
+                assert evicted.wait(10)
+            return run(x, out, handle, segments)
+
+        plan._run = paused_run
+
+    monkeypatch.setattr(plan_module.SegmentedReduction, "_setup", setup)
     results = {}
 
     def a():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,6 +149,13 @@ class ArrayAdapter:
         :mod:`linred.arrays._device_checks`); None on the host, where :meth:`offsets_summary`
         costs no synchronization, and where that kernel cannot run (then :meth:`offsets_summary`
         checks them).  When False, :meth:`offsets_summary` says what broke."""
+        return None
+
+    def out_test(self, shape: tuple[int, ...], dtype: str) -> Callable[[Any], bool] | None:
+        """For host arrays: a test that an ``out`` argument is an array of this type, ``shape`` and
+        ``dtype``, C-contiguous, aligned and writeable (a result can be written into it as it is,
+        short of overlapping the inputs), as cheap as the library allows; None where the plan's
+        general test is used."""
         return None
 
     def check_word(self, offsets: Any) -> int:

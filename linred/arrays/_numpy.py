@@ -138,6 +138,14 @@ class NumpyAdapter(ArrayAdapter):
         flags = x.flags  # (a new flags object per access)
         return (x.shape, x.strides, x.dtype, flags.aligned, flags.writeable)
 
+    def out_test(self, shape: tuple[int, ...], dtype: str) -> Any:
+        ndarray, want = np.ndarray, numpy_dtype(dtype)  # (native dtypes are singletons: ``is`` holds)
+
+        def fits(out: Any) -> bool:
+            return type(out) is ndarray and out.dtype is want and out.shape == shape and out.flags.carray
+
+        return fits
+
     def out_key(self, shape: tuple[int, ...], dtype: str, device: int | None) -> tuple:
         return self.key_out(np.empty(shape, dtype=numpy_dtype(dtype)))
 

@@ -56,6 +56,10 @@ class Executor(Protocol):
     #: whether ``x`` and ``out`` must be the ``(batch, n, features)`` and
     #: ``(batch, m, features)`` views (True) or may come in the caller's shape
     views: bool
+    #: whether ``out`` may overlap ``x`` (host executors that write ``out`` only through one
+    #: NumPy call per input, which reads its inputs as if they did not overlap its output):
+    #: the plan then skips its overlap test (optional; False when absent)
+    overlap_safe: bool
     #: whether the executor checks unchecked offsets as it reads them (see above)
     checks_offsets: bool
 
@@ -137,12 +141,13 @@ def segment_chunks(total: int, limit: int = INT32_MAX) -> Iterator[tuple[int, in
 class FunctionExecutor:
     """An executor made of a plain function, for backends with nothing to free."""
 
-    __slots__ = ("run", "views")
+    __slots__ = ("overlap_safe", "run", "views")
 
-    def __init__(self, run: Any, views: bool = True) -> None:
+    def __init__(self, run: Any, views: bool = True, overlap_safe: bool = False) -> None:
         #: the function, called as ``run(x, out, segments, stream)``
         self.run = run
         self.views = views
+        self.overlap_safe = overlap_safe
 
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
         self.run(x, out, segments, stream)

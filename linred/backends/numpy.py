@@ -1057,7 +1057,10 @@ class NumpyBackend(Backend):
         thread_cap()  # a bad LINRED_NUM_THREADS is reported when planning, not by the first large call
         direct = _fixed_direct(problem) if problem.fixed else _variable_direct(problem)
         if direct is not None:  # reads the caller's arrays as they come: no views needed
-            return FunctionExecutor(_at_caller(problem, direct), views=False)
+            # (a fixed length's one GEMV or ufunc.reduce is safe from an out that overlaps x: NumPy
+            # computes such calls as if they did not overlap; not the chained columns' calls)
+            safe = problem.fixed and problem.segment_length > CHAIN_LONGEST
+            return FunctionExecutor(_at_caller(problem, direct), views=False, overlap_safe=safe)
         if problem.fixed:
             return FunctionExecutor(_at_caller(problem, _fixed(problem)))
         run = _variable_rows(problem) or _loop_extreme(problem) or _variable(problem)
