@@ -370,3 +370,15 @@ def test_bad_out_leaves_out_alone(array_kind):
     with pytest.raises(ValueError):
         linred.segmented_sum(x, 4, out=out)
     np.testing.assert_array_equal(np.asarray(out.tolist()), [7.0, 7.0, 7.0])
+
+
+def test_tensors_on_other_devices_are_refused():
+    """A tensor on a device linred does not serve (here ``meta``), as data or as offsets, raises
+    a TypeError that names the device type, not a reduction of nothing."""
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="device type 'meta'"):
+        linred.segmented_sum(torch.empty(8, device="meta"), 4)
+    x = torch.ones(8)
+    linred.segmented_sum(x, offsets=torch.tensor([0, 4, 8]))  # (a plan for CPU offsets first)
+    with pytest.raises(TypeError, match="device type 'meta'"):
+        linred.segmented_sum(x, offsets=torch.tensor([0, 4, 8], device="meta"))

