@@ -183,6 +183,10 @@ def call(
     )
     _cache.misses += 1
     plan = SegmentedReduction._from_request(req, x)
+    if plan._prepare is not None and key is not None and key[1] != plan._x_key:
+        # The calls of this key bring arrays that preparing changes (a PyTorch tensor with its
+        # conjugate or negative bit, say): each is prepared in full.
+        plan._prepare = req.adapter.prepare
     segments = req.segments
     # (offsets that parse_offsets returned as they came: a later unchecked call may skip it)
     plan._offsets_as_given = lengths is None and segments.__class__ is VariableSegments and segments.offsets is offsets

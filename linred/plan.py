@@ -194,7 +194,9 @@ class SegmentedReduction:
         self._describe = adapter.key
         self._x_key = adapter.key(x)
         self._out_key = adapter.out_key(req.out_shape, problem.out_dtype, problem.device)
-        self._prepare = adapter.prepare if adapter.prepares else None
+        # A call's x has the plan's key (that of a prepared array) or went through check_x, which
+        # prepares it; the plan cache gives back the full preparing to plans of other keys.
+        self._prepare = (adapter.prepare_plain or adapter.prepare) if adapter.prepares else None
         self._empty = adapter.allocator(problem.out_dtype, problem.device)
         #: the library's current stream on the data's device (None on the host: no call to make)
         self._current_stream = None if problem.device is None else adapter.current_stream(problem.device)

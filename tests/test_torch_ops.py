@@ -358,3 +358,27 @@ def test_no_segments_of_empty_feature_rows_get_an_empty_gradient(device, reducti
     assert got.shape == (0, 8)
     got.sum().backward()
     assert x.grad.shape == (0, 8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_conjugate_and_negative_views_after_a_plain_tensor(device, clean_plan_cache):
+    """Plans prepare a plain tensor by detaching it only; a conjugated or negated view (another
+    key of the function's cache, or a mismatching array for a plan object) is still resolved."""
+    rng = np.random.default_rng(3)
+    z = rng.standard_normal(24) + 1j * rng.standard_normal(24)
+    t = torch.tensor(z, device=device)
+    views = {
+        "conj": (t.conj(), np.conj(z)),
+        "neg": (t.conj().imag, -z.imag),
+        "strided conj": (t.conj()[::2], np.conj(z)[::2]),
+    }
+    plain = torch.tensor(z.real.copy(), device=device)
+    for _ in range(2):  # planned, then from the cache
+        np.testing.assert_allclose(linred.segmented_sum(t, 4).cpu().numpy(), z.reshape(-1, 4).sum(1))
+        np.testing.assert_allclose(linred.segmented_sum(plain, 4).cpu().numpy(), z.real.reshape(-1, 4).sum(1))
+        for name, (view, ref) in views.items():
+            got = linred.segmented_sum(view, 4).cpu().numpy()
+            np.testing.assert_allclose(got, ref.reshape(-1, 4).sum(1), err_msg=name)
+    plan = linred.SegmentedReduction(t, 4)
+    np.testing.assert_allclose(plan(t.conj()).cpu().numpy(), np.conj(z).reshape(-1, 4).sum(1))
+    np.testing.assert_allclose(plan(t).cpu().numpy(), z.reshape(-1, 4).sum(1))

@@ -49,6 +49,9 @@ class ArrayAdapter:
     type_name: str = ""
     #: whether :meth:`prepare` may return another array than it is given (else it is skipped)
     prepares: bool = False
+    #: :meth:`prepare` for an array whose key (:meth:`key`) is that of a prepared array, where
+    #: that takes less (None: :meth:`prepare` itself)
+    prepare_plain: Any = None
     #: device arrays: ``pointer(x)``, the address of ``x``'s first element (None on the host);
     #: with :meth:`span`, a plan's per-call test of whether ``out`` overlaps its inputs
     pointer: Any = None
