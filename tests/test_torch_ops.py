@@ -382,3 +382,28 @@ def test_conjugate_and_negative_views_after_a_plain_tensor(device, clean_plan_ca
     plan = linred.SegmentedReduction(t, 4)
     np.testing.assert_allclose(plan(t.conj()).cpu().numpy(), np.conj(z).reshape(-1, 4).sum(1))
     np.testing.assert_allclose(plan(t).cpu().numpy(), z.reshape(-1, 4).sum(1))
+
+
+def test_cpu_tensors_run_as_numpy_views(clean_plan_cache):
+    """A CPU tensor's call (its offsets, lengths and out too) takes the plans of NumPy arrays
+    through views of their memory; the result is a tensor, out is returned as given, and a
+    bfloat16 result comes back as bfloat16."""
+    from linred import _plan_cache
+
+    rng = np.random.default_rng(5)
+    data = rng.standard_normal((12, 3)).astype(np.float32)
+    x = torch.from_numpy(data.copy())
+    ref = np.add.reduceat(data.astype(np.float64), [0, 2, 7], axis=0)
+    got = linred.segmented_sum(x, offsets=torch.tensor([0, 2, 7, 12]))
+    assert type(got) is torch.Tensor and got.dtype == torch.float32
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-6)
+    assert {key[1][2] for key in _plan_cache._plans} == {np.dtype(np.float32)}  # a NumPy array's key
+    out = torch.empty(3, 3)
+    assert linred.segmented_sum(x, lengths=torch.tensor([2, 5, 5]), out=out) is out
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-6)
+    half = linred.segmented_sum(x, offsets=[0, 2, 7, 12], dtype="bfloat16")
+    assert half.dtype == torch.bfloat16
+    np.testing.assert_allclose(half.float().numpy(), ref, rtol=1e-2)
+    bf = x.to(torch.bfloat16)  # NumPy cannot view it: the tensor's own route, the same result
+    np.testing.assert_allclose(linred.segmented_sum(bf, 4).float().numpy(),
+                               bf.float().numpy().reshape(3, 4, 3).sum(1), rtol=1e-2)  # fmt: skip
