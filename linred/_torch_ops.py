@@ -73,7 +73,8 @@ def _call(
                                       check)  # fmt: skip
             if out is not None:
                 return out
-            if result.dtype.name == "bfloat16":  # (dtype="bfloat16": ml_dtypes' type, which torch cannot take)
+            # (dtype="bfloat16": ml_dtypes' type, which torch cannot take; kind first: .name is slow)
+            if result.dtype.kind == "V" and result.dtype.name == "bfloat16":
                 return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
             return torch.from_numpy(result)
     return _plan_cache.call(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
