@@ -125,7 +125,12 @@ def host_first(adapter: Any, info: Any, x: Any, extreme: Any, segment_length: An
     if not (m and features >= HOST_LOOP_MIN_FEATURES and n * features >= HOST_LOOP_MIN_ELEMENTS * m):
         return None
     if adapter.kind == "torch":
-        xs, es = x.detach().numpy(), extreme.detach().numpy()
+        from linred.arrays.views import host_view
+
+        try:  # (bfloat16 through ml_dtypes' type, which Tensor.numpy() does not give)
+            xs, es = host_view(x.detach()), host_view(extreme.detach())
+        except TypeError:  # bfloat16 without ml_dtypes: the composition
+            return None
     elif adapter.kind == "numpy":
         xs, es = np.asarray(x), np.asarray(extreme)
     else:

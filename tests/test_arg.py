@@ -76,3 +76,25 @@ def test_host_positions_of_a_tensor_that_requires_grad(rng):
     x = torch.tensor(rng.standard_normal((2000, 64)), requires_grad=True)
     got = linred.segmented_argmax(x, offsets=[0, 900, 2000])
     np.testing.assert_array_equal(got.numpy(), _expected("argmax", x.detach().numpy(), np.array([0, 900, 2000]), 0))
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
+@pytest.mark.parametrize("which", ["max", "min"])
+def test_host_positions_of_bfloat16_tensors(rng, which):
+    """bfloat16 CPU tensors of wide rows (the loop over segments reads them through ml_dtypes'
+    type: Tensor.numpy() refuses bfloat16), for the arg-reduction and for max/min's backward."""
+    import torch
+
+    values = rng.integers(0, 4, (2048, 16)).astype(np.float32)  # many ties, exact in bfloat16
+    values[rng.integers(0, 2048, 5), rng.integers(0, 16, 5)] = np.nan
+    x = torch.tensor(values, dtype=torch.bfloat16)
+    offsets = np.array([0, 0, 1024, 2048])
+    expected = _expected(f"arg{which}", values, offsets, 0)
+    got = getattr(linred, f"segmented_arg{which}")(x, offsets=offsets)
+    np.testing.assert_array_equal(got.numpy(), expected)
+    leaf = x.clone().requires_grad_(True)
+    getattr(linred, f"segmented_{which}")(leaf, offsets=offsets).sum().backward()
+    grad = np.zeros((2048, 16), np.float32)
+    for s in (1, 2):  # each non-empty segment's first extreme gets 1
+        grad[expected[s], np.arange(16)] = 1
+    np.testing.assert_array_equal(leaf.grad.float().numpy(), grad)
