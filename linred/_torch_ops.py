@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor
 
 from linred import _plan_cache
@@ -36,9 +37,8 @@ __all__ = ["run", "segmented_reduce"]
 
 
 #: the backends a CPU tensor's call may take as the NumPy view of its memory (:func:`_call`);
-#: other backends refuse host data, and keep naming the tensor in their messages (a tuple: the
-#: argument is not validated yet, and may not be hashable)
-_HOST_BACKENDS = ("auto", "numpy")
+#: other backends refuse host data, and keep naming the tensor in their messages
+_HOST_BACKENDS = frozenset(("auto", "numpy"))
 
 
 def _call(
@@ -65,13 +65,14 @@ def _call(
     Tensors NumPy cannot view (bfloat16, complex32, a conjugate or negative bit) and calls
     with a stream or another backend take the tensor's own route.
     """
-    if type(x) is Tensor and x.is_cpu and stream is None and backend in _HOST_BACKENDS:
+    if type(x) is Tensor and x.is_cpu and stream is None and type(backend) is str and backend in _HOST_BACKENDS:
         views = _numpy_views(x, offsets, lengths, out)
         if views is not None:
             xn, offs, lens, outn = views
             result = _plan_cache.call(reduction, xn, segment_length, offs, lens, axis, dtype, outn, backend, None,
                                       check)  # fmt: skip
             if out is not None:
+                torch.autograd.graph.increment_version(out)  # (written through its NumPy view)
                 return out
             # (dtype="bfloat16": ml_dtypes' type, which torch cannot take; kind first: .name is slow)
             if result.dtype.kind == "V" and result.dtype.name == "bfloat16":
@@ -97,7 +98,7 @@ def _numpy_views(x: Tensor, offsets: Any, lengths: Any, out: Any) -> tuple | Non
         if out is not None:
             if type(out) is not Tensor or not out.is_cpu:
                 return None
-            out = out.numpy()  # (one that requires grad raises, and is refused on the tensor's route)
+            out = out.numpy()  # (one that requires grad raises here: the tensor's route refuses or detaches it)
     except (RuntimeError, TypeError):  # a conjugate or negative bit, a dtype NumPy lacks, a grad
         return None
     return xn, offsets, lengths, out
@@ -394,6 +395,11 @@ def run(
 ) -> Any:
     """The public functions' body once PyTorch is in use: the operator where it is needed."""
     if isinstance(x, Tensor):
+        if _forward_ad._current_level >= 0 and _forward_ad.unpack_dual(x).tangent is not None:
+            raise TypeError(
+                "forward-mode AD (torch.autograd.forward_ad, torch.func.jvp) is not supported: linred's result would "
+                "carry no tangent; use reverse mode (backward, torch.autograd.grad)"
+            )
         if torch.compiler.is_compiling() or (
             x.requires_grad and torch.is_grad_enabled() and reduction in _DIFFERENTIABLE
         ):

@@ -197,6 +197,8 @@ class SegmentedReduction:
         # A call's x has the plan's key (that of a prepared array) or went through check_x, which
         # prepares it; the plan cache gives back the full preparing to plans of other keys.
         self._prepare = (adapter.prepare_plain or adapter.prepare) if adapter.prepares else None
+        self._prepare_out = adapter.prepare_out
+        self._written = adapter.written
         self._empty = adapter.allocator(problem.out_dtype, problem.device)
         #: the library's current stream on the data's device (None on the host: no call to make)
         self._current_stream = None if problem.device is None else adapter.current_stream(problem.device)
@@ -218,7 +220,7 @@ class SegmentedReduction:
         self._in3 = problem.in_shape
         self._out3 = problem.out_shape
         fits = adapter.out_test(req.out_shape, problem.out_dtype) if self._pointer is None else None
-        if fits is not None and self._prepare is None:
+        if fits is not None and self._prepare is None and self._prepare_out is None and self._written is None:
             self._run = self._host_run(fits)  # (shadows the method: the same steps, resolved once)
 
     def _stream(self, stream: Any) -> Any:
@@ -236,6 +238,8 @@ class SegmentedReduction:
             result = target = self._empty(self.out_shape)
         else:
             result = out
+            if self._prepare_out is not None:
+                out = self._prepare_out(out)  # (a torch out that requires grad: refused, or detached)
             if (
                 type(out) is self._type
                 and self._describe_out(out) == self._out_key  # (also says it is writeable)
@@ -249,7 +253,7 @@ class SegmentedReduction:
             else:
                 direct = check_out(out, self._request, x, segments)
             if direct:
-                target = out if self._prepare is None else self._prepare(out)  # a torch out that requires grad
+                target = out
             else:  # out overlaps the inputs or is not plain: a new result, then copied (as NumPy's ufuncs do)
                 target = self._empty(self.out_shape)
                 copy_back = True
@@ -259,6 +263,8 @@ class SegmentedReduction:
             self._launch(x, target, segments, handle)
         if copy_back:
             self._request.adapter.copy(out, target, handle)
+        if self._written is not None and out is not None:
+            self._written(out)  # (PyTorch: autograd learns that out changed)
         return result
 
     def _host_run(self, fits: Callable[[Any], bool]) -> Callable[..., Any]:

@@ -208,7 +208,7 @@ def test_unknown_backend_lists_the_valid_names(array_kind):
         linred.segmented_sum(x, 4, backend="AUTO")
 
 
-@pytest.mark.parametrize("bad", [None, 1, b"numpy", ["numpy"]])
+@pytest.mark.parametrize("bad", [None, 1, b"numpy", ["numpy"], np.array(["auto", "numpy"])], ids=str)
 def test_backend_not_a_string(array_kind, bad):
     x = to_kind(np.arange(12, dtype=np.float32), array_kind)
     with pytest.raises(TypeError, match=r"backend must be a string, one of 'auto', 'numpy'.*; got "):

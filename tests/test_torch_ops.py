@@ -407,3 +407,43 @@ def test_cpu_tensors_run_as_numpy_views(clean_plan_cache):
     bf = x.to(torch.bfloat16)  # NumPy cannot view it: the tensor's own route, the same result
     np.testing.assert_allclose(linred.segmented_sum(bf, 4).float().numpy(),
                                bf.float().numpy().reshape(3, 4, 3).sum(1), rtol=1e-2)  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", ["function", "plan"])
+def test_out_is_written_as_an_in_place_operation(device, route, clean_plan_cache):
+    """An out= tensor written by linred has its version counter bumped, so that autograd refuses
+    a backward through a value it saved before; an out that requires grad is refused in grad
+    mode (as PyTorch's out= functions refuse it) and filled under torch.no_grad()."""
+    x = torch.arange(8.0, device=device)
+    call = (
+        (lambda t, out: linred.segmented_sum(t, 4, out=out)) if route == "function" else linred.SegmentedReduction(x, 4)
+    )
+    out = torch.zeros(2, device=device)
+    a = torch.ones(2, device=device, requires_grad=True)
+    y = (a * out).sum()  # autograd saves out
+    assert call(x, out=out) is out
+    assert out._version > 0
+    np.testing.assert_array_equal(out.cpu().numpy(), [6.0, 22.0])
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    leaf = torch.zeros(2, device=device, requires_grad=True)
+    with pytest.raises(TypeError, match="out requires grad"):
+        call(x, out=leaf)
+    with torch.no_grad():
+        assert call(x, out=leaf) is leaf
+    np.testing.assert_array_equal(leaf.detach().cpu().numpy(), [6.0, 22.0])
+
+
+def test_forward_mode_ad_is_refused():
+    """A dual tensor (forward-mode AD, also through torch.func.jvp) is refused rather than
+    reduced into a result with no tangent; outside a dual level the same tensor reduces."""
+    import torch.autograd.forward_ad as fwAD
+
+    x, tangent = torch.arange(4.0), torch.ones(4)
+    with fwAD.dual_level():
+        with pytest.raises(TypeError, match="forward-mode AD"):
+            linred.segmented_sum(fwAD.make_dual(x, tangent), 2)
+        np.testing.assert_array_equal(linred.segmented_sum(x, 2).numpy(), [1.0, 5.0])  # no tangent: served
+    with pytest.raises(TypeError, match="forward-mode AD"):
+        torch.func.jvp(lambda a: linred.segmented_sum(a, 2), (x,), (tangent,))

@@ -52,6 +52,14 @@ class ArrayAdapter:
     #: :meth:`prepare` for an array whose key (:meth:`key`) is that of a prepared array, where
     #: that takes less (None: :meth:`prepare` itself)
     prepare_plain: Any = None
+    #: ``prepare_out(out)``: an ``out`` argument ready to be written through its memory, or None
+    #: where it is written as it is (PyTorch: one that requires grad is refused while grad mode
+    #: is on, as PyTorch's own functions with ``out=`` refuse it, and detached otherwise)
+    prepare_out: Any = None
+    #: ``written(out)``: told that ``out`` was written through its memory, or None (PyTorch: its
+    #: version counter is bumped, as an in-place operation's is, so that autograd notices a
+    #: tensor it saved being overwritten)
+    written: Any = None
     #: device arrays: ``pointer(x)``, the address of ``x``'s first element (None on the host);
     #: with :meth:`span`, a plan's per-call test of whether ``out`` overlaps its inputs
     pointer: Any = None

@@ -102,6 +102,20 @@ class TorchAdapter(ArrayAdapter):
         # (the key says it is neither conjugated nor negated: only a graph to leave; 0.1 against 0.5 us)
         return x.detach() if x.requires_grad else x
 
+    @staticmethod
+    def prepare_out(out: torch.Tensor) -> torch.Tensor:
+        if isinstance(out, torch.Tensor) and out.requires_grad:  # (anything else is refused by the check of out)
+            if torch.is_grad_enabled():
+                raise TypeError(
+                    "out requires grad: linred writes out= without recording a gradient (as PyTorch's functions "
+                    "with out= do); pass an out that does not require grad, call under torch.no_grad(), or leave out "
+                    "None"
+                )
+            return out.detach()
+        return out
+
+    written = staticmethod(torch.autograd.graph.increment_version)
+
     def key(self, x: torch.Tensor) -> tuple:
         # is_conj/is_neg decide whether prepare() copies.
         return (x.shape, x.stride(), x.dtype, x.device, x.is_conj(), x.is_neg())
