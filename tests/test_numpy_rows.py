@@ -4,6 +4,7 @@ feature, no spurious floating-point warnings, thread counts and accuracy."""
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import numpy as np
@@ -419,6 +420,7 @@ def test_max_min_of_wide_rows_loop_per_segment(monkeypatch, clean_plan_cache, rn
 
     monkeypatch.setattr(numpy_backend, "_loop_extreme", spy)
     monkeypatch.setattr(numpy_backend, "EXTREME_LOOP_MIN_BYTES", 0)  # (small data, the rule's other terms)
+    monkeypatch.setattr(numpy_backend, "ROWS_EXTREME_MAX_MEAN", 0)  # (the steps of short segments: below)
     m = 200
     lengths = rng.integers(mean_length // 2, mean_length + 1, m)
     lengths[[0, 77, m - 1]] = 0
@@ -445,3 +447,83 @@ def test_max_of_wide_rows_keeps_reduceat_for_data_in_the_cache(clean_plan_cache,
     y = rng.standard_normal((5000, 64)).astype(np.float32)  # 1.3 MB
     linred.segmented_max(y, offsets=[0, 700, 5000], backend="numpy")
     assert planned == [False, True]
+
+
+# --- max and min of feature rows in short segments: the segments' k-th rows a step at a time ---
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("reduction", ["max", "min"])
+@pytest.mark.parametrize(
+    ("d", "lengths", "batch", "dtype"),
+    [
+        (16, "short", 1, "float32"),
+        (64, "short", 3, "float64"),  # a batch along axis 1
+        (32, "steps-1", 1, "float32"),  # the longest segment one row short of the steps' end
+        (32, "steps", 1, "int32"),  # exactly the steps
+        (32, "steps+1", 1, "float32"),  # one row past them: the rest in one reduce
+        (17, "long", 2, "float16"),  # a segment of 500 rows among short ones
+        (128, "short", 1, "uint8"),
+        (20, "short", 1, "bool"),
+    ],
+)
+def test_max_min_of_short_segments_a_row_at_a_time(monkeypatch, clean_plan_cache, rng, d, lengths, batch, dtype,
+                                                   reduction, kind):  # fmt: skip
+    """The steps over the segments' k-th rows give reduceat's values: empty segments first, inside
+    and last, NaN in one segment and feature, segments ending at, before and past the last step."""
+    planned = []
+    real = numpy_backend._rows_extreme
+    monkeypatch.setattr(numpy_backend, "_rows_extreme", lambda p: planned.append(r := real(p)) or r)
+    monkeypatch.setattr(numpy_backend, "ROWS_EXTREME_MIN_BYTES", 0)  # (small data, the rule's other terms)
+    steps = numpy_backend.ROWS_EXTREME_MAX_STEPS
+    m = 300
+    sizes = rng.integers(1, 9, m)
+    sizes[[0, 150, m - 1]] = 0
+    extra = {"short": 0, "steps-1": steps - 1, "steps": steps, "steps+1": steps + 1, "long": 500}[lengths]
+    if extra:
+        sizes[7] = extra
+        sizes[8] = extra  # (two of that length: the sort keeps both first)
+    offsets = _offsets(sizes)
+    n = int(offsets[-1])
+    shape = (batch, n, d) if batch > 1 else (n, d)
+    x = (rng.standard_normal(shape) * 100).astype(dtype) if dtype != "bool" else rng.random(shape) < 0.3
+    if dtype.startswith("float"):
+        x[..., offsets[5] + 1, 3] = np.nan
+        x[..., offsets[7] + extra - 1 if extra else offsets[7], 2] = np.nan  # (the last row of a long one)
+    axis = 1 if batch > 1 else 0
+    got = getattr(linred, f"segmented_{reduction}")(to_kind(x, kind), offsets=offsets, axis=axis, backend="numpy")
+    assert planned and planned[0] is not None
+    if dtype == "bool":
+        expected = np.moveaxis(
+            np.stack([
+                (np.any if reduction == "max" else np.all)(np.moveaxis(x, axis, 0)[lo:hi], axis=0)
+                for lo, hi in itertools.pairwise(offsets)
+            ]), 0, axis)  # fmt: skip
+    else:
+        expected = _extreme_reference(x, offsets, reduction, axis)
+    np.testing.assert_array_equal(to_numpy(got), expected)
+
+
+@pytest.mark.parametrize(
+    ("d", "mean_rows", "nbytes", "steps"),
+    [
+        (16, 32, 1 << 20, True),  # 32 rows a segment on average
+        (16, 33, 1 << 20, False),  # 33: the loop or reduceat
+        (15, 4, 1 << 20, False),  # too narrow
+        (128, 16, 1 << 22, True),  # wide rows: 16 rows
+        (128, 17, 1 << 22, False),  # 17: the per-segment loop
+        (128, 17, 1 << 19, True),  # ... unless the data is small enough for reduceat, which is slower
+        (64, 4, (1 << 17) - 256, False),  # under 128 KiB: reduceat
+        (64, 4, 1 << 17, True),
+    ],
+)
+def test_where_max_and_min_take_the_steps(clean_plan_cache, monkeypatch, d, mean_rows, nbytes, steps):
+    planned = []
+    real = numpy_backend._rows_extreme
+    monkeypatch.setattr(numpy_backend, "_rows_extreme", lambda p: planned.append(real(p) is not None) or real(p))
+    n = nbytes // (4 * d)
+    m = max(1, n // mean_rows)
+    n = m * mean_rows
+    x = np.zeros((n, d), np.float32)
+    linred.segmented_max(x, offsets=np.arange(0, n + 1, mean_rows), backend="numpy")
+    assert planned == [steps]
