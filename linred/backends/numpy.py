@@ -773,51 +773,75 @@ EXTREME_LOOP_WIDE_MIN_ELEMENTS = 256
 EXTREME_LOOP_MIN_BYTES = 1 << 20
 
 
-#: max and min of feature rows in short segments take the segments' k-th rows a step at a time
-#: (:func:`_rows_extreme`) where rows are at least ROWS_EXTREME_MIN_FEATURES wide, segments hold at
-#: most ROWS_EXTREME_MAX_MEAN rows on average (ROWS_EXTREME_WIDE_MAX_MEAN from
-#: ROWS_EXTREME_WIDE_FEATURES features, where the per-segment loop takes the call), and the call
-#: at least ROWS_EXTREME_MIN_BYTES; the steps stop at ROWS_EXTREME_MAX_STEPS rows (each costs some
-#: µs of Python), the rest of a longer segment is one ``ufunc.reduce``.  2 cores, float32 max of
-#: 2^22 values in geometric lengths, ms (steps / before: the loop or ``reduceat`` /
-#: ``torch.segment_reduce``) at mean lengths 2, 8, 32 rows: 16 features 31.6 / 81.7 / 17.0, 19.8 /
-#: 47.5 / 11.9, 25.2 / 33.0 / 13.0; 32 features 17.6 / 102.6 / 28.4, 14.5 / 62.9 / 13.2, 15.2 /
-#: 21.7 / 13.5; 64 features 11.7 / 146.0 / 25.5, 8.6 / 22.3 / 11.0, 9.3 / 11.4 / 13.8; 128
-#: features 8.1 / 23.4 / 17.0, 7.8 / 10.5 / 8.5, 8.0 / 7.1 / 13.8 (the loop); at mean 64 the
-#: loop wins from 32 features.  Small calls: 2,000 x 64 rows in 400 random segments 0.45 against
-#: 1.34 ms (``reduceat``), 500 x 64 in 100 0.25 against 0.29, 1,000 x 16 in 250 0.30 against 0.23.
-ROWS_EXTREME_MIN_FEATURES = 16
-ROWS_EXTREME_MAX_MEAN = 32
-ROWS_EXTREME_WIDE_FEATURES = 128
-ROWS_EXTREME_WIDE_MAX_MEAN = 16
-ROWS_EXTREME_MIN_BYTES = 1 << 17
-ROWS_EXTREME_MAX_STEPS = 64
+#: feature rows in short segments are reduced a row at a time (:func:`_rows_steps`) where rows
+#: are at least ROWS_STEPS_MIN_FEATURES wide, segments hold at most ROWS_STEPS_MAX_MEAN rows on
+#: average (ROWS_STEPS_NARROW_MAX_MEAN below ROWS_STEPS_NARROW_FEATURES features; for max and min
+#: ROWS_STEPS_WIDE_MAX_MEAN from ROWS_STEPS_WIDE_FEATURES features, where the per-segment loop
+#: takes the call), and the call reads at least ROWS_STEPS_MIN_BYTES; the steps stop at
+#: ROWS_STEPS_MAX_STEPS rows (each costs some µs of Python), the rest of a longer segment is one
+#: reduce (sums: BLAS blocks added in float64).  2 cores, float32 over 2^22 values in geometric
+#: lengths, ms (steps / before: the loop or ``reduceat`` / ``torch.segment_reduce``), max at mean
+#: lengths 2, 8, 32 rows: 16 features 31.6 / 81.7 / 17.0, 19.8 / 47.5 / 11.9, 25.2 / 33.0 / 13.0;
+#: 32 features 17.6 / 102.6 / 28.4, 14.5 / 62.9 / 13.2, 15.2 / 21.7 / 13.5; 64 features 11.7 /
+#: 146.0 / 25.5, 8.6 / 22.3 / 11.0, 9.3 / 11.4 / 13.8; 128 features 8.1 / 23.4 / 17.0, 7.8 / 10.5 /
+#: 8.5, 8.0 / 7.1 / 13.8 (the loop); at mean 64 the loop wins from 32 features; 8 features (2^21
+#: values) at mean 2, 8, 15, 30: 29.9 / 40.8, 9.3 / 14.9, 8.8 / 11.3, 10.6 / 8.3; 4 features:
+#: mixed, never.  Sums (2^21 values; ``reduceat`` before) at mean 2, 8, 15: 8 features 13.2 /
+#: 30.6, 11.0 / 15.8, 9.2 / 10.7; 16 features 10.0 / 35.7, 9.1 / 20.1, 8.1 / 13.0; 64 features
+#: 5.1 / 49.0, 3.6 / 15.0, 4.3 / 17.9; 4 features 20.9 / 29.2 at mean 2, slower at 8 and 15.  Small
+#: calls: max of 2,000 x 64 rows in 400 random segments 0.45 against 1.34 ms (``reduceat``).
+ROWS_STEPS_MIN_FEATURES = 8
+ROWS_STEPS_NARROW_FEATURES = 16
+ROWS_STEPS_NARROW_MAX_MEAN = 16
+ROWS_STEPS_MAX_MEAN = 32
+ROWS_STEPS_WIDE_FEATURES = 128
+ROWS_STEPS_WIDE_MAX_MEAN = 16
+ROWS_STEPS_MIN_BYTES = 1 << 17
+ROWS_STEPS_MAX_STEPS = 64
+
+_STEP_UFUNCS = {"sum": np.add, "mean": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
-def _rows_extreme(problem: Problem):
-    """Max or min of feature rows with offsets in short segments, or None: every segment's first
-    row gathered at once, then for ``k = 1, 2, ...`` the ``k``-th rows of the segments longer than
-    ``k`` (the longest first, so that those are a prefix) gathered and folded in by one elementwise
-    ``ufunc`` call.  ``reduceat`` across rows and a ``ufunc.reduce`` per segment both pay per
-    segment (about 1 µs) or per row, which short segments of wide rows make the whole cost.  The
-    same values as ``reduceat``, which applies the same ufunc to the same rows in the same order:
-    NaN propagates, an empty segment gets the reduction's identity."""
+def _rows_steps(problem: Problem):
+    """Feature rows with offsets in short segments, or None: every segment's first row gathered
+    at once, then for ``k = 1, 2, ...`` the ``k``-th rows of the segments longer than ``k`` (the
+    longest first, so that those are a prefix) gathered and folded in by one elementwise ufunc
+    (``add``, ``multiply``, ``maximum``, ``minimum``) into the accumulation dtype.  ``reduceat``
+    across rows and a reduction per segment pay per row or per segment (about 1 µs), which short
+    segments of wide rows make the whole cost.  Max and min give ``reduceat``'s values (the same
+    ufunc on the same rows in the same order: NaN propagates); sums add a segment's first
+    ROWS_STEPS_MAX_STEPS rows in order in the accumulation dtype (as ``reduceat`` does), the rest
+    of a longer one in BLAS blocks added in float64.  An empty segment gets the identity."""
     B, n, D = problem.in_shape
     m = problem.num_segments
+    reduction = problem.reduction
+    dtype, acc = numpy_dtype(problem.dtype), numpy_dtype(problem.acc_dtype)
+    if reduction in ("max", "min"):
+        work, served = dtype, problem.out_dtype == problem.dtype and dtype.kind in "biuf"
+    else:
+        kinds = "f" if reduction == "mean" else "iuf"
+        work, served = acc, problem.out_dtype == problem.acc_dtype and acc.kind in kinds and dtype.kind in "biuf"
+    most = ROWS_STEPS_NARROW_MAX_MEAN if D < ROWS_STEPS_NARROW_FEATURES else ROWS_STEPS_MAX_MEAN
     if not (
-        problem.reduction in ("max", "min")
-        and problem.out_dtype == problem.dtype
-        and numpy_dtype(problem.dtype).kind in "biuf"
+        served
         and m
-        and D >= ROWS_EXTREME_MIN_FEATURES
-        and n <= ROWS_EXTREME_MAX_MEAN * m
-        and B * n * D * itemsize(problem.dtype) >= ROWS_EXTREME_MIN_BYTES
+        and D >= ROWS_STEPS_MIN_FEATURES
+        and n <= most * m
+        and B * n * D * dtype.itemsize >= ROWS_STEPS_MIN_BYTES
     ):
         return None
-    if D >= ROWS_EXTREME_WIDE_FEATURES and n > ROWS_EXTREME_WIDE_MAX_MEAN * m and _loop_extreme(problem) is not None:
+    if (
+        reduction in ("max", "min")
+        and D >= ROWS_STEPS_WIDE_FEATURES
+        and n > ROWS_STEPS_WIDE_MAX_MEAN * m
+        and _loop_extreme(problem) is not None
+    ):
         return None
-    ufunc = _UFUNCS[problem.reduction]
-    empty_value = identity(problem.reduction, problem.out_dtype)
+    ufunc = _STEP_UFUNCS[reduction]
+    empty_value = identity(reduction, problem.out_dtype)
+    convert = dtype != work
+    blas = reduction in ("sum", "mean") and work.kind == "f"
+    ones = np.ones(BLAS_BLOCK_FEATURES, dtype=work) if blas else None
 
     def run(x: Any, out: Any, segments: VariableSegments, stream: Any) -> None:
         x3, out3 = host_view(x), host_view(out)
@@ -827,19 +851,30 @@ def _rows_extreme(problem: Problem):
         order = np.argsort(np.diff(off), kind="stable")[::-1]  # the longest first
         starts, stops = off[:-1][order], off[1:][order]
         lengths = stops - starts
-        steps = min(int(lengths[0]), ROWS_EXTREME_MAX_STEPS)
+        steps = min(int(lengths[0]), ROWS_STEPS_MAX_STEPS)
         # at step k, the first active[k - 1] segments (those longer than k) take their k-th row
         active = np.searchsorted(-lengths, -np.arange(1, steps), side="left").tolist()
         longer = int(np.searchsorted(-lengths, -steps, side="left"))  # (segments with rows left after the steps)
         dest = order if nonempty is None else np.flatnonzero(nonempty)[order]
+        total = np.empty(D, dtype=np.float64)
         for b in range(B):
             rows = x3[b]
             result = rows.take(starts, axis=0)
+            if convert:
+                result = result.astype(work)
             for k, count in enumerate(active, start=1):
                 part = result[:count]
                 ufunc(part, rows.take(starts[:count] + k, axis=0), out=part)
-            for i in range(longer):  # (the rest of each long segment, in one reduce)
-                ufunc(result[i], ufunc.reduce(rows[starts[i] + steps : stops[i]], axis=0), out=result[i])
+            for i in range(longer):  # (the rest of each long segment)
+                rest = rows[starts[i] + steps : stops[i]]
+                if blas:
+                    _segment_total(rest, ones, total, convert)
+                    total += result[i]
+                    result[i] = total
+                else:
+                    ufunc(result[i], ufunc.reduce(rest, axis=0, dtype=work), out=result[i])
+            if reduction == "mean":
+                np.divide(result, lengths[:, None], out=result)
             out3[b][dest] = result
 
     return run
@@ -1135,7 +1170,7 @@ class NumpyBackend(Backend):
             return FunctionExecutor(_at_caller(problem, direct), views=False, overlap_safe=safe)
         if problem.fixed:
             return FunctionExecutor(_at_caller(problem, _fixed(problem)))
-        run = _variable_rows(problem) or _rows_extreme(problem) or _loop_extreme(problem) or _variable(problem)
+        run = _variable_rows(problem) or _rows_steps(problem) or _loop_extreme(problem) or _variable(problem)
         return FunctionExecutor(_at_caller(problem, run))
 
 
