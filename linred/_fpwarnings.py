@@ -80,6 +80,27 @@ def reissue(pending: list[str]) -> None:
         _emit(kind)
 
 
+class once_per_kind:
+    """The enclosed NumPy calls' warnings (under :func:`at_caller`'s modes) kept and issued once
+    per kind when the block ends, as one NumPy call would issue them: for a computation made of
+    many elementwise calls over the same data.  (A class, not a generator: the warnings name
+    the first frame outside linred, which a generator's context manager would be.)"""
+
+    __slots__ = ("_outer", "_pending", "_token")
+
+    def __enter__(self) -> None:
+        self._outer = _PENDING.get()
+        self._pending: list[str] = []
+        self._token = _PENDING.set(self._pending)
+
+    def __exit__(self, *exc: object) -> None:
+        _PENDING.reset(self._token)
+        if self._outer is not None:  # (in a pool thread: the caller's thread issues them)
+            self._outer.extend(dict.fromkeys(self._pending))
+        else:
+            reissue(self._pending)
+
+
 def _build(caller: Any) -> Any:
     """The error object for ``caller``'s modes with every ``"warn"`` made ``"call"``."""
 

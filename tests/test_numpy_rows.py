@@ -590,3 +590,42 @@ def test_sums_of_short_segments_a_row_at_a_time(monkeypatch, clean_plan_cache, r
     )  # float16 results of float32 sums: another path
     if expected_served:
         assert served, planned
+
+
+def test_steps_with_a_dtype_of_another_kind(clean_plan_cache, rng):
+    """A dtype= the data does not cast to without loss (float data to int64 sums, signed to
+    unsigned) keeps reduceat, which casts each element first, rather than failing in the steps."""
+    x = np.ones((4096, 16), np.float32) * 1.5
+    offsets = np.arange(0, 4097, 4)
+    np.testing.assert_array_equal(linred.segmented_sum(x, offsets=offsets, dtype="int64")[:2, 0], [4, 4])
+    y = np.ones((4096, 16), np.int32)
+    np.testing.assert_array_equal(linred.segmented_sum(y, offsets=offsets, dtype="uint8")[:2, 0], [4, 4])
+    np.testing.assert_array_equal(linred.segmented_prod(y * 2, offsets=offsets, dtype="uint64")[:2, 0], [16, 16])
+
+
+def test_steps_products_of_long_segments_overflow_as_one_product(clean_plan_cache):
+    """A product past the steps' end is one reduce over the whole segment: its first rows'
+    overflow and the rest's underflow give what the plain product gives (inf, or 0), never inf * 0."""
+    offsets = np.concatenate(([0], np.arange(200, 4097, 4)))
+    for first, rest, expected in ((1e10, 1e-10, np.inf), (1e-10, 1e10, 0.0)):
+        z = np.ones((4096, 16), np.float32)
+        z[:64, 0], z[64:200, 0] = first, rest
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = linred.segmented_prod(z, offsets=offsets)
+            plain = np.multiply.reduceat(z, offsets[:-1], axis=0)
+        assert got[0, 0] == plain[0, 0] == expected
+
+
+def test_steps_warn_once_at_the_callers_line(clean_plan_cache):
+    """inf - inf met at several steps warns once (as one reduceat would), naming this file."""
+    y = np.zeros((4096, 16), np.float32)
+    y[0, 0], y[1, 0] = np.inf, -np.inf
+    y[4, 1], y[6, 1] = np.inf, -np.inf
+    offsets = np.arange(0, 4097, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = linred.segmented_sum(y, offsets=offsets)
+    assert np.isnan(result[0, 0]) and np.isnan(result[1, 1])
+    assert [(w.category, w.filename) for w in caught] == [(RuntimeWarning, __file__)]
+    assert "invalid value" in str(caught[0].message)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from linred._dtypes import identity, itemsize, numpy_dtype
-from linred._fpwarnings import at_caller, pool_context, reissue
+from linred._fpwarnings import at_caller, once_per_kind, pool_context, reissue
 from linred.arrays.views import host_view
 from linred.backends.base import Backend, FunctionExecutor
 from linred.problem import Problem
@@ -819,8 +819,11 @@ def _rows_steps(problem: Problem):
     if reduction in ("max", "min"):
         work, served = dtype, problem.out_dtype == problem.dtype and dtype.kind in "biuf"
     else:
+        # (data that the accumulation dtype takes without loss: a dtype= of another kind, which
+        # reduceat casts element by element first, keeps reduceat)
         kinds = "f" if reduction == "mean" else "iuf"
-        work, served = acc, problem.out_dtype == problem.acc_dtype and acc.kind in kinds and dtype.kind in "biuf"
+        work = acc
+        served = problem.out_dtype == problem.acc_dtype and acc.kind in kinds and np.can_cast(dtype, acc, "safe")
     most = ROWS_STEPS_NARROW_MAX_MEAN if D < ROWS_STEPS_NARROW_FEATURES else ROWS_STEPS_MAX_MEAN
     if not (
         served
@@ -859,22 +862,24 @@ def _rows_steps(problem: Problem):
         total = np.empty(D, dtype=np.float64)
         for b in range(B):
             rows = x3[b]
-            result = rows.take(starts, axis=0)
-            if convert:
-                result = result.astype(work)
-            for k, count in enumerate(active, start=1):
-                part = result[:count]
-                ufunc(part, rows.take(starts[:count] + k, axis=0), out=part)
-            for i in range(longer):  # (the rest of each long segment)
-                rest = rows[starts[i] + steps : stops[i]]
-                if blas:
-                    _segment_total(rest, ones, total, convert)
-                    total += result[i]
-                    result[i] = total
-                else:
-                    ufunc(result[i], ufunc.reduce(rest, axis=0, dtype=work), out=result[i])
-            if reduction == "mean":
-                np.divide(result, lengths[:, None], out=result)
+            with once_per_kind():  # (the steps' warnings once, as one reduceat's)
+                result = rows.take(starts, axis=0)
+                if convert:
+                    result = result.astype(work)
+                for k, count in enumerate(active, start=1):
+                    part = result[:count]
+                    ufunc(part, rows.take(starts[:count] + k, axis=0), out=part)
+                for i in range(longer):  # (the rest of each long segment)
+                    if blas:
+                        _segment_total(rows[starts[i] + steps : stops[i]], ones, total, convert)
+                        total += result[i]
+                        result[i] = total
+                    elif reduction == "prod":  # (whole: two parts' inf * 0 would be NaN where the product is not)
+                        ufunc.reduce(rows[starts[i] : stops[i]], axis=0, dtype=work, out=result[i])
+                    else:
+                        ufunc(result[i], ufunc.reduce(rows[starts[i] + steps : stops[i]], axis=0), out=result[i])
+                if reduction == "mean":
+                    np.divide(result, lengths[:, None], out=result)
             out3[b][dest] = result
 
     return run
