@@ -282,7 +282,7 @@ class SegmentedReduction:
             if out is None:
                 out = empty(shape)
             elif not fits(out) or (
-                test_overlap and (overlaps(out, x) or not (fixed or not overlaps(out, segments.offsets)))
+                test_overlap and (overlaps(out, x) or (not fixed and overlaps(out, segments.offsets)))
             ):
                 return general(x, out, handle, segments)
             if views:

@@ -799,7 +799,7 @@ ROWS_STEPS_WIDE_MAX_MEAN = 16
 ROWS_STEPS_MIN_BYTES = 1 << 17
 ROWS_STEPS_MAX_STEPS = 64
 
-_STEP_UFUNCS = {"sum": np.add, "mean": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+_STEP_UFUNCS = {"sum": np.add, "mean": np.add, **_UFUNCS}
 
 
 def _rows_steps(problem: Problem):
