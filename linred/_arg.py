@@ -65,7 +65,10 @@ def argextreme(
     first = _dynamo.run("min", positions, segment_length, offsets, lengths, axis, None, None, backend, stream, False)
     with _on_stream(adapter, handle, info.device):  # an empty segment's minimum is int64's largest
         if adapter.kind == "torch":
-            first.clamp_(max=n)
+            from linred._torch_ops import transformed
+
+            # (not in place inside torch.func transforms: vmap has no in-place rule for clamp)
+            first = first.clamp(max=n) if transformed() else first.clamp_(max=n)
         else:
             namespace(adapter.kind).minimum(first, n, out=first)
     return first
@@ -77,6 +80,11 @@ def first_positions(adapter: Any, info: Any, x: Any, extreme: Any, segment_lengt
     GPU one kernel (:mod:`linred._arg_kernel`, on ``handle``), on the host a loop over segments
     (:func:`host_first`).  ``extreme`` is step 1's result for ``x`` (``info``: its adapter's
     description); the segments are as the call gave them; ``handle`` None is the current stream."""
+    if adapter.kind == "torch":
+        from linred._torch_ops import transformed
+
+        if transformed():  # (torch.func's tensors have no memory of their own: the composition)
+            return None
     if (
         _arg_kernel.serves(adapter, x, info.dtype, backend)
         and adapter.info(extreme).dtype == info.dtype

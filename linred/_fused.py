@@ -268,7 +268,9 @@ def _run(
     axis = normalize_axis(axis, len(shape))
     compute, result = _dtypes(name, in_name, dtype, complex_ok)
     xp = namespace(adapter.kind)
-    grad = adapter.kind == "torch" and x.requires_grad and xp.is_grad_enabled()
+    # (the composition, without in-place operations, also inside torch.func transforms, whose
+    # batched tensors take no out= and no kernel of linred's own)
+    grad = adapter.kind == "torch" and ((x.requires_grad and xp.is_grad_enabled()) or _torch_transformed())
     device = adapter.device_of(x)
     handle = adapter.resolve_stream(stream, device)
     with contextlib.ExitStack() as stack:
@@ -290,6 +292,13 @@ def _run(
         c = _Call(name, None, adapter, xp, axis, compute, result, grad, backend, check, segments, device, shape=shape)
         c.x = _astype(c, x, compute)
         return body(c, **options)
+
+
+def _torch_transformed() -> bool:
+    """Whether a ``torch.func`` transform is in effect (for a tensor's call: PyTorch is imported)."""
+    from linred._torch_ops import transformed
+
+    return transformed()
 
 
 def _call_jax(function: Callable[..., Any], x: Any, segments: dict[str, Any], stream: Any, **kwargs: Any) -> Any:

@@ -10,8 +10,10 @@ the same backends, plans and checks as any other call.
 The public functions take this route only where it is needed, so that an ordinary
 call pays nothing for it: inside ``torch.compile``.  An eager call on a tensor that
 requires grad (grad mode on) records the same backward through a plain
-``torch.autograd.Function``, whose dispatch costs far less than the operator's.
-Everything else goes straight to the plan cache.
+``torch.autograd.Function``, whose dispatch costs far less than the operator's; so does
+a call inside a ``torch.func`` transform (``grad``, ``vmap``, ``jacrev``), whose
+``setup_context`` and ``vmap`` rule that Function has (the operator's autograd, built by
+PyTorch, has no ``setup_context``).  Everything else goes straight to the plan cache.
 
 Gradients (see docs/torch.md):
 
@@ -21,6 +23,7 @@ Gradients (see docs/torch.md):
   maximum (minimum), as :func:`linred.segmented_argmax` (``argmin``) finds it; the others get 0.
 """
 
+import functools
 import math
 from typing import Any, Optional
 
@@ -168,14 +171,17 @@ def _backward(ctx: Any, grad: Tensor) -> tuple:
         if ctx.n == 0:
             return (torch.zeros(x.shape, dtype=ctx.x_dtype, device=x.device), *nones)
         arg = _arg(ctx, x, extreme, offsets, lengths)
+        # (in place into new zeros, except under torch.func, whose vmap takes no in-place write of
+        # a batched gradient into an unbatched tensor)
+        scatter_add = torch.Tensor.scatter_add_ if _transform_level() is None else torch.Tensor.scatter_add
         if ctx.axis == 0:
             # An empty segment's position is n: its gradient goes to a row past the end, cut off.
             gx = torch.zeros((ctx.n + 1, *x.shape[1:]), dtype=grad.dtype, device=grad.device)
-            gx = gx.scatter_add_(0, arg, grad)[: ctx.n]
+            gx = scatter_add(gx, 0, arg, grad)[: ctx.n]
         else:  # (the same, without a cut along another axis, which would leave a strided gradient)
             chosen = arg < ctx.n  # empty segments choose no element
             gx = torch.zeros(x.shape, dtype=grad.dtype, device=grad.device)
-            gx = gx.scatter_add_(ctx.axis, arg.clamp(max=ctx.n - 1), grad.masked_fill(~chosen, 0))
+            gx = scatter_add(gx, ctx.axis, arg.clamp(max=ctx.n - 1), grad.masked_fill(~chosen, 0))
         return (gx.to(ctx.x_dtype), *nones)
     if ctx.reduction == "prod":
         return (_prod_backward(ctx, grad), *nones)
@@ -220,6 +226,7 @@ def _spread_rows(
         or ctx.ndim < 2
         or grad.device.type != "cuda"
         or type(grad) is not Tensor  # (a FakeTensor or FunctionalTensor under tracing)
+        or _transform_level() is not None  # (a torch.func wrapper: no batching rule for the kernel)
         or (differentiable and torch.is_grad_enabled())
         or grad.dtype != ctx.x_dtype
         or grad.shape[0] == 0  # (no segment: nothing for the kernel; grad[0] would not exist)
@@ -245,7 +252,7 @@ def _reduce(x: Tensor, spec: tuple, reduction: str) -> Tensor:
     args = (x, *spec, reduction, None, "auto", False)
     if type(x) is not Tensor or torch.compiler.is_compiling():
         return segmented_reduce(*args)
-    if x.requires_grad and torch.is_grad_enabled():
+    if (x.requires_grad and torch.is_grad_enabled()) or _transform_level() is not None:
         return _EagerReduce.apply(*args)
     offsets, lengths, segment_length, axis = spec
     return _call(reduction, x, segment_length, offsets, lengths, axis, None, None, "auto", None, False)
@@ -290,7 +297,7 @@ def _arg(ctx: Any, x: Tensor, extreme: Tensor, offsets: Optional[Tensor], length
     torch.compile's backward)."""
     n = ctx.n
     x, extreme = x.detach(), extreme.detach()
-    if type(x) is Tensor and not torch.compiler.is_compiling():
+    if type(x) is Tensor and not torch.compiler.is_compiling() and _transform_level() is None:
         # One kernel on the GPU, a loop over segments on the host, where they take the call
         # (linred._arg.first_positions), in place of the operations below.
         TORCH = _torch_adapter()
@@ -314,24 +321,81 @@ segmented_reduce.register_autograd(_backward, setup_context=_setup_context)
 
 
 class _EagerReduce(torch.autograd.Function):
-    """The same forward and backward as the operator, for eager calls that need a gradient.
+    """The same forward and backward as the operator, for eager calls that need a gradient, and
+    for calls inside ``torch.func`` transforms.
 
     Outside ``torch.compile`` nothing needs the operator's schema or fake implementation,
     and the dispatch through them costs about 100 us per call (measured on the CPU: forward
     223 us through the operator, 128 us without a graph); an autograd Function records the
     same backward (``_backward``, made of differentiable operations: double backward works)
     for a fraction of that.
+
+    Its ``setup_context`` and ``vmap`` rule are what ``torch.func`` needs (PyTorch's operators
+    from ``torch.library.custom_op`` have neither): ``grad``, ``vjp`` and ``jacrev`` run the
+    forward on the tensors below their level, and ``vmap`` reduces the whole batch in one call
+    (the batch is one more leading dimension of ``x``; offsets or lengths that differ across
+    the batch take one call per element).  Forward mode (``jvp``, ``jacfwd``) is refused.
     """
 
     @staticmethod
-    def forward(ctx, x, offsets, lengths, segment_length, axis, reduction, dtype, backend, check):
-        out = _call(reduction, x, segment_length, offsets, lengths, axis, dtype, None, backend, None, check)
-        _setup_context(ctx, (x, offsets, lengths, segment_length, axis, reduction), out)
-        return out
+    def forward(x, offsets, lengths, segment_length, axis, reduction, dtype, backend, check):
+        return _call(reduction, x, segment_length, offsets, lengths, axis, dtype, None, backend, None, check)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs, output)
 
     @staticmethod
     def backward(ctx, grad):
         return _backward(ctx, grad)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise TypeError(_NO_FORWARD_AD)
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        return _vmap_rule(_EagerReduce.apply, info, in_dims, *args)
+
+
+def _vmap_rule(reduce: Any, info: Any, in_dims: tuple, x: Tensor, offsets: Optional[Tensor],  # noqa: UP045
+               lengths: Optional[Tensor], *rest: Any) -> tuple[Tensor, int]:  # noqa: UP045  # fmt: skip
+    """``torch.vmap``'s rule for ``reduce`` (the autograd Function's ``apply``, or the operator):
+    the batch becomes a leading dimension of ``x`` and the segment axis moves one further, so the
+    whole batch is one call; offsets or lengths batched too (each element its own segments) take
+    one call per element."""
+    x_dim, offsets_dim, lengths_dim = in_dims[:3]
+    segment_length, axis, *options = rest
+    if offsets_dim is None and lengths_dim is None:
+        x = x.movedim(x_dim, 0)  # (x is batched: nothing else can be)
+        return reduce(x, offsets, lengths, segment_length, axis % (x.dim() - 1) + 1, *options), 0
+    results = []
+    for b in range(info.batch_size):
+        xb = x if x_dim is None else x.select(x_dim, b)
+        ob = offsets if offsets_dim is None else offsets.select(offsets_dim, b)
+        lb = lengths if lengths_dim is None else lengths.select(lengths_dim, b)
+        results.append(reduce(xb, ob, lb, *rest))
+    return torch.stack(results), 0
+
+
+segmented_reduce.register_vmap(functools.partial(_vmap_rule, segmented_reduce))
+
+
+_NO_FORWARD_AD = (
+    "forward-mode AD (torch.autograd.forward_ad, torch.func.jvp, torch.func.jacfwd) is not supported: linred's "
+    "result would carry no tangent; use reverse mode (backward, torch.autograd.grad, torch.func.grad, "
+    "torch.func.jacrev)"
+)
+
+#: the level of the innermost ``torch.func`` transform (``grad``, ``vmap``, ...) in effect, or None
+_transform_level = torch._C._functorch.maybe_current_level
+
+
+def transformed() -> bool:
+    """Whether a ``torch.func`` transform is in effect: linred's tensors may then be wrappers
+    (batched, or tracking a gradient) with no memory of their own, which only the autograd
+    Function's rules take apart."""
+    return _transform_level() is not None
 
 
 def _as_dtype_name(dtype: Any) -> Any:
@@ -366,7 +430,12 @@ def _through_op(
     check: Any,
 ) -> Tensor:
     if out is not None or stream is not None:
-        what = "inside torch.compile" if torch.compiler.is_compiling() else "for a tensor that requires grad"
+        if torch.compiler.is_compiling():
+            what = "inside torch.compile"
+        elif x.requires_grad and torch.is_grad_enabled():
+            what = "for a tensor that requires grad"
+        else:
+            what = "inside torch.func transforms"
         raise TypeError(f"out= and stream= are not supported {what}: the result is a new tensor on the current stream")
     if offsets is not None and not isinstance(offsets, Tensor):
         offsets = _index_tensor(offsets, x.device)
@@ -396,13 +465,12 @@ def run(
     """The public functions' body once PyTorch is in use: the operator where it is needed."""
     if isinstance(x, Tensor):
         if _forward_ad._current_level >= 0 and _forward_ad.unpack_dual(x).tangent is not None:
-            raise TypeError(
-                "forward-mode AD (torch.autograd.forward_ad, torch.func.jvp) is not supported: linred's result would "
-                "carry no tangent; use reverse mode (backward, torch.autograd.grad)"
-            )
+            raise TypeError(_NO_FORWARD_AD)
         if torch.compiler.is_compiling() or (
             x.requires_grad and torch.is_grad_enabled() and reduction in _DIFFERENTIABLE
         ):
+            return _through_op(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
+        if _transform_level() is not None:  # (inside torch.func.vmap, say: x has no memory of its own)
             return _through_op(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
         return _call(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
     # (the plan cache is opaque to TorchDynamo: inside torch.compile, NumPy or CuPy data runs eagerly)

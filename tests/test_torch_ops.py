@@ -447,3 +447,179 @@ def test_forward_mode_ad_is_refused():
         np.testing.assert_array_equal(linred.segmented_sum(x, 2).numpy(), [1.0, 5.0])  # no tangent: served
     with pytest.raises(TypeError, match="forward-mode AD"):
         torch.func.jvp(lambda a: linred.segmented_sum(a, 2), (x,), (tangent,))
+
+
+# -- torch.func: grad, vmap, jacrev ----------------------------------------------------------
+
+FUNC_OFFSETS = [0, 2, 2, 7, 12]  # (an empty segment among them)
+
+
+def _segment_reference(reduction, x, offsets):
+    """float64 NumPy: ``reduction`` of each segment of ``x`` along axis 0 (NaN for an empty
+    segment's mean, -inf/inf for its max/min, as linred documents)."""
+    empty = {"sum": 0.0, "mean": np.nan, "max": -np.inf, "min": np.inf, "prod": 1.0}[reduction]
+    rows = []
+    for a, b in itertools.pairwise(offsets):
+        seg = x[a:b]
+        rows.append(getattr(np, reduction)(seg, axis=0) if b > a else np.full(x.shape[1:], empty))
+    return np.array(rows)
+
+
+def _gradient_reference(reduction, x, offsets, w):
+    """float64 NumPy: d/dx of ``sum(w * reduction(x))`` over the segments along axis 0; max and
+    min send each segment's weight to its first extreme, prod to the product of the others."""
+    g = np.zeros_like(x)
+    for s, (a, b) in enumerate(itertools.pairwise(offsets)):
+        if b == a:
+            continue
+        seg = x[a:b]
+        if reduction == "sum":
+            g[a:b] = w[s]
+        elif reduction == "mean":
+            g[a:b] = w[s] / (b - a)
+        elif reduction in ("max", "min"):
+            first = (np.argmax if reduction == "max" else np.argmin)(seg, axis=0)
+            for j, i in enumerate(first):
+                g[a + i, j] = w[s, j]
+        else:
+            for i in range(b - a):
+                g[a + i] = w[s] * np.prod(np.delete(seg, i, axis=0), axis=0)
+    return g
+
+
+FUNC_REDUCTIONS = ("sum", "mean", "max", "min", "prod")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", FUNC_REDUCTIONS)
+def test_func_grad_matches_numpy(device, reduction):
+    """torch.func.grad (and jacrev) through each reduction gives the float64 NumPy gradient."""
+    rng = np.random.default_rng(5)
+    xn, wn = rng.standard_normal((12, 3)), rng.standard_normal((4, 3))
+    x, w = torch.tensor(xn, device=device), torch.tensor(wn, device=device)
+    ptr = torch.tensor(FUNC_OFFSETS, device=device)
+    f = getattr(linred, f"segmented_{reduction}")
+
+    def loss(t):
+        y = f(t, offsets=ptr)
+        return (torch.where(torch.isfinite(y), y, 0) * w).sum()
+
+    expected = _gradient_reference(reduction, xn, FUNC_OFFSETS, wn)
+    np.testing.assert_allclose(torch.func.grad(loss)(x).cpu().numpy(), expected, rtol=1e-12, atol=1e-12)
+    jac = torch.func.jacrev(lambda t: f(t, offsets=ptr))(x).cpu().numpy()  # (4, 3, 12, 3)
+    assert jac.shape == (4, 3, 12, 3)
+    np.testing.assert_allclose(np.einsum("sfij,sf->ij", np.nan_to_num(jac), wn), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", FUNC_REDUCTIONS)
+def test_vmap_reduces_the_batch_in_one_call(device, reduction, monkeypatch):
+    """torch.vmap over a batch dimension (in front, or inside) is one call of linred with the batch
+    as a leading dimension, and gives each element's float64 NumPy reduction."""
+    from linred import _torch_ops
+
+    rng = np.random.default_rng(6)
+    xn = rng.standard_normal((5, 12, 3))
+    ptr = torch.tensor(FUNC_OFFSETS, device=device)
+    f = getattr(linred, f"segmented_{reduction}")
+    expected = np.stack([_segment_reference(reduction, e, FUNC_OFFSETS) for e in xn])
+    shapes = []
+    call = _torch_ops._call
+    monkeypatch.setattr(_torch_ops, "_call", lambda *a: shapes.append(tuple(a[1].shape)) or call(*a))
+    got = torch.vmap(lambda t: f(t, offsets=ptr))(torch.tensor(xn, device=device))
+    np.testing.assert_allclose(got.cpu().numpy(), expected, rtol=1e-12)
+    assert shapes == [(5, 12, 3)]
+    # The batch inside the data: in_dims=1 (each element 12 x 3 again)
+    inner = torch.tensor(np.ascontiguousarray(xn.transpose(1, 0, 2)), device=device)  # (12, 5, 3)
+    got = torch.vmap(lambda t: f(t, offsets=ptr), in_dims=1)(inner)
+    np.testing.assert_allclose(got.cpu().numpy(), expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_vmap_with_offsets_batched_too(device):
+    """Offsets that differ across the batch: each element reduced over its own segments."""
+    rng = np.random.default_rng(7)
+    xn = rng.standard_normal((3, 10))
+    offs = [[0, 4, 10], [0, 0, 10], [0, 9, 10]]
+    got = torch.vmap(lambda t, o: linred.segmented_sum(t, offsets=o))(
+        torch.tensor(xn, device=device), torch.tensor(offs, device=device)
+    )
+    expected = [[xn[b, a:e].sum() for a, e in itertools.pairwise(o)] for b, o in enumerate(offs)]
+    np.testing.assert_allclose(got.cpu().numpy(), expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ("sum", "max"))
+def test_per_sample_gradients(device, reduction):
+    """vmap(grad(...)): each element's gradient, as float64 NumPy computes it alone."""
+    rng = np.random.default_rng(8)
+    xn, wn = rng.standard_normal((4, 12, 3)), rng.standard_normal((4, 3))
+    ptr = torch.tensor(FUNC_OFFSETS, device=device)
+    w = torch.tensor(wn, device=device)
+    f = getattr(linred, f"segmented_{reduction}")
+
+    def loss(t):
+        y = f(t, offsets=ptr)
+        return (torch.where(torch.isfinite(y), y, 0) * w).sum()
+
+    got = torch.vmap(torch.func.grad(loss))(torch.tensor(xn, device=device)).cpu().numpy()
+    expected = np.stack([_gradient_reference(reduction, e, FUNC_OFFSETS, wn) for e in xn])
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hessian_by_jacrev_of_jacrev(device):
+    """The Hessian of sum((S x)^2), S the segments' indicator, is 2 S^T S."""
+    x = torch.tensor(np.random.default_rng(9).standard_normal(12), device=device)
+    ptr = torch.tensor(FUNC_OFFSETS, device=device)
+    H = torch.func.jacrev(torch.func.jacrev(lambda t: (linred.segmented_sum(t, offsets=ptr) ** 2).sum()))(x)
+    S = np.zeros((4, 12))
+    for s, (a, b) in enumerate(itertools.pairwise(FUNC_OFFSETS)):
+        S[s, a:b] = 1
+    np.testing.assert_allclose(H.cpu().numpy(), 2 * S.T @ S, rtol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_vmap_of_the_fused_and_arg_functions(device):
+    """softmax, logsumexp, var and argmax under vmap, against float64 NumPy per element."""
+    rng = np.random.default_rng(10)
+    xn = rng.standard_normal((3, 12))
+    x = torch.tensor(xn, device=device)
+    ptr = torch.tensor(FUNC_OFFSETS, device=device)
+    segs = [(a, b) for a, b in itertools.pairwise(FUNC_OFFSETS)]
+
+    def softmax(v):
+        parts = [np.exp(v[a:b] - v[a:b].max()) for a, b in segs if b > a]
+        return np.concatenate([p / p.sum() for p in parts])
+
+    got = torch.vmap(lambda t: linred.segmented_softmax(t, offsets=ptr))(x).cpu().numpy()
+    np.testing.assert_allclose(got, np.stack([softmax(v) for v in xn]), rtol=1e-12)
+    got = torch.vmap(lambda t: linred.segmented_logsumexp(t, offsets=ptr))(x).cpu().numpy()
+    lse = [[np.log(np.exp(v[a:b]).sum()) if b > a else -np.inf for a, b in segs] for v in xn]
+    np.testing.assert_allclose(got, lse, rtol=1e-12)
+    got = torch.vmap(lambda t: linred.segmented_var(t, offsets=ptr))(x).cpu().numpy()
+    var = [[v[a:b].var() if b > a else np.nan for a, b in segs] for v in xn]
+    np.testing.assert_allclose(got, var, rtol=1e-12)
+    got = torch.vmap(lambda t: linred.segmented_argmax(t, offsets=ptr))(x).cpu().numpy()
+    arg = [[a + int(np.argmax(v[a:b])) if b > a else 12 for a, b in segs] for v in xn]
+    np.testing.assert_array_equal(got, arg)
+
+
+def test_out_is_refused_inside_torch_func():
+    with pytest.raises(TypeError, match=r"torch\.func"):
+        torch.vmap(lambda t: linred.segmented_sum(t, 2, out=torch.empty(2)))(torch.ones(3, 4))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_vmap_of_argmax_over_wide_rows(device):
+    """Wide rows, where the arg-reductions otherwise take a kernel (GPU) or a loop over
+    segments (host): under vmap they take the composition, with NumPy's first maxima."""
+    rng = np.random.default_rng(11)
+    xn = rng.integers(0, 3, (2, 4096, 32)).astype(np.float32)  # ties everywhere
+    offsets = [0, 1000, 1000, 4096]
+    got = torch.vmap(lambda t: linred.segmented_argmax(t, offsets=torch.tensor(offsets, device=device)))(
+        torch.tensor(xn, device=device)
+    )
+    expected = [[a + np.argmax(e[a:b], axis=0) if b > a else np.full(32, 4096) for a, b in itertools.pairwise(offsets)]
+                for e in xn]  # fmt: skip
+    np.testing.assert_array_equal(got.cpu().numpy(), np.array(expected))
