@@ -15,6 +15,10 @@ from linred.arrays import _device_checks
 from linred.arrays._base import ArrayAdapter, ArrayInfo, adapters, byte_range, ranges_overlap
 from linred.arrays._streams import stream_handle
 
+#: whether the current CUDA stream is capturing a graph: asked on every checked call, so the
+#: function under ``torch.cuda.is_current_stream_capturing`` where this PyTorch has it
+_stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+
 _TORCH_DTYPES = {
     "bool": torch.bool,
     "int8": torch.int8,
@@ -134,7 +138,7 @@ class TorchAdapter(ArrayAdapter):
         return _current_stream_handle(device)
 
     def capturing(self, x: torch.Tensor) -> bool:
-        return x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        return x.is_cuda and _stream_capturing()
 
     def is_writeable(self, x: torch.Tensor) -> bool:
         return not (x.is_conj() or x.is_neg())
