@@ -125,9 +125,11 @@ class _Call:
             ids = segments["segment_ids"]  # (on the device: see _run)
             self.index = ids.long() if self.kind == "torch" else ids.astype(xp.int64, copy=False)
             known = segments.get("ids_sorted")
-            if known is None and (self.check or self.kind == "numpy") and n > 1:
+            if (self.check or self.kind == "numpy") and n > 1:
                 # Read once here (one small read back on a device, where the checked first reduction
-                # has synchronized already), so that the later reductions do not sort sorted ids.
+                # has synchronized already), so that the later reductions do not sort sorted ids;
+                # read also where ids_sorted was given, as the first reduction read them (the later
+                # ones run unchecked, and would take a wrong promise on trust).
                 known = not bool((self.index[1:] < self.index[:-1]).any())
             self.later = {"segment_ids": self.index, "num_segments": m, "ids_sorted": known}
             return

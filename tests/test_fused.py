@@ -304,6 +304,20 @@ def test_segment_ids():
         linred.segmented_var(x, segment_ids=UNSORTED_IDS, remainder="drop")
 
 
+@pytest.mark.parametrize(
+    "kind", ["numpy", pytest.param("torch", marks=pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch"))]
+)
+def test_a_wrong_ids_sorted_promise_is_read_through_when_checked(kind):
+    """ids_sorted=True on ids that are not sorted, with check=True: the ids are read (as the plain
+    reductions read them), so the composition's later, unchecked reductions do not take the wrong
+    promise on trust (torch tensors gave a softmax value above 1)."""
+    x = make("2d", "float64", SPECS["ids_unsorted"][1], special=False)
+    xs = x if kind == "numpy" else torch.from_numpy(x)
+    for name in FUNCTIONS:
+        got = fn(name)(xs, segment_ids=UNSORTED_IDS, ids_sorted=True)
+        check(np.asarray(got), reference(name, x, SPECS["ids_unsorted"][1], 0), "float64", 1e-12)
+
+
 # --- PyTorch ---
 
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch")
