@@ -603,6 +603,30 @@ def test_steps_with_a_dtype_of_another_kind(clean_plan_cache, rng):
     np.testing.assert_array_equal(linred.segmented_prod(y * 2, offsets=offsets, dtype="uint64")[:2, 0], [16, 16])
 
 
+_INTEGER_REQUESTS = [("uint8", "int64"), ("bool", "uint8"), ("uint16", "int32"), ("uint32", "int64"),
+                     ("uint8", "int16"), ("int8", "int64"), ("uint8", "uint64")]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("reduction", "dtype", "request_dtype"),
+    [(r, d, q) for r in ("sum", "prod") for d, q in _INTEGER_REQUESTS]
+    + [(r, d, None) for r in ("max", "min") for d in ("uint8", "bool", "uint16", "int8")],
+)
+def test_steps_rest_of_a_long_segment_in_the_requested_integer_dtype(clean_plan_cache, rng, reduction, dtype,
+                                                                     request_dtype):  # fmt: skip
+    """Integer data with an integer dtype= that takes it (uint8 summed as int64, bool as uint8):
+    the rest of a segment past the steps' end is reduced in that dtype too (NumPy's reduce of
+    uint8 rows gives uint64, which int64 promotes to float64: a UFuncTypeError before)."""
+    lengths = [100, 70] + [4] * 998
+    x = rng.integers(0, 2 if dtype == "bool" else 3, (sum(lengths), 32)).astype(dtype)
+    kwargs = {} if request_dtype is None else {"dtype": request_dtype}
+    got = getattr(linred, f"segmented_{reduction}")(x, lengths=lengths, **kwargs)
+    ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[reduction]
+    expected = ufunc.reduceat(x.astype(np.float64), np.r_[0, np.cumsum(lengths)[:-1]], axis=0)
+    assert got.dtype == np.dtype(request_dtype or dtype)
+    np.testing.assert_array_equal(got, expected.astype(request_dtype or dtype))
+
+
 def test_steps_products_of_long_segments_overflow_as_one_product(clean_plan_cache):
     """A product past the steps' end is one reduce over the whole segment: its first rows'
     overflow and the rest's underflow give what the plain product gives (inf, or 0), never inf * 0."""

@@ -876,8 +876,9 @@ def _rows_steps(problem: Problem):
                         result[i] = total
                     elif reduction == "prod":  # (whole: two parts' inf * 0 would be NaN where the product is not)
                         ufunc.reduce(rows[starts[i] : stops[i]], axis=0, dtype=work, out=result[i])
-                    else:
-                        ufunc(result[i], ufunc.reduce(rows[starts[i] + steps : stops[i]], axis=0), out=result[i])
+                    else:  # (in the accumulation dtype: uint8 rows reduce to uint64 by default)
+                        rest = ufunc.reduce(rows[starts[i] + steps : stops[i]], axis=0, dtype=work)
+                        ufunc(result[i], rest, out=result[i])
                 if reduction == "mean":
                     np.divide(result, lengths[:, None], out=result)
             out3[b][dest] = result
