@@ -196,7 +196,12 @@ def _positions(adapter: Any, info: Any, x: Any, extreme: Any, segment_length: An
             segment = xp.searchsorted(offsets, index, right=True) - 1
         else:
             segment = xp.searchsorted(offsets, index, side="right") - 1
-    spread = xp.index_select(extreme, axis, segment) if kind == "torch" else xp.take(extreme, segment, axis=axis)
+    if kind == "torch":
+        from linred.arrays._torch import index_select
+
+        spread = index_select(extreme, axis, segment)
+    else:
+        spread = xp.take(extreme, segment, axis=axis)
     hit = x == spread
     if info.dtype in ("float16", "bfloat16", "float32", "float64"):
         hit = hit | (xp.isnan(x) & xp.isnan(spread))

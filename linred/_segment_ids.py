@@ -71,7 +71,9 @@ class _Ops:
 
     def take(self, a: Any, index: Any, axis: int) -> Any:
         if self.kind == "torch":
-            return self.xp.index_select(a, axis, index)
+            from linred.arrays._torch import index_select
+
+            return index_select(a, axis, index)
         return self.xp.take(a, index, axis=axis)
 
     def pad(self, offsets: Any, n: int) -> Any:

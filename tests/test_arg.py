@@ -98,3 +98,30 @@ def test_host_positions_of_bfloat16_tensors(rng, which):
     for s in (1, 2):  # each non-empty segment's first extreme gets 1
         grad[expected[s], np.arange(16)] = 1
     np.testing.assert_array_equal(leaf.grad.float().numpy(), grad)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch")
+@pytest.mark.parametrize("dtype", ["uint16", "uint32", "uint64"])
+@pytest.mark.parametrize("which", ["argmax", "argmin"])
+def test_unsigned_torch_tensors(dtype, which):
+    """uint16/32/64 CPU tensors, which PyTorch's 1-D index_select does not take: the arg-reductions
+    (every spec) and reductions by unsorted ids, against NumPy on the same values."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    xn = rng.integers(0, 2**16 - 1, 40).astype(dtype)
+    xn[:4] = np.iinfo(dtype).max  # (values that a signed view of the bits would read as negative)
+    x = torch.from_numpy(xn)
+    offsets = np.array([0, 7, 7, 20, 40])
+    expected = _expected(which, xn, offsets, 0)
+    fn = getattr(linred, f"segmented_{which}")
+    for spec in ({"offsets": offsets}, {"lengths": np.diff(offsets)}):
+        np.testing.assert_array_equal(fn(x, **spec).numpy(), expected)
+    np.testing.assert_array_equal(fn(x, 8).numpy(), _expected(which, xn, np.arange(0, 41, 8), 0))
+    ids = rng.permutation(np.repeat(np.arange(4), 10))
+    sums = linred.segmented_sum(x, segment_ids=ids).numpy()
+    np.testing.assert_array_equal(sums, [xn[ids == k].astype(np.uint64).sum() for k in range(4)])
+    extremes = getattr(linred, f"segmented_{which[3:]}")(x, segment_ids=ids).numpy()
+    np.testing.assert_array_equal(extremes, [getattr(np, which[3:])(xn[ids == k]) for k in range(4)])
+    first = fn(x, segment_ids=ids).numpy()
+    np.testing.assert_array_equal(first, [np.flatnonzero(ids == k)[getattr(np, which)(xn[ids == k])] for k in range(4)])

@@ -42,6 +42,24 @@ def torch_dtype(name: str) -> torch.dtype:
     return _TORCH_DTYPES[name]
 
 
+#: the unsigned dtypes PyTorch has no 1-D index_select for ("not implemented for 'UInt64'"), each
+#: with the signed dtype of its width, whose view moves the same bits
+_SIGNED_OF_UNSIGNED = {
+    getattr(torch, u): getattr(torch, i)
+    for u, i in (("uint16", "int16"), ("uint32", "int32"), ("uint64", "int64"))
+    if hasattr(torch, u)
+}
+
+
+def index_select(a: torch.Tensor, axis: int, index: torch.Tensor) -> torch.Tensor:
+    """``torch.index_select(a, axis, index)``, also for uint16, uint32 and uint64 data (through the
+    signed view of the same bits, where PyTorch lacks the kernel)."""
+    signed = _SIGNED_OF_UNSIGNED.get(a.dtype)
+    if signed is None:
+        return torch.index_select(a, axis, index)
+    return torch.index_select(a.view(signed), axis, index).view(a.dtype)
+
+
 def torch_stream(handle: int, device: torch.device) -> torch.cuda.Stream:
     """A torch stream object for a raw handle.  Handle 0 is the legacy default stream, which
     torch calls its default stream: ``ExternalStream(0)`` would instead hand out another
