@@ -135,6 +135,8 @@ def host_first(adapter: Any, info: Any, x: Any, extreme: Any, segment_length: An
     if adapter.kind == "torch":
         from linred.arrays.views import host_view
 
+        if x.is_neg() or x.is_conj():  # (a lazy negation or conjugation: no NumPy view; the composition)
+            return None
         try:  # (bfloat16 through ml_dtypes' type, which Tensor.numpy() does not give)
             xs, es = host_view(x.detach()), host_view(extreme.detach())
         except TypeError:  # bfloat16 without ml_dtypes: the composition

@@ -125,3 +125,18 @@ def test_unsigned_torch_tensors(dtype, which):
     np.testing.assert_array_equal(extremes, [getattr(np, which[3:])(xn[ids == k]) for k in range(4)])
     first = fn(x, segment_ids=ids).numpy()
     np.testing.assert_array_equal(first, [np.flatnonzero(ids == k)[getattr(np, which)(xn[ids == k])] for k in range(4)])
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch")
+@pytest.mark.parametrize("which", ["argmax", "argmin"])
+def test_tensor_with_a_negative_bit(which):
+    """A CPU tensor with the negative bit set (``z.conj().imag``), wide enough rows for the host's
+    loop over segments: served (by the composition), with NumPy's first extremes of its values."""
+    import torch
+
+    z = torch.randn(2048, 16, dtype=torch.complex64, generator=torch.Generator().manual_seed(4))
+    x = z.conj().imag
+    assert x.is_neg()
+    xn = -z.imag.numpy()
+    got = getattr(linred, f"segmented_{which}")(x, 1024).numpy()
+    np.testing.assert_array_equal(got, _expected(which, xn, np.array([0, 1024, 2048]), 0))
