@@ -199,6 +199,7 @@ class SegmentedReduction:
         self._prepare = (adapter.prepare_plain or adapter.prepare) if adapter.prepares else None
         self._prepare_out = adapter.prepare_out
         self._written = adapter.written
+        self._plan_input = adapter.plan_input
         self._empty = adapter.allocator(problem.out_dtype, problem.device)
         #: the library's current stream on the data's device (None on the host: no call to make)
         self._current_stream = None if problem.device is None else adapter.current_stream(problem.device)
@@ -353,6 +354,8 @@ class SegmentedReduction:
         """
         if self._executor is None:
             raise RuntimeError("this SegmentedReduction has been freed")
+        if self._plan_input is not None:
+            self._plan_input(x)  # (a PyTorch tensor that requires grad: refused, not silently detached)
         if type(x) is not self._type or self._describe(x) != self._x_key:
             x = check_x(x, self._request)  # the same layout through another route, or an error
         handle = (self._current_stream and self._current_stream()) if stream is None else self._stream(stream)

@@ -623,3 +623,17 @@ def test_vmap_of_argmax_over_wide_rows(device):
     expected = [[a + np.argmax(e[a:b], axis=0) if b > a else np.full(32, 4096) for a, b in itertools.pairwise(offsets)]
                 for e in xn]  # fmt: skip
     np.testing.assert_array_equal(got.cpu().numpy(), np.array(expected))
+
+
+def test_a_plan_refuses_a_tensor_that_requires_grad():
+    """A plan records no gradient: a tensor that requires grad is refused in grad mode (it came
+    back with no grad_fn before), served under no_grad and detached, as the functions serve it."""
+    x = torch.arange(12.0, dtype=torch.float64)
+    plan = linred.SegmentedReduction(x, 3)
+    y = x.clone().requires_grad_()
+    with pytest.raises(TypeError, match="requires grad"):
+        plan(y)
+    with torch.no_grad():
+        np.testing.assert_array_equal(plan(y).numpy(), [3.0, 12.0, 21.0, 30.0])
+    np.testing.assert_array_equal(plan(y.detach()).numpy(), [3.0, 12.0, 21.0, 30.0])
+    assert linred.segmented_sum(y, 3).grad_fn is not None

@@ -60,6 +60,10 @@ class ArrayAdapter:
     #: version counter is bumped, as an in-place operation's is, so that autograd notices a
     #: tensor it saved being overwritten)
     written: Any = None
+    #: ``plan_input(x)``: raises where a plan (:class:`~linred.SegmentedReduction`) cannot serve
+    #: ``x`` as the functions would, or None (PyTorch: a tensor that requires grad in grad mode,
+    #: whose gradient a plan does not record)
+    plan_input: Any = None
     #: device arrays: ``pointer(x)``, the address of ``x``'s first element (None on the host);
     #: with :meth:`span`, a plan's per-call test of whether ``out`` overlaps its inputs
     pointer: Any = None

@@ -138,6 +138,15 @@ class TorchAdapter(ArrayAdapter):
 
     written = staticmethod(torch.autograd.graph.increment_version)
 
+    @staticmethod
+    def plan_input(x: Any) -> None:
+        if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():  # (others: check_x)
+            raise TypeError(
+                "x requires grad: a SegmentedReduction does not record gradients; call the function "
+                "(linred.segmented_sum and the others, which do), or run the plan on x.detach() or under "
+                "torch.no_grad()"
+            )
+
     def key(self, x: torch.Tensor) -> tuple:
         # is_conj/is_neg decide whether prepare() copies.
         return (x.shape, x.stride(), x.dtype, x.device, x.is_conj(), x.is_neg())
