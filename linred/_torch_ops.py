@@ -65,7 +65,7 @@ def _call(
     every array inside every call, and allocate and reshape through PyTorch (2 cores, 64 x 4
     float32 rows in 4 segments: 63 against 19 µs a call; the same results, which the NumPy
     backend computes either way).  The result comes back as a tensor over the result's memory.
-    Tensors NumPy cannot view (bfloat16, complex32, a conjugate or negative bit) and calls
+    Tensors NumPy cannot view (bfloat16, a conjugate or negative bit; complex32 is refused) and calls
     with a stream or another backend take the tensor's own route.
     """
     if type(x) is Tensor and x.is_cpu and stream is None and type(backend) is str and backend in _HOST_BACKENDS:
