@@ -193,12 +193,20 @@ def check_x(x: Any, req: Request) -> Any:
         )
     info = adapter.info(x)
     expected = req.info
-    for field in ("shape", "dtype", "device", "strides", "plain"):
+    for field in ("shape", "dtype", "device", "strides"):
         if getattr(info, field) != getattr(expected, field):
             raise ValueError(
                 f"x must have the {field} of the array the plan was built for, {getattr(expected, field)}; "
                 f"got {getattr(info, field)}"
             )
+    if info.plain != expected.plain:
+
+        def what(plain: bool) -> str:
+            return "aligned, in native byte order" if plain else "unaligned or byte-swapped"
+
+        raise ValueError(
+            f"x must be {what(expected.plain)} like the array the plan was built for; got one {what(info.plain)}"
+        )
     return x
 
 

@@ -119,8 +119,8 @@ def ids_arguments(segment_ids: Any, num_segments: Any, ids_sorted: Any, segments
     if segments_given:
         raise TypeError(f"give one of segment_length, offsets, lengths or segment_ids; got segment_ids and "
                         f"{' and '.join(segments_given)}")  # fmt: skip
-    if ids_sorted not in (None, True, False):
-        raise TypeError(f"ids_sorted must be None, True or False; got {ids_sorted!r}")
+    if ids_sorted is not None and not isinstance(ids_sorted, bool):  # (as check: np.True_ is refused too)
+        raise TypeError(f"ids_sorted must be None, True or False; got {type(ids_sorted).__name__} {ids_sorted!r}")
     return None if num_segments is None else _num_segments(num_segments)
 
 
@@ -145,7 +145,7 @@ def reduce_by_ids(
     """
     ns = ids_arguments(segment_ids, num_segments, ids_sorted, segments_given)
     if not isinstance(check, bool):
-        raise TypeError(f"check must be a bool; got {type(check).__name__}")
+        raise TypeError(f"check must be True or False; got {type(check).__name__} {check!r}")
     if is_jax(x):  # reduced where it lies, ids and all (linred._jax)
         ids_kwargs = {"segment_ids": segment_ids, "num_segments": num_segments, "ids_sorted": ids_sorted}
         return call_jax(function, x, None, offsets=None, lengths=None, out=out, axis=axis, check=check,

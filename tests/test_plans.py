@@ -119,6 +119,19 @@ def test_plan_rejects_other_layouts(array_kind, case):
         plan(x)
 
 
+def test_plan_rejects_a_byte_swapped_or_unaligned_array_in_words():
+    """A byte-swapped or unaligned array (same shape, dtype name and strides) is refused with a
+    message that says so, not with the name of an internal field ("plain")."""
+    x = np.arange(8.0)
+    with linred.SegmentedReduction(x, 2) as plan:
+        with pytest.raises(ValueError, match="x must be aligned, in native byte order like the array the plan"):
+            plan(x.astype(">f8"))
+        raw = np.zeros(8 * 8 + 1, np.uint8)[1:].view(np.float64)  # (unaligned)
+        assert not raw.flags.aligned
+        with pytest.raises(ValueError, match="got one unaligned or byte-swapped"):
+            plan(raw)
+
+
 def test_plan_bad_arguments(array_kind):
     x = to_kind(np.arange(12, dtype=np.float32), array_kind)
     with pytest.raises(ValueError, match=r"reduction must be one of 'sum', 'mean', 'max', 'min', 'prod'; got 'std'"):

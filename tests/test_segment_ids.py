@@ -172,6 +172,11 @@ def test_errors():
         linred.segmented_sum(x, segment_ids=ids, num_segments=3.0)
     with pytest.raises(TypeError, match="ids_sorted must be None, True or False"):
         linred.segmented_sum(x, segment_ids=ids, ids_sorted="yes")
+    # NumPy's bools are refused as check refuses them (ids_sorted took np.True_, check did not)
+    with pytest.raises(TypeError, match=r"ids_sorted must be None, True or False; got bool np\.True_"):
+        linred.segmented_sum(x, segment_ids=ids, ids_sorted=np.True_)
+    with pytest.raises(TypeError, match=r"check must be True or False; got bool np\.True_"):
+        linred.segmented_sum(x, segment_ids=ids, check=np.True_)
 
 
 def test_torch_gradients_flow_through_unsorted_ids():
