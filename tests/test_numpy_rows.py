@@ -653,3 +653,20 @@ def test_steps_warn_once_at_the_callers_line(clean_plan_cache):
     assert np.isnan(result[0, 0]) and np.isnan(result[1, 1])
     assert [(w.category, w.filename) for w in caught] == [(RuntimeWarning, __file__)]
     assert "invalid value" in str(caught[0].message)
+
+
+@pytest.mark.parametrize("spec", ["fixed", "lengths"])
+def test_float32_worst_case_runs_stay_within_the_documented_bound(clean_plan_cache, spec):
+    """docs/api.md, Accuracy: data whose roundings in a run all go one way (a 1, then values
+    just under half its ulp) loses at most about (run length) * 2^-24 * S in float32, 128 * 2^-24
+    for the host's runs; dtype="float64" keeps it to float64's rounding."""
+    t = np.float32(0.99 * 2.0**-24)
+    seg = np.full((129, 16), t, np.float32)
+    seg[0] = 1
+    x = np.tile(seg, (300, 1))
+    kwargs = {"segment_length": 129} if spec == "fixed" else {"lengths": [129] * 300}
+    exact = 1 + 128 * float(t)  # (S: every value is positive)
+    got = linred.segmented_sum(x, **kwargs)
+    assert np.all(np.abs(got.astype(np.float64) - exact) <= 128 * 2.0**-24 * exact)
+    wide = linred.segmented_sum(x, dtype="float64", **kwargs)
+    np.testing.assert_allclose(wide, exact, rtol=1e-15)
