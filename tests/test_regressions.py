@@ -181,6 +181,23 @@ def test_offsets_that_wrap_are_refused(array_kind, kwargs, match):
         linred.segmented_sum(to_kind(np.arange(12.0), array_kind), **kwargs)
 
 
+@pytest.mark.parametrize(
+    "kind", ["numpy", pytest.param("torch", marks=pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch"))]
+)
+@pytest.mark.parametrize(
+    "kwargs", [{"offsets": [0, 2**64, 12]}, {"lengths": [2**65, 1]}, {"offsets": [0, -(2**64), 12]}], ids=str
+)
+def test_integers_beyond_int64_in_a_list_are_out_of_range(kind, kwargs):
+    """A list holding integers beyond int64 and uint64 (NumPy keeps them as objects) is refused
+    as out of range (ValueError, as a uint64 array's values beyond int64 are), not as a list of
+    the wrong type (TypeError before)."""
+    x = np.arange(12.0) if kind == "numpy" else to_kind(np.arange(12.0), "torch-cpu")
+    with pytest.raises(ValueError, match=r"(offsets|lengths) must fit in int64; got -?\d+"):
+        linred.segmented_sum(x, **kwargs)
+    with pytest.raises(TypeError, match=r"offsets must be an array of integers; got dtype"):
+        linred.segmented_sum(x, offsets=[0, "6", 12])
+
+
 def _unusual_layout(layout: str) -> np.ndarray:
     """``np.arange(1, 13)`` as float32: big-endian, a field of a structured array (5-byte strides)
     or at an odd address."""

@@ -11,6 +11,14 @@ from linred._dtypes import dtype_name, numpy_dtype
 from linred.arrays._base import ArrayAdapter, ArrayInfo, adapters
 
 
+def refuse_huge_integers(a: np.ndarray, name: str) -> None:
+    """Raise ValueError where ``a`` (an object array) holds Python integers only: NumPy keeps
+    integers beyond int64 and uint64 as objects, and such a value is out of range, not of the
+    wrong type (as a uint64 array's values beyond int64 are)."""
+    if a.size and all(type(v) is int for v in a.flat):
+        raise ValueError(f"{name} must fit in int64; got {max(a.flat, key=abs)}")
+
+
 def _int_array(xp: Any, obj: Any, name: str, **asarray_kwargs: Any) -> Any:
     """Shared by the NumPy and CuPy adapters: ``obj`` as an int32/int64 array."""
     try:
@@ -20,6 +28,8 @@ def _int_array(xp: Any, obj: Any, name: str, **asarray_kwargs: Any) -> Any:
     if a.size == 0 and not hasattr(obj, "dtype"):  # NumPy makes float64 of an empty list
         a = a.astype(xp.int64)
     kind = a.dtype.kind
+    if kind == "O":
+        refuse_huge_integers(a, name)
     if kind == "b" or kind not in "iu":
         raise TypeError(f"{name} must be an array of integers; got dtype {a.dtype}")
     if a.dtype.name not in ("int32", "int64"):

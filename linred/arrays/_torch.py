@@ -229,6 +229,13 @@ class TorchAdapter(ArrayAdapter):
                 a = obj if hasattr(obj, "__cuda_array_interface__") else np.asarray(obj)
                 if a.size == 0 and not hasattr(obj, "dtype"):  # NumPy makes float64 of an empty list
                     a = a.astype(np.int64)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise TypeError(f"{name} must be an array of integers; got {type(obj).__name__} ({e})") from None
+            if isinstance(a, np.ndarray) and a.dtype.kind == "O":
+                from linred.arrays._numpy import refuse_huge_integers
+
+                refuse_huge_integers(a, name)
+            try:
                 t = torch.as_tensor(a, device=_device(device))
             except (TypeError, ValueError, RuntimeError) as e:
                 raise TypeError(f"{name} must be an array of integers; got {type(obj).__name__} ({e})") from None
