@@ -3,8 +3,9 @@
 Without PyTorch, a call goes straight to the plan cache
 (:func:`linred._plan_cache.call`).  Once PyTorch is in use, :data:`run` becomes
 :func:`linred._torch_ops.run`, which sends a tensor through the registered operator
-``linred::segmented_reduce`` where that is needed (inside ``torch.compile``, and
-for tensors that require grad) and every other call to the plan cache, as before.
+``linred::segmented_reduce`` inside ``torch.compile``, through an autograd Function for
+tensors that require grad and inside ``torch.func`` transforms, and every other call
+to the plan cache, as before.
 ``import linred`` still imports no PyTorch: the switch happens when linred is
 imported after PyTorch, or when linred first meets a tensor.
 """

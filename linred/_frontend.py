@@ -25,6 +25,12 @@ from linred.segments import FixedSegments, Segments, parse_segments
 __all__ = ["FillExecutor", "Request", "check_out", "check_reduction", "normalize_axis", "request"]
 
 
+def described(value: Any) -> str:
+    """``value`` and its type, module and all, for a message (NumPy's bool is named "bool" too)."""
+    t = type(value)
+    return f"{value!r} ({t.__name__ if t.__module__ == 'builtins' else f'{t.__module__}.{t.__name__}'})"
+
+
 def check_reduction(reduction: Any) -> str:
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {', '.join(map(repr, REDUCTIONS))}; got {reduction!r}")
@@ -109,7 +115,7 @@ def request(
     axis = normalize_axis(axis, ndim)
     backend = check_backend_name(backend)
     if not isinstance(check, bool):
-        raise TypeError(f"check must be True or False; got {type(check).__name__} {check!r}")
+        raise TypeError(f"check must be True or False; got {described(check)}")
     n = info.shape[axis]
     handle = adapter.resolve_stream(stream, info.device)
     # Offsets are moved, checked and derived on the call's stream, ordered with the

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from linred._frontend import normalize_axis, validate_out
+from linred._frontend import described, normalize_axis, validate_out
 from linred._jax import call_jax, is_jax
 from linred.arrays import as_array, namespace
 
@@ -119,8 +119,8 @@ def ids_arguments(segment_ids: Any, num_segments: Any, ids_sorted: Any, segments
     if segments_given:
         raise TypeError(f"give one of segment_length, offsets, lengths or segment_ids; got segment_ids and "
                         f"{' and '.join(segments_given)}")  # fmt: skip
-    if ids_sorted is not None and not isinstance(ids_sorted, bool):  # (as check: np.True_ is refused too)
-        raise TypeError(f"ids_sorted must be None, True or False; got {type(ids_sorted).__name__} {ids_sorted!r}")
+    if ids_sorted is not None and not isinstance(ids_sorted, (bool, np.bool_)):  # (NumPy's: (np.diff(ids) >= 0).all())
+        raise TypeError(f"ids_sorted must be None, True or False; got {described(ids_sorted)}")
     return None if num_segments is None else _num_segments(num_segments)
 
 
@@ -144,8 +144,9 @@ def reduce_by_ids(
     are mapped back through the sort of unsorted ids.  ``kwargs`` go to ``function``.
     """
     ns = ids_arguments(segment_ids, num_segments, ids_sorted, segments_given)
+    ids_sorted = None if ids_sorted is None else bool(ids_sorted)
     if not isinstance(check, bool):
-        raise TypeError(f"check must be True or False; got {type(check).__name__} {check!r}")
+        raise TypeError(f"check must be True or False; got {described(check)}")
     if is_jax(x):  # reduced where it lies, ids and all (linred._jax)
         ids_kwargs = {"segment_ids": segment_ids, "num_segments": num_segments, "ids_sorted": ids_sorted}
         return call_jax(function, x, None, offsets=None, lengths=None, out=out, axis=axis, check=check,

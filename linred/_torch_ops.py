@@ -35,6 +35,7 @@ from torch import Tensor
 from linred import _plan_cache
 from linred._arg import first_positions
 from linred._dtypes import dtype_name, resolve
+from linred._frontend import normalize_axis
 
 __all__ = ["run", "segmented_reduce"]
 
@@ -171,9 +172,11 @@ def _backward(ctx: Any, grad: Tensor) -> tuple:
         if ctx.n == 0:
             return (torch.zeros(x.shape, dtype=ctx.x_dtype, device=x.device), *nones)
         arg = _arg(ctx, x, extreme, offsets, lengths)
-        # (in place into new zeros, except under torch.func, whose vmap takes no in-place write of
-        # a batched gradient into an unbatched tensor)
-        scatter_add = torch.Tensor.scatter_add_ if _transform_level() is None else torch.Tensor.scatter_add
+        # (in place into new zeros, except under torch.func, or a batched backward such as
+        # jacobian(vectorize=True), whose vmap takes no in-place write of a batched gradient into
+        # an unbatched tensor)
+        batched = _transform_level() is not None or _is_legacy_batched(grad)
+        scatter_add = torch.Tensor.scatter_add if batched else torch.Tensor.scatter_add_
         if ctx.axis == 0:
             # An empty segment's position is n: its gradient goes to a row past the end, cut off.
             gx = torch.zeros((ctx.n + 1, *x.shape[1:]), dtype=grad.dtype, device=grad.device)
@@ -248,11 +251,14 @@ def _reduce(x: Tensor, spec: tuple, reduction: str) -> Tensor:
     """``segmented_<reduction>(x)`` over ``spec`` (offsets, lengths, segment length, axis), unchecked,
     inside a backward: through the operator where it is traced (fake tensors, or inside
     ``torch.compile``), else straight to the plan cache (the operator's dispatch costs about 45 µs
-    a call on the host), or through :class:`_EagerReduce` where double backward needs its graph."""
+    a call on the host), or through :class:`_EagerReduce` where double backward needs its graph
+    (:class:`_TransformedReduce` inside ``torch.func`` transforms, whose tensors may be wrappers)."""
     args = (x, *spec, reduction, None, "auto", False)
     if type(x) is not Tensor or torch.compiler.is_compiling():
         return segmented_reduce(*args)
-    if (x.requires_grad and torch.is_grad_enabled()) or _transform_level() is not None:
+    if _transform_level() is not None:
+        return _TransformedReduce.apply(*args)
+    if x.requires_grad and torch.is_grad_enabled():
         return _EagerReduce.apply(*args)
     offsets, lengths, segment_length, axis = spec
     return _call(reduction, x, segment_length, offsets, lengths, axis, None, None, "auto", None, False)
@@ -321,21 +327,35 @@ segmented_reduce.register_autograd(_backward, setup_context=_setup_context)
 
 
 class _EagerReduce(torch.autograd.Function):
-    """The same forward and backward as the operator, for eager calls that need a gradient, and
-    for calls inside ``torch.func`` transforms.
+    """The same forward and backward as the operator, for eager calls that need a gradient.
 
     Outside ``torch.compile`` nothing needs the operator's schema or fake implementation,
     and the dispatch through them costs about 100 us per call (measured on the CPU: forward
     223 us through the operator, 128 us without a graph); an autograd Function records the
     same backward (``_backward``, made of differentiable operations: double backward works)
-    for a fraction of that.
-
-    Its ``setup_context`` and ``vmap`` rule are what ``torch.func`` needs (PyTorch's operators
-    from ``torch.library.custom_op`` have neither): ``grad``, ``vjp`` and ``jacrev`` run the
-    forward on the tensors below their level, and ``vmap`` reduces the whole batch in one call
-    (the batch is one more leading dimension of ``x``; offsets or lengths that differ across
-    the batch take one call per element).  Forward mode (``jvp``, ``jacfwd``) is refused.
+    for a fraction of that.  (Its forward takes ``ctx``: a Function with ``setup_context``
+    binds its arguments to the forward's signature on every call, which doubled the time of
+    a small call; :class:`_TransformedReduce` has it, for ``torch.func``.)
     """
+
+    @staticmethod
+    def forward(ctx, x, offsets, lengths, segment_length, axis, reduction, dtype, backend, check):
+        out = _call(reduction, x, segment_length, offsets, lengths, axis, dtype, None, backend, None, check)
+        _setup_context(ctx, (x, offsets, lengths, segment_length, axis, reduction), out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _backward(ctx, grad)
+
+
+class _TransformedReduce(torch.autograd.Function):
+    """:class:`_EagerReduce` for calls inside ``torch.func`` transforms, with the ``setup_context``
+    and ``vmap`` rule they need (PyTorch's operators from ``torch.library.custom_op`` have
+    neither): ``grad``, ``vjp`` and ``jacrev`` run the forward on the tensors below their level,
+    and ``vmap`` reduces the whole batch in one call (the batch is one more leading dimension of
+    ``x``; offsets or lengths that differ across the batch take one call per element).  Forward
+    mode (``jvp``, ``jacfwd``) is refused."""
 
     @staticmethod
     def forward(x, offsets, lengths, segment_length, axis, reduction, dtype, backend, check):
@@ -355,26 +375,40 @@ class _EagerReduce(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, *args):
-        return _vmap_rule(_EagerReduce.apply, info, in_dims, *args)
+        return _vmap_rule(_TransformedReduce.apply, info, in_dims, *args)
 
 
 def _vmap_rule(reduce: Any, info: Any, in_dims: tuple, x: Tensor, offsets: Optional[Tensor],  # noqa: UP045
                lengths: Optional[Tensor], *rest: Any) -> tuple[Tensor, int]:  # noqa: UP045  # fmt: skip
-    """``torch.vmap``'s rule for ``reduce`` (the autograd Function's ``apply``, or the operator):
-    the batch becomes a leading dimension of ``x`` and the segment axis moves one further, so the
-    whole batch is one call; offsets or lengths batched too (each element its own segments) take
-    one call per element."""
+    """``torch.vmap``'s rule for ``reduce`` (the autograd Function's ``apply``, or the operator),
+    whose arguments come positionally (linred calls both so): the batch becomes a leading
+    dimension of ``x`` and the segment axis moves one further, so the whole batch is one call;
+    offsets or lengths batched too (each element its own segments) take one call per element."""
     x_dim, offsets_dim, lengths_dim = in_dims[:3]
     segment_length, axis, *options = rest
+    ndim = x.dim() - (x_dim is not None)  # (an element's dimensions)
+    if ndim == 0:
+        raise ValueError("x must have at least one dimension; got a 0-d array")
+    axis = normalize_axis(axis, ndim)  # (an element's axis: out of range, or a bool, raises as without vmap)
     if offsets_dim is None and lengths_dim is None:
         x = x.movedim(x_dim, 0)  # (x is batched: nothing else can be)
-        return reduce(x, offsets, lengths, segment_length, axis % (x.dim() - 1) + 1, *options), 0
+        return reduce(x, offsets, lengths, segment_length, axis + 1, *options), 0
+    if info.batch_size == 0:  # (no element to reduce: the result of an empty batch, from a stand-in element)
+        xb = x if x_dim is None else x.new_zeros(x.movedim(x_dim, 0).shape[1:])
+        n = xb.shape[axis]
+
+        def last_n(t: Tensor | None) -> Tensor | None:  # (offsets or lengths [0, ..., 0, n]: valid for the stand-in)
+            return None if t is None else torch.nn.functional.pad(t.new_zeros(t.shape[-1] - 1), (0, 1), value=n)
+
+        ob, lb = last_n(offsets), last_n(lengths)
+        one = reduce(xb, ob, lb, segment_length, axis, *options)
+        return one.new_empty((0, *one.shape)), 0
     results = []
     for b in range(info.batch_size):
         xb = x if x_dim is None else x.select(x_dim, b)
         ob = offsets if offsets_dim is None else offsets.select(offsets_dim, b)
         lb = lengths if lengths_dim is None else lengths.select(lengths_dim, b)
-        results.append(reduce(xb, ob, lb, *rest))
+        results.append(reduce(xb, ob, lb, segment_length, axis, *options))
     return torch.stack(results), 0
 
 
@@ -389,6 +423,9 @@ _NO_FORWARD_AD = (
 
 #: the level of the innermost ``torch.func`` transform (``grad``, ``vmap``, ...) in effect, or None
 _transform_level = torch._C._functorch.maybe_current_level
+#: whether a tensor is batched by autograd's own vmap (``jacobian(vectorize=True)``,
+#: ``grad(is_grads_batched=True)``), which no torch.func level shows
+_is_legacy_batched = getattr(torch._C._functorch, "is_legacy_batchedtensor", lambda t: False)
 
 
 def transformed() -> bool:
@@ -446,6 +483,8 @@ def _through_op(
     args = (x, offsets, lengths, segment_length, axis, reduction, _as_dtype_name(dtype), backend, check)
     if torch.compiler.is_compiling():
         return segmented_reduce(*args)
+    if _transform_level() is not None:
+        return _TransformedReduce.apply(*args)
     return _EagerReduce.apply(*args)
 
 
@@ -466,11 +505,11 @@ def run(
     if isinstance(x, Tensor):
         if _forward_ad._current_level >= 0 and _forward_ad.unpack_dual(x).tangent is not None:
             raise TypeError(_NO_FORWARD_AD)
-        if torch.compiler.is_compiling() or (
-            x.requires_grad and torch.is_grad_enabled() and reduction in _DIFFERENTIABLE
+        if (
+            torch.compiler.is_compiling()
+            or (x.requires_grad and torch.is_grad_enabled() and reduction in _DIFFERENTIABLE)
+            or _transform_level() is not None  # (inside torch.func.vmap, say: x may have no memory of its own)
         ):
-            return _through_op(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
-        if _transform_level() is not None:  # (inside torch.func.vmap, say: x has no memory of its own)
             return _through_op(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
         return _call(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
     # (the plan cache is opaque to TorchDynamo: inside torch.compile, NumPy or CuPy data runs eagerly)

@@ -47,7 +47,7 @@ import numpy as np
 
 import linred
 from linred._dtypes import identity, numpy_dtype
-from linred._frontend import normalize_axis
+from linred._frontend import described, normalize_axis
 from linred._jax import is_jax
 from linred.plan import SegmentedReduction
 
@@ -606,7 +606,7 @@ def _checked_input(x: Any, axis: Any, backend: Any, check: Any) -> tuple[int, An
     axis = normalize_axis(axis, x.ndim)
     check_backend_name(backend)
     if not isinstance(check, bool):
-        raise TypeError(f"check must be True or False; got {type(check).__name__} {check!r}")
+        raise TypeError(f"check must be True or False; got {described(check)}")
     chunk_meta = getattr(x, "_meta", None)
     if chunk_meta is None:
         chunk_meta = meta_from_array(x)

@@ -8,6 +8,7 @@ one, on a CUDA device; compiled models against the same model run eagerly.
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -637,3 +638,52 @@ def test_a_plan_refuses_a_tensor_that_requires_grad():
         np.testing.assert_array_equal(plan(y).numpy(), [3.0, 12.0, 21.0, 30.0])
     np.testing.assert_array_equal(plan(y.detach()).numpy(), [3.0, 12.0, 21.0, 30.0])
     assert linred.segmented_sum(y, 3).grad_fn is not None
+
+
+def test_torch_func_edge_cases():
+    """Inside vmap: an element's axis out of range (or a bool) and 0-d elements raise as without
+    vmap; an empty batch with batched offsets or lengths gives an empty result; a plan refuses
+    torch.func's tensors by name; autograd's own batched backward (jacobian(vectorize=True))
+    takes max and min."""
+    from numpy.exceptions import AxisError
+
+    with pytest.raises(AxisError):
+        torch.vmap(lambda t: linred.segmented_sum(t, 2, axis=3))(torch.randn(4, 6))
+    with pytest.raises(AxisError):
+        torch.vmap(lambda t: linred.segmented_sum(t, 2, axis=-2))(torch.randn(4, 6))
+    with pytest.raises(TypeError, match="axis must be an integer; got bool"):
+        torch.vmap(lambda t: linred.segmented_sum(t, 2, axis=True))(torch.randn(4, 6))
+    with pytest.raises(ValueError, match="at least one dimension"):
+        torch.vmap(lambda t: linred.segmented_sum(t, 1))(torch.randn(4))
+    x = torch.randn(6, dtype=torch.float64)
+    empty = torch.vmap(lambda o: linred.segmented_sum(x, offsets=o))(torch.zeros(0, 3, dtype=torch.long))
+    assert empty.shape == (0, 2)
+    empty = torch.vmap(lambda t, ln: linred.segmented_mean(t, lengths=ln, axis=1))(
+        torch.zeros(0, 2, 6), torch.zeros(0, 3, dtype=torch.long)
+    )
+    assert empty.shape == (0, 2, 3)
+    plan = linred.SegmentedReduction(torch.zeros(6, dtype=torch.float64), 2)
+    with pytest.raises(TypeError, match=r"x is a torch\.func tensor"):
+        torch.vmap(plan)(torch.zeros(3, 6, dtype=torch.float64))
+    y = torch.tensor(np.random.default_rng(12).standard_normal((12, 3)))
+    ptr = torch.tensor(FUNC_OFFSETS)
+    for reduction in FUNC_REDUCTIONS:
+        f = getattr(linred, f"segmented_{reduction}")
+        fast = torch.autograd.functional.jacobian(lambda t, f=f: f(t, offsets=ptr), y, vectorize=True)
+        slow = torch.autograd.functional.jacobian(lambda t, f=f: f(t, offsets=ptr), y)
+        np.testing.assert_allclose(fast.nan_to_num().numpy(), slow.nan_to_num().numpy(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("function", ["softmax", "logsumexp", "var", "argmax"])
+@pytest.mark.parametrize("spec", ["offsets", "lengths"])
+def test_vmap_of_the_fused_and_arg_functions_with_batched_segments(function, spec):
+    """Each element with its own segments (batched offsets or lengths), for the functions that
+    run as compositions: as the same function called element by element."""
+    segments = {"offsets": torch.tensor([[0, 2, 6], [0, 3, 6]]), "lengths": torch.tensor([[2, 4], [3, 3]])}[spec]
+    f = getattr(linred, f"segmented_{function}")
+    xb = torch.tensor(np.random.default_rng(13).standard_normal((2, 6)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (PyTorch's notes of batching rules it lacks: a slower loop)
+        got = torch.vmap(lambda t, s: f(t, **{spec: s}))(xb, segments)
+    expected = torch.stack([f(xb[i], **{spec: segments[i]}) for i in range(2)])
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-12)

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch._C import _functorch
 
 from linred._dtypes import dtype_name
 from linred._dynamo import register_torch
@@ -140,7 +141,14 @@ class TorchAdapter(ArrayAdapter):
 
     @staticmethod
     def plan_input(x: Any) -> None:
-        if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():  # (others: check_x)
+        if not isinstance(x, torch.Tensor):  # (refused by check_x)
+            return
+        if _functorch.maybe_current_level() is not None and _functorch.is_functorch_wrapped_tensor(x):
+            raise TypeError(
+                "x is a torch.func tensor (inside grad, vmap or jacrev): a SegmentedReduction cannot read it; call "
+                "the function (linred.segmented_sum and the others), which torch.func transforms"
+            )
+        if x.requires_grad and torch.is_grad_enabled():
             raise TypeError(
                 "x requires grad: a SegmentedReduction does not record gradients; call the function "
                 "(linred.segmented_sum and the others, which do), or run the plan on x.detach() or under "
@@ -321,6 +329,9 @@ class TorchAdapter(ArrayAdapter):
         return lo, at, hi, bool(wrapped), total
 
     def lengths_to_offsets(self, lengths: torch.Tensor) -> torch.Tensor:
+        if torch._C._functorch.maybe_current_level() is not None:
+            # (inside torch.func transforms, whose batched lengths take no out=)
+            return torch.nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int64), (1, 0))
         # (empty, not zeros: only the first offset needs its 0; the scan writes the others)
         off = torch.empty(lengths.shape[0] + 1, dtype=torch.int64, device=lengths.device)
         off[:1].zero_()
