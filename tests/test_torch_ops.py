@@ -687,3 +687,31 @@ def test_vmap_of_the_fused_and_arg_functions_with_batched_segments(function, spe
         got = torch.vmap(lambda t, s: f(t, **{spec: s}))(xb, segments)
     expected = torch.stack([f(xb[i], **{spec: segments[i]}) for i in range(2)])
     np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+def test_checked_calls_under_a_cuda_default_device():
+    """Under ``torch.set_default_device("cuda")`` (here ``with torch.device("cuda")``), a thread's
+    first checked call allocates its pinned check word on the host (it raised "Only dense CPU
+    tensors can be pinned"): a new thread, so that its word is made inside the block."""
+    import threading
+
+    rng = np.random.default_rng(14)
+    xn = rng.standard_normal((12, 3))
+    got: dict = {}
+
+    def work():
+        try:
+            with torch.device("cuda"):
+                got["sum"] = linred.segmented_sum(torch.tensor(xn), offsets=torch.tensor(FUNC_OFFSETS)).cpu()
+                got["max"] = linred.segmented_max(torch.tensor(xn), lengths=[2, 0, 5, 5]).cpu()
+        except Exception as e:  # (reported by the test's thread)
+            got["error"] = e
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert "error" not in got, got.get("error")
+    np.testing.assert_allclose(got["sum"].numpy(), _segment_reference("sum", xn, FUNC_OFFSETS), rtol=1e-12)
+    np.testing.assert_array_equal(got["max"].numpy(), _segment_reference("max", xn, FUNC_OFFSETS))

@@ -88,7 +88,7 @@ def _current_stream_handle(device: int) -> Any:
 
 
 def _pinned_int32() -> tuple[torch.Tensor, int]:
-    word = torch.empty(1, dtype=torch.int32, pin_memory=True)
+    word = torch.empty(1, dtype=torch.int32, device="cpu", pin_memory=True)  # (whatever the default device)
     return word, word.data_ptr()
 
 
