@@ -165,10 +165,26 @@ def _expand(ctx: Any, t: Tensor, lengths: Optional[Tensor]) -> Tensor:  # noqa: 
     return t.repeat_interleave(lengths, dim=ctx.axis, output_size=ctx.n)
 
 
+def _saved(ctx: Any) -> tuple:
+    """The tensors the forward saved; outside any ``torch.func`` transform, a torch.func wrapper
+    among them (``vjp``'s pullback called after ``vjp`` returned: its level is over) is the tensor
+    it wraps, which linred's kernels can read (the wrapper has no memory of its own)."""
+    saved = ctx.saved_tensors
+    if _transform_level() is not None:
+        return saved
+    return tuple(_unwrapped(t) for t in saved)
+
+
+def _unwrapped(t: Tensor | None) -> Tensor | None:
+    while t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
+    return t
+
+
 def _backward(ctx: Any, grad: Tensor) -> tuple:
     nones = (None,) * 8
     if ctx.reduction in ("max", "min"):
-        offsets, lengths, x, extreme = ctx.saved_tensors
+        offsets, lengths, x, extreme = _saved(ctx)
         if ctx.n == 0:
             return (torch.zeros(x.shape, dtype=ctx.x_dtype, device=x.device), *nones)
         arg = _arg(ctx, x, extreme, offsets, lengths)
@@ -188,7 +204,7 @@ def _backward(ctx: Any, grad: Tensor) -> tuple:
         return (gx.to(ctx.x_dtype), *nones)
     if ctx.reduction == "prod":
         return (_prod_backward(ctx, grad), *nones)
-    offsets, lengths = ctx.saved_tensors
+    offsets, lengths = _saved(ctx)
     fast = _spread_rows(ctx, grad, offsets, lengths)
     if fast is not None:
         return (fast, *nones)
@@ -271,7 +287,7 @@ def _prod_backward(ctx: Any, grad: Tensor) -> Tensor:
     for the rest; 0 throughout a segment with two or more zeros.  Complex gradients are
     conjugated, as PyTorch's are.  Double backward is exact where a segment holds at most one
     zero (with two or more, the second derivatives between its zeros come out 0)."""
-    offsets, lengths, x, product = ctx.saved_tensors
+    offsets, lengths, x, product = _saved(ctx)
     if lengths is None and offsets is not None:
         lengths = offsets.diff()
     spec = (offsets, None if offsets is not None else lengths, ctx.segment_length, ctx.axis)

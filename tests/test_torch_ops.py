@@ -715,3 +715,20 @@ def test_checked_calls_under_a_cuda_default_device():
     assert "error" not in got, got.get("error")
     np.testing.assert_allclose(got["sum"].numpy(), _segment_reference("sum", xn, FUNC_OFFSETS), rtol=1e-12)
     np.testing.assert_array_equal(got["max"].numpy(), _segment_reference("max", xn, FUNC_OFFSETS))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", FUNC_REDUCTIONS)
+def test_vjp_pullback_called_after_vjp_returns(device, reduction):
+    """torch.func.vjp's pullback runs outside the transform, on the tensors the forward saved as
+    torch.func wrappers: max, min and prod, whose backward reads them with linred's own paths,
+    unwrap them (CUDA raised "Cannot access data pointer")."""
+    rng = np.random.default_rng(15)
+    xn, wn = rng.standard_normal((12, 3)), rng.standard_normal((4, 3))
+    ptr = torch.tensor(FUNC_OFFSETS, device=device)
+    f = getattr(linred, f"segmented_{reduction}")
+    out, pull = torch.func.vjp(lambda t: f(t, offsets=ptr), torch.tensor(xn, device=device))
+    w = torch.where(torch.isfinite(out), torch.tensor(wn, device=device), 0)
+    got = pull(w)[0].cpu().numpy()
+    expected = _gradient_reference(reduction, xn, FUNC_OFFSETS, np.where(np.isfinite(out.cpu().numpy()), wn, 0))
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
