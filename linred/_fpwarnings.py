@@ -47,11 +47,24 @@ _CACHE_SIZE = 64
 _PENDING: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("linred_fp_pending", default=None)
 
 
+def _inside(filename: str) -> bool:
+    """Whether a frame of ``filename`` is linred's, or PyTorch's autograd's running a function of
+    linred's (an autograd Function's ``apply`` and ``backward`` call linred from there)."""
+    if filename.startswith(_PACKAGE):
+        return True
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    autograd = os.path.dirname(os.path.abspath(torch.autograd.__file__)) + os.sep
+    return filename.startswith(autograd)
+
+
 def _emit(kind: str) -> None:
-    """One ``RuntimeWarning`` at the first frame outside linred (this function's caller's)."""
+    """One ``RuntimeWarning`` at the first frame outside linred (this function's caller's), and
+    outside PyTorch's autograd machinery that called linred."""
     frame = sys._getframe(1)
     level = 2
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+    while frame is not None and _inside(frame.f_code.co_filename):
         frame = frame.f_back
         level += 1
     warnings.warn(f"{kind} encountered in a segmented reduction", RuntimeWarning, stacklevel=level)

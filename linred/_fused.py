@@ -287,13 +287,50 @@ def _run(
         for key in ("offsets", "lengths", "segment_ids"):  # on the device once, not once per reduction
             if segments.get(key) is not None:
                 segments[key] = adapter.index_array(segments[key], device, key)
-        if _softmax_kernel.serves(name, x, adapter, in_name, result, segments, backend, grad, check, axis):
-            # One kernel on the GPU, with the composition's results (see linred._softmax_kernel).
-            return _softmax_kernel.run(name, x, adapter, axis, compute, result, segments, device, check, handle,
-                                       **options)  # fmt: skip
-        c = _Call(name, None, adapter, xp, axis, compute, result, grad, backend, check, segments, device, shape=shape)
-        c.x = _astype(c, x, compute)
-        return body(c, **options)
+        if grad:
+            from linred import _fused_grad
+
+            if _fused_grad.takes(x, segments, compute):
+                # Autograd records one Function: the forward as a call without autograd (one
+                # kernel on the GPU), the backward its derivative (see linred._fused_grad).
+                def run(detached: Any) -> Any:
+                    return _compute(name, body, detached, adapter, xp, axis, in_name, compute, result, False, backend,
+                                    check, segments, device, handle, shape, options)  # fmt: skip
+
+                offsets, lengths, length = segments.get("offsets"), segments.get("lengths"), segments["segment_length"]
+                return _fused_grad.FusedGrad.apply(x, offsets, lengths, length, axis, name, compute,
+                                                   options.get("ddof", 0), run)  # fmt: skip
+        return _compute(name, body, x, adapter, xp, axis, in_name, compute, result, grad, backend, check, segments,
+                        device, handle, shape, options)  # fmt: skip
+
+
+def _compute(
+    name: str,
+    body: Callable[..., Any],
+    x: Any,
+    adapter: Any,
+    xp: Any,
+    axis: int,
+    in_name: str,
+    compute: str,
+    result: str,
+    grad: bool,
+    backend: Any,
+    check: Any,
+    segments: dict[str, Any],
+    device: Any,
+    handle: Any,
+    shape: tuple[int, ...],
+    options: dict[str, Any],
+) -> Any:
+    """``name`` of ``x`` with the call's segments (on the device): one kernel on the GPU where
+    :mod:`linred._softmax_kernel` serves the call, else the composition ``body``."""
+    if _softmax_kernel.serves(name, x, adapter, in_name, result, segments, backend, grad, check, axis):
+        # One kernel on the GPU, with the composition's results (see linred._softmax_kernel).
+        return _softmax_kernel.run(name, x, adapter, axis, compute, result, segments, device, check, handle, **options)
+    c = _Call(name, None, adapter, xp, axis, compute, result, grad, backend, check, segments, device, shape=shape)
+    c.x = _astype(c, x, compute)
+    return body(c, **options)
 
 
 def _torch_transformed() -> bool:

@@ -464,6 +464,140 @@ def test_std_gradient_of_a_zero_variance_segment_is_zero():
     torch.testing.assert_close(g, torch.tensor([0.0, 0.0, -0.5, 0.5, 0.0], dtype=torch.float64))
 
 
+def _reference_gradient(name: str, x: np.ndarray, bounds: list[int], g: np.ndarray, ddof: float) -> np.ndarray:
+    """The derivative of ``name`` of the (n, d) rows ``x`` in the segments ``bounds`` (offsets)
+    along axis 0, applied to ``g`` (shaped like the result), in float64 NumPy, segment by segment."""
+    x, g = x.astype(np.float64), g.astype(np.float64)
+    gx = np.zeros_like(x)
+    for k, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+        xs = x[lo:hi]
+        if hi == lo:
+            continue
+        if name in ("softmax", "log_softmax"):
+            e = np.exp(xs - xs.max(0))
+            y = e / e.sum(0)
+            gs = g[lo:hi]
+            gx[lo:hi] = y * (gs - (gs * y).sum(0)) if name == "softmax" else gs - y * gs.sum(0)
+        elif name == "logsumexp":
+            r = xs.max(0) + np.log(np.exp(xs - xs.max(0)).sum(0))
+            gx[lo:hi] = np.exp(xs - r) * g[k]
+        else:
+            free = (hi - lo) - ddof
+            if free <= 0:
+                continue
+            d = xs - xs.mean(0)
+            s = np.sqrt((d * d).sum(0) / free)
+            if name == "var":
+                gx[lo:hi] = 2 * d / free * g[k]
+            else:
+                gx[lo:hi] = np.where(s > 0, d / (free * np.where(s > 0, s, 1)), 0) * g[k]
+    return gx
+
+
+#: (segment keywords, their offsets) of the one-Function gradient tests: empty segments, lengths, a fixed length
+FUSED_GRAD_SPECS = {
+    "offsets": ({"offsets": [0, 3, 3, 7, 8, 12]}, [0, 3, 3, 7, 8, 12]),
+    "lengths": ({"lengths": [2, 0, 4, 1, 5]}, [0, 2, 2, 6, 7, 12]),
+    "fixed": ({"segment_length": 4}, [0, 4, 8, 12]),
+}
+
+
+@needs_torch
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("spec", FUSED_GRAD_SPECS)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_autograd_records_one_function(name, spec, dtype, monkeypatch):
+    """A tensor that requires grad takes linred._fused_grad.FusedGrad (one node in the graph, the
+    forward without autograd), whose backward is the derivative, against float64 NumPy."""
+    from linred import _fused_grad
+
+    applied = []
+    apply = _fused_grad.FusedGrad.apply
+    monkeypatch.setattr(_fused_grad.FusedGrad, "apply", lambda *a: applied.append(a[5]) or apply(*a))
+    kwargs, bounds = FUSED_GRAD_SPECS[spec]
+    rng = np.random.default_rng(5)
+    xv = rng.standard_normal((12, 3)) * 3
+    ddof = 1 if name in VARIANCE else 0
+    x = torch.tensor(xv, dtype=getattr(torch, dtype), requires_grad=True)
+    kw = {"ddof": ddof} if name in VARIANCE else {}
+    y = fn(name)(x, **_torch_kwargs(kwargs, "cpu"), **kw)
+    assert applied == [f"segmented_{name}"] and y.grad_fn is not None
+    g = rng.standard_normal(tuple(y.shape))
+    (gx,) = torch.autograd.grad(y, x, torch.tensor(g, dtype=x.dtype))
+    expected = _reference_gradient(name, xv.astype(dtype), bounds, g.astype(dtype), ddof)
+    np.testing.assert_allclose(gx.numpy(), expected, rtol=TOLERANCE[dtype] * 10, atol=TOLERANCE[dtype] * 10)
+
+
+@needs_torch
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("spec", FUSED_GRAD_SPECS)
+def test_jacobian_vectorized(name, spec):
+    """autograd's own batched backward (jacobian(vectorize=True)) through the recorded Function
+    equals the Jacobian row by row, and float64 NumPy's derivative applied to each unit vector."""
+    kwargs, bounds = FUSED_GRAD_SPECS[spec]
+    xv = np.random.default_rng(9).standard_normal((12, 2))
+    x = torch.tensor(xv)
+    f = lambda t: fn(name)(t, **_torch_kwargs(kwargs, "cpu"))  # noqa: E731
+    fast = torch.autograd.functional.jacobian(f, x, vectorize=True)
+    torch.testing.assert_close(fast, torch.autograd.functional.jacobian(f, x), equal_nan=True)
+    out_shape = tuple(f(x).shape)
+    for k in range(int(np.prod(out_shape))):
+        g = np.zeros(out_shape)
+        g.flat[k] = 1
+        row = fast.reshape(-1, *x.shape)[k].numpy()
+        np.testing.assert_allclose(row, _reference_gradient(name, xv, bounds, g, 0), rtol=1e-9, atol=1e-9)
+
+
+@needs_torch
+def test_variance_gradient_with_an_infinity_is_torchs():
+    """var's and std's gradients are torch.var's and torch.std's where a segment holds an infinity:
+    -inf at its finite elements and NaN at the infinity (var), NaN throughout (std)."""
+    for ours, theirs in ((linred.segmented_var, torch.var), (linred.segmented_std, torch.std)):
+        x = torch.tensor([1.0, math.inf, 2.0, 4.0, 6.0], dtype=torch.float64, requires_grad=True)
+        (g1,) = torch.autograd.grad(ours(x, lengths=[3, 2]).sum(), x)
+        x2 = x.detach().clone().requires_grad_()
+        (g2,) = torch.autograd.grad(theirs(x2[:3], correction=0) + theirs(x2[3:], correction=0), x2)
+        torch.testing.assert_close(g1, g2, equal_nan=True)
+
+
+@needs_torch
+def test_fused_gradient_warnings_name_the_callers_line():
+    """NumPy's warnings inside the forward of a tensor that requires grad name the caller's line,
+    not PyTorch's autograd (which calls linred's forward)."""
+    x = torch.tensor([3e38, 3e38, 1.0, 2.0], requires_grad=True)
+    with pytest.warns(RuntimeWarning, match="overflow") as record:
+        linred.segmented_sum(x, 2)
+    assert record[0].filename == __file__
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_gpu_autograd_forward_is_the_kernel(name, dtype, monkeypatch):
+    """On the GPU the recorded Function's forward is the one kernel, and its backward the derivative."""
+    from linred import _fused_grad
+
+    runs = []
+    run = _softmax_kernel.run
+    monkeypatch.setattr(_softmax_kernel, "run", lambda *a, **k: runs.append(a[0]) or run(*a, **k))
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(0, 9, 5000)
+    bounds = np.r_[0, np.cumsum(lengths)].tolist()
+    xv = rng.standard_normal((bounds[-1], 1)).astype(dtype)
+    x = torch.tensor(xv, device="cuda", requires_grad=True)
+    ddof = 1 if name in VARIANCE else 0
+    kw = {"ddof": ddof} if name in VARIANCE else {}
+    y = fn(name)(x, offsets=torch.tensor(bounds, device="cuda"), **kw)
+    assert runs == [f"segmented_{name}"]
+    assert isinstance(y.grad_fn, _fused_grad.FusedGrad._backward_cls)
+    g = rng.standard_normal(tuple(y.shape)).astype(dtype)
+    (gx,) = torch.autograd.grad(y, x, torch.tensor(g, device="cuda"))
+    expected = _reference_gradient(name, xv, bounds, g, ddof)
+    tol = 2e-2 if dtype == "float16" else 1e-4
+    np.testing.assert_allclose(gx.double().cpu().numpy(), expected, rtol=tol, atol=tol * (1 + np.abs(expected).max()))
+
+
 # --- the softmax family's kernel on the GPU (linred._softmax_kernel) ---
 
 

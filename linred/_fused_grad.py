@@ -1,0 +1,165 @@
+"""The gradients of the fused functions (logsumexp, softmax, log_softmax, var, std) for PyTorch.
+
+A tensor that requires grad used to take the composition of :mod:`linred._fused`, whose
+autograd records every step: a segmented maximum, a gather, a subtraction, ``exp``, a
+segmented sum, another gather and a division for a softmax, the same again backwards, and
+on the GPU none of it in :mod:`linred._softmax_kernel`'s one kernel.  :class:`FusedGrad`
+instead computes the forward as a call without autograd (the kernel where it serves the
+call) and the backward from the derivative itself:
+
+============  ===============================================================
+softmax y     dx = y * (g - E(S(g * y)))
+log_softmax y dx = g - exp(y) * E(S(g))
+logsumexp r   dx = exp(x - E(r)) * E(g)
+var v         dx = (x - E(mean)) * E(2 g / (count - ddof));  0 where count <= ddof
+std s         dx = (x - E(mean)) * E(g / ((count - ddof) s)); 0 where s is 0 or NaN
+============  ===============================================================
+
+where ``S`` is linred's segmented sum and ``E`` spreads a per-segment value over its
+segment's elements.  These are the composition's derivatives, written out (its
+non-finite cases give the same NaN and 0: a softmax segment of -inf, a logsumexp segment
+holding +inf, a variance of too few elements), and they are made of PyTorch operations
+and linred's differentiable reductions, so a backward that records a graph
+(``create_graph=True``) gives second derivatives as the composition did.
+
+The composition keeps the calls that this does not take: segment ids, complex data,
+``torch.func`` transforms and ``torch.compile`` (which trace it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from linred._torch_ops import _expand, _is_legacy_batched, _reduce, _spread_rows
+
+__all__ = ["FusedGrad", "takes"]
+
+_PER_ELEMENT = frozenset(("segmented_softmax", "segmented_log_softmax"))
+
+
+def takes(x: Any, segments: dict[str, Any], compute: str) -> bool:
+    """Whether :class:`FusedGrad` takes a call of tensor ``x`` that autograd records (eager,
+    outside ``torch.func`` transforms): segments given as a fixed length, offsets or lengths, and
+    a real computation dtype."""
+    if torch.compiler.is_compiling() or torch._C._functorch.maybe_current_level() is not None:
+        return False
+    if segments.get("segment_ids") is not None or segments.get("num_segments") is not None:
+        return False
+    return compute in ("float16", "bfloat16", "float32", "float64")
+
+
+class FusedGrad(torch.autograd.Function):
+    """``name`` of ``x`` (``forward``: ``compute(x)`` without autograd) with its derivative.
+
+    ``offsets`` and ``lengths`` are the call's (tensors on ``x``'s device, or None),
+    ``segment_length`` its fixed length (or None), ``axis`` normalized, ``compute`` the
+    computation dtype's name, ``ddof`` var's and std's.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        offsets: torch.Tensor | None,
+        lengths: torch.Tensor | None,
+        segment_length: int | None,
+        axis: int,
+        name: str,
+        compute: str,
+        ddof: float,
+        run: Callable[[torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        out = run(x.detach())
+        ctx.name, ctx.axis, ctx.ddof = name, axis, ddof
+        ctx.segment_length = None if segment_length is None else int(segment_length)
+        ctx.n, ctx.ndim, ctx.x_dtype = x.shape[axis], x.dim(), x.dtype
+        ctx.compute = getattr(torch, compute)
+        if name in _PER_ELEMENT:
+            ctx.save_for_backward(offsets, lengths, out)
+        else:
+            ctx.save_for_backward(offsets, lengths, x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+        nones = (None,) * 8
+        offsets, lengths, *saved = ctx.saved_tensors
+        if ctx.n == 0 or g.numel() == 0:
+            return (torch.zeros((*g.shape[: ctx.axis], ctx.n, *g.shape[ctx.axis + 1 :]), dtype=ctx.x_dtype,
+                                device=g.device), *nones)  # fmt: skip
+        spec = (offsets, None if offsets is not None else lengths, ctx.segment_length, ctx.axis)
+        if lengths is None and offsets is not None:
+            lengths = offsets.diff()
+        seg = _Segments(ctx, spec, offsets, lengths)
+        g = g.to(ctx.compute)
+        name = ctx.name
+        if name == "segmented_softmax":
+            y = saved[0].to(ctx.compute)
+            gx = y * (g - seg.spread(seg.sum(g * y)))
+        elif name == "segmented_log_softmax":
+            y = saved[0].to(ctx.compute)
+            gx = g - y.exp() * seg.spread(seg.sum(g))
+        elif name == "segmented_logsumexp":
+            x, r = (t.to(ctx.compute) for t in saved)
+            gx = (x - seg.spread(r)).exp() * seg.spread(g)
+        else:  # var and std
+            x, v = (t.to(ctx.compute) for t in saved)
+            d = x - seg.spread(_reduce(x, spec, "mean"))
+            free = seg.counts(v) - ctx.ddof  # (count - ddof, shaped like v)
+            if name == "segmented_var":
+                keep, scale = free > 0, 2.0
+            else:  # d std / d var = 1 / (2 std): a zero or NaN std (too few elements) passes nothing
+                keep, scale = (free > 0) & (v > 0), 1.0
+                free = free * torch.where(keep, v, 1.0)
+            gx = d * seg.spread(torch.where(keep, scale * g / torch.where(keep, free, 1.0), 0.0))
+        return (gx.to(ctx.x_dtype), *nones)
+
+
+class _Segments:
+    """The backward's per-segment plumbing: ``sum`` (linred's, unchecked: the forward checked the
+    segments), ``spread`` (per-segment values over their elements) and ``counts``."""
+
+    def __init__(self, ctx: Any, spec: tuple, offsets: Any, lengths: Any) -> None:
+        self.ctx, self.spec, self.offsets, self.lengths = ctx, spec, offsets, lengths
+
+    def sum(self, v: torch.Tensor) -> torch.Tensor:
+        if _is_legacy_batched(v):
+            # (autograd's own vmap, jacobian(vectorize=True): a batched tensor has no memory that
+            # linred's reductions could read; PyTorch's segmented sum runs under its vmap)
+            ctx = self.ctx
+            if ctx.segment_length is not None:
+                shape = (*v.shape[: ctx.axis], -1, ctx.segment_length, *v.shape[ctx.axis + 1 :])
+                return v.reshape(shape).sum(ctx.axis + 1)
+            offsets = self.offsets
+            if offsets is None:
+                offsets = torch.nn.functional.pad(torch.cumsum(self.lengths, 0), (1, 0))
+            offsets = offsets.long().expand(*v.shape[: ctx.axis], -1)
+            return torch.segment_reduce(v, "sum", offsets=offsets, axis=ctx.axis, unsafe=True)
+        return _reduce(v, self.spec, "sum")
+
+    def spread(self, r: torch.Tensor) -> torch.Tensor:
+        ctx = self.ctx
+        if ctx.segment_length is not None:
+            return _expand(ctx, r, None)
+        fast = _spread_rows(_SpreadContext(ctx, r.dtype), r, self.offsets, self.lengths, "sum")
+        return fast if fast is not None else _expand(ctx, r, self.lengths)
+
+    def counts(self, like: torch.Tensor) -> torch.Tensor:
+        """Each segment's element count in ``like``'s dtype, broadcastable against ``like``."""
+        ctx = self.ctx
+        if ctx.segment_length is not None:
+            return torch.full((), ctx.segment_length, dtype=like.dtype, device=like.device)
+        shape = [1] * like.dim()
+        shape[ctx.axis] = -1
+        return self.lengths.to(like.dtype).reshape(shape)
+
+
+class _SpreadContext:
+    """``ctx`` as :func:`linred._torch_ops._spread_rows` reads it, for values of ``dtype``."""
+
+    def __init__(self, ctx: Any, dtype: torch.dtype) -> None:
+        self.segment_length, self.axis, self.ndim, self.n = ctx.segment_length, ctx.axis, ctx.ndim, ctx.n
+        self.x_dtype = dtype
