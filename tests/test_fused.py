@@ -537,7 +537,7 @@ def test_jacobian_vectorized(name, spec):
     kwargs, bounds = FUSED_GRAD_SPECS[spec]
     xv = np.random.default_rng(9).standard_normal((12, 2))
     x = torch.tensor(xv)
-    f = lambda t: fn(name)(t, **_torch_kwargs(kwargs, "cpu"))  # noqa: E731
+    f = lambda t: fn(name)(t, **_torch_kwargs(kwargs, "cpu"))
     fast = torch.autograd.functional.jacobian(f, x, vectorize=True)
     torch.testing.assert_close(fast, torch.autograd.functional.jacobian(f, x), equal_nan=True)
     out_shape = tuple(f(x).shape)
