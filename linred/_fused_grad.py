@@ -91,8 +91,6 @@ class FusedGrad(torch.autograd.Function):
             return (torch.zeros((*g.shape[: ctx.axis], ctx.n, *g.shape[ctx.axis + 1 :]), dtype=ctx.x_dtype,
                                 device=g.device), *nones)  # fmt: skip
         spec = (offsets, None if offsets is not None else lengths, ctx.segment_length, ctx.axis)
-        if lengths is None and offsets is not None:
-            lengths = offsets.diff()
         seg = _Segments(ctx, spec, offsets, lengths)
         g = g.to(ctx.compute)
         name = ctx.name
@@ -123,7 +121,14 @@ class _Segments:
     segments), ``spread`` (per-segment values over their elements) and ``counts``."""
 
     def __init__(self, ctx: Any, spec: tuple, offsets: Any, lengths: Any) -> None:
-        self.ctx, self.spec, self.offsets, self.lengths = ctx, spec, offsets, lengths
+        self.ctx, self.spec, self.offsets, self._lengths = ctx, spec, offsets, lengths
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """The segments' lengths (made from the offsets the first time they are needed)."""
+        if self._lengths is None:
+            self._lengths = self.offsets.diff()
+        return self._lengths
 
     def sum(self, v: torch.Tensor) -> torch.Tensor:
         if _is_legacy_batched(v):
@@ -144,7 +149,7 @@ class _Segments:
         ctx = self.ctx
         if ctx.segment_length is not None:
             return _expand(ctx, r, None)
-        fast = _spread_rows(_SpreadContext(ctx, r.dtype), r, self.offsets, self.lengths, "sum")
+        fast = _spread_rows(_SpreadContext(ctx, r.dtype), r, self.offsets, self._lengths, "sum")
         return fast if fast is not None else _expand(ctx, r, self.lengths)
 
     def counts(self, like: torch.Tensor) -> torch.Tensor:

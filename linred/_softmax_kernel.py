@@ -54,9 +54,16 @@ PER_SEGMENT = ("segmented_logsumexp", *VARIANCE)
 THREADS = 256
 #: the most blocks per SM a call launches (its workers loop over the rest)
 BLOCKS_PER_SM = 64
-#: the fewest workers (segments, or segments x features) per SM the kernel serves: one warp reads
-#: about a cache line per load in flight, so the GPU's bandwidth needs thousands of them
+#: the workers (segments, or segments x features) per SM from which the kernel serves a call
+#: whatever their lengths: one warp reads about a cache line per load in flight, so the GPU's
+#: bandwidth needs thousands of them
 MIN_WORKERS_PER_SM = 16
+#: with fewer workers, the most values one lane reads (each pass) for the kernel to serve the call:
+#: the composition's dozen launches cost 250-350 us of host time on an H200's host, and the
+#: kernel took 64-125 us at 2,000-2,000,000 float32 values in 10-2,000 segments; at 500 values a
+#: lane it was 0.6-1.1x the composition at 16M values in 1,000 segments and 2-5x faster at 2M x 8
+#: in 1,000 (docs/performance.md, sixteenth run)
+FEW_WORKERS_LANE_VALUES = 512
 #: the longest mean segment (rows) the kernel serves
 MAX_MEAN_ROWS = 1 << 14
 
@@ -97,9 +104,10 @@ def serves(
 
 
 def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int) -> bool:
-    """Whether a call's segments make enough workers for the GPU, and none too long on average
-    (the count of segments is known without reading them: a length, or the offsets' or the
-    lengths' shape)."""
+    """Whether a call's segments are, on average, short enough for the kernel
+    (:data:`MAX_MEAN_ROWS`), and either make enough workers for the GPU or leave each lane few
+    values (:data:`FEW_WORKERS_LANE_VALUES`); the count of segments is known without reading
+    them: a length, or the offsets' or the lengths' shape."""
     shape = tuple(x.shape)
     n, batch, features = shape[axis], math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
     length, offsets, lengths = segments.get("segment_length"), segments.get("offsets"), segments.get("lengths")
@@ -111,10 +119,15 @@ def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int) ->
             m = len(offsets) - 1 if offsets is not None else len(lengths)
     except TypeError:  # (not a length or an array: the composition raises its error)
         return True
-    workers = _workers(batch, m, features)[2]
+    group, _, workers = _workers(batch, m, features)
     if not workers:
         return True  # (nothing to read: the kernel is not even launched)
-    return workers >= MIN_WORKERS_PER_SM * multiprocessors(device) and n <= MAX_MEAN_ROWS * m
+    if n > MAX_MEAN_ROWS * m:
+        return False
+    if workers >= MIN_WORKERS_PER_SM * multiprocessors(device):
+        return True
+    # Few workers: each lane reads its share of the values, one load in flight per step of it.
+    return batch * n * features <= FEW_WORKERS_LANE_VALUES * workers * group
 
 
 def _workers(batch: int, m: int, features: int) -> tuple[int, int, int]:

@@ -920,13 +920,15 @@ def test_gpu_kernel_bfloat16_and_what_it_leaves_to_the_composition(kernel_calls,
     assert got.dtype == torch.bfloat16
     check(got.float(), reference(name, x.astype(ml_dtypes.bfloat16).astype(np.float64), groups, 0), "float32", 2e-2)
     assert kernel_calls == [f"segmented_{name}"]
-    # composed: a tensor that requires grad, a strided view, segment ids, integer data
+    # a tensor that requires grad: the kernel is the forward of the Function autograd records
     t = torch.as_tensor(x, device="cuda").requires_grad_()
-    fn(name)(t, offsets=off)
+    assert fn(name)(t, offsets=off).grad_fn is not None
+    assert kernel_calls == [f"segmented_{name}"] * 2
+    # composed: a strided view, segment ids, integer data
     fn(name)(torch.as_tensor(np.ascontiguousarray(x.T), device="cuda").T, offsets=off)
     fn(name)(torch.as_tensor(x, device="cuda"), segment_ids=torch.tensor(SORTED_IDS, device="cuda"))
     fn(name)(torch.arange(12, device="cuda"), offsets=off)
-    assert kernel_calls == [f"segmented_{name}"]
+    assert kernel_calls == [f"segmented_{name}"] * 2
 
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
@@ -988,20 +990,27 @@ def test_what_the_gpu_kernel_serves(monkeypatch):
     assert not serves(offsets, in_name="bfloat16", result="bfloat16") and not serves(offsets, result="bfloat16")
     monkeypatch.setattr(nvrtc, "_compute_capability", lambda device: (8, 0))
     assert serves(offsets, in_name="bfloat16", result="bfloat16")
-    # Enough workers (segments, or segments x features) for the GPU, and none too long on average.
+    # None too long on average; enough workers (segments, or segments x features) for the GPU, or
+    # few values for each lane of the few workers.
     monkeypatch.setattr(_softmax_kernel, "MIN_WORKERS_PER_SM", 16)
+    monkeypatch.setattr(_softmax_kernel, "FEW_WORKERS_LANE_VALUES", 512)
     rows = _softmax_kernel.MAX_MEAN_ROWS
-    for m, mean, served in ((16 * 132, 4, True), (16 * 132 - 1, 4, False), (16 * 132, rows, True),
-                            (16 * 132, rows + 1, False)):  # fmt: skip
-        x = type("X", (), {"shape": (m * mean,)})()
+    for m, mean, served in ((16 * 132, 4, True), (16 * 132 - 1, 4, True), (16 * 132, rows, True),
+                            (16 * 132, rows + 1, False), (3, rows, True), (3, rows + 1, False)):  # fmt: skip
+        x = type("X", (), {"shape": (m * mean,)})()  # (one feature: a warp of 32 lanes a segment)
         assert serves({"segment_length": mean}, x=x) is served, (m, mean)
         assert serves({"offsets": np.arange(m + 1) * mean}, x=x) is served, (m, mean)
         assert serves({"lengths": [mean] * m}, x=x) is served, (m, mean)
-    x = type("X", (), {"shape": (16 * 132 * 4 - 1,)})()  # (a NumPy integer length counts the same)
-    assert serves({"segment_length": np.int64(4)}, x=x) and not serves({"segment_length": np.int64(5)}, x=x)
-    for m, served in ((-(-16 * 132 // 7), True), (16 * 132 // 7, False)):  # 7 features: a worker each
-        x = type("X", (), {"shape": (m * 4, 7)})()
-        assert serves({"segment_length": 4}, x=x) is served, m
+    x = type("X", (), {"shape": (rows + 1,)})()  # (a NumPy integer length counts the same)
+    assert serves({"segment_length": np.int64(rows)}, x=x) and not serves({"segment_length": np.int64(rows + 1)}, x=x)
+    # 7 features: a worker (one lane) each, 512 values a lane when few; 8 features: a warp's 32
+    # lanes read 4 rows of a segment at a time
+    for m, length, served in ((-(-16 * 132 // 7), 513, True), (16 * 132 // 7, 513, False), (3, 512, True)):
+        x = type("X", (), {"shape": (m * length, 7)})()
+        assert serves({"segment_length": length}, x=x) is served, (m, length)
+    for m, length, served in ((16 * 132, 2049, True), (16 * 132 - 1, 2049, False), (3, 2048, True)):
+        x = type("X", (), {"shape": (m * length, 8)})()
+        assert serves({"segment_length": length}, x=x) is served, (m, length)
 
     # var and std of float64 data computed in a narrower dtype: composed (the kernel reads float64)
     monkeypatch.setattr(_softmax_kernel, "MIN_WORKERS_PER_SM", 0)
