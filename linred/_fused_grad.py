@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from linred._torch_ops import _expand, _is_legacy_batched, _reduce, _spread_rows
+from linred._torch_ops import _expand, _index, _is_legacy_batched, _reduce, _spread_rows
 
 __all__ = ["FusedGrad", "takes"]
 
@@ -73,6 +73,7 @@ class FusedGrad(torch.autograd.Function):
         run: Callable[[torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
         out = run(x.detach())
+        offsets, lengths = _index(offsets), _index(lengths)
         ctx.name, ctx.axis, ctx.ddof = name, axis, ddof
         ctx.segment_length = None if segment_length is None else int(segment_length)
         ctx.n, ctx.ndim, ctx.x_dtype = x.shape[axis], x.dim(), x.dtype

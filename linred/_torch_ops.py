@@ -143,8 +143,16 @@ def _(x, offsets, lengths, segment_length, axis, reduction, dtype, backend, chec
     return x.new_empty(shape, dtype=getattr(torch, out_dtype))  # linred's dtype names are torch's
 
 
+def _index(t: Tensor | None) -> Tensor | None:
+    """Offsets or lengths as the backward's operations take them: int32 and int64 as they are,
+    narrower or unsigned integers as int64 (``repeat_interleave``, ``diff`` and ``cumsum`` have no
+    kernels for int8, int16 or the unsigned types)."""
+    return t if t is None or t.dtype in (torch.int64, torch.int32) else t.long()
+
+
 def _setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
     x, offsets, lengths, segment_length, axis, reduction = inputs[:6]
+    offsets, lengths = _index(offsets), _index(lengths)
     ctx.axis = axis % x.dim()
     ctx.segment_length = segment_length
     ctx.reduction = reduction

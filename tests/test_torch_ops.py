@@ -93,6 +93,30 @@ def test_empty_segments_get_no_gradient(device, reduction):
     assert x.grad.tolist() == expected[reduction]
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", [*REDUCTIONS, "prod", "softmax", "logsumexp", "var"])
+@pytest.mark.parametrize("index_dtype", ["int8", "int16", "uint8", "uint16", "uint32"])
+def test_narrow_index_dtypes_get_their_gradient(device, reduction, index_dtype):
+    """Offsets and lengths of narrow or unsigned integers, as tensors or NumPy arrays: the same
+    gradient as int64 ones (the backward's repeat_interleave, diff and cumsum lack those dtypes)."""
+    x = torch.tensor([3.0, -1.0, 2.0, 5.0, 4.0, 0.5, 2.0], dtype=torch.float64, device=device)
+    offsets, lengths = np.array([0, 2, 2, 6, 7]), np.array([2, 0, 4, 1])
+    f = getattr(linred, f"segmented_{reduction}")
+    for name, values in (("offsets", offsets), ("lengths", lengths)):
+        grads = []
+        for given in (torch.tensor(values, device=device), torch.tensor(values.astype(index_dtype), device=device),
+                      values.astype(index_dtype)):  # fmt: skip
+            if device == "cuda" and isinstance(given, np.ndarray):
+                continue  # (host arrays with CUDA data are refused)
+            leaf = x.clone().requires_grad_()
+            y = f(leaf, **{name: given})
+            torch.where(torch.isfinite(y), y, 0).sum().backward()
+            grads.append(leaf.grad)
+        for g in grads[1:]:
+            torch.testing.assert_close(g, grads[0], equal_nan=True)
+    assert grads[0].abs().sum() > 0
+
+
 def test_a_tensor_without_grad_takes_the_plain_path():
     x = torch.arange(8.0)
     y = linred.segmented_sum(x, 4)
