@@ -12,15 +12,20 @@ softmax y     dx = y * (g - E(S(g * y)))
 log_softmax y dx = g - exp(y) * E(S(g))
 logsumexp r   dx = exp(x - E(r)) * E(g)
 var v         dx = (x - E(mean)) * E(2 g / (count - ddof));  0 where count <= ddof
-std s         dx = (x - E(mean)) * E(g / ((count - ddof) s)); 0 where s is 0 or NaN
+std s         dx = (x - E(mean)) * E(g / ((count - ddof) s)); 0 where count <= ddof or s is 0
 ============  ===============================================================
 
-where ``S`` is linred's segmented sum and ``E`` spreads a per-segment value over its
-segment's elements.  These are the composition's derivatives, written out (its
-non-finite cases give the same NaN and 0: a softmax segment of -inf, a logsumexp segment
-holding +inf, a variance of too few elements), and they are made of PyTorch operations
-and linred's differentiable reductions, so a backward that records a graph
-(``create_graph=True``) gives second derivatives as the composition did.
+where ``S`` is a segmented sum and ``E`` spreads a per-segment value over its segment's
+elements.  These are the composition's derivatives, written out: its non-finite cases give
+the same NaN and 0 (a softmax segment of -inf, a logsumexp segment holding +inf, a variance
+of too few elements); for var and std they are ``torch.var``'s and ``torch.std``'s, which
+leave out the term through the mean (0 in exact arithmetic), so a segment holding an infinity
+gives -inf and NaN where the composition gave NaN throughout.
+
+On the GPU the backward is one kernel (``linred/kernels/softmax_grad.cuh``, where the
+forward's kernel would take the call's workers).  Elsewhere, and where the backward records
+a graph (``create_graph=True``), it is made of PyTorch operations and linred's
+differentiable reductions, so that second derivatives come out as the composition's did.
 
 The composition keeps the calls that this does not take: segment ids, complex data,
 ``torch.func`` transforms and ``torch.compile`` (which trace it).
@@ -92,6 +97,9 @@ class FusedGrad(torch.autograd.Function):
             return (torch.zeros((*g.shape[: ctx.axis], ctx.n, *g.shape[ctx.axis + 1 :]), dtype=ctx.x_dtype,
                                 device=g.device), *nones)  # fmt: skip
         spec = (offsets, None if offsets is not None else lengths, ctx.segment_length, ctx.axis)
+        fast = _in_one_kernel(ctx, g, offsets, lengths, saved)
+        if fast is not None:
+            return (fast, *nones)
         seg = _Segments(ctx, spec, offsets, lengths)
         g = g.to(ctx.compute)
         name = ctx.name
@@ -110,11 +118,65 @@ class FusedGrad(torch.autograd.Function):
             free = seg.counts(v) - ctx.ddof  # (count - ddof, shaped like v)
             if name == "segmented_var":
                 keep, scale = free > 0, 2.0
-            else:  # d std / d var = 1 / (2 std): a zero or NaN std (too few elements) passes nothing
-                keep, scale = (free > 0) & (v > 0), 1.0
+            else:  # d std / d var = 1 / (2 std): a zero std passes nothing, a NaN one NaN
+                keep, scale = (free > 0) & (v != 0), 1.0
                 free = free * torch.where(keep, v, 1.0)
             gx = d * seg.spread(torch.where(keep, scale * g / torch.where(keep, free, 1.0), 0.0))
         return (gx.to(ctx.x_dtype), *nones)
+
+
+_KERNEL_DTYPES = frozenset(("float16", "bfloat16", "float32", "float64"))
+
+
+def _in_one_kernel(ctx: Any, g: torch.Tensor, offsets: Any, lengths: Any, saved: list) -> torch.Tensor | None:
+    """The derivative in one kernel on the GPU (``linred/kernels/softmax_grad.cuh``, the same
+    formulas), or None where it does not apply: a backward that records a graph (double backward
+    needs the differentiable operations), autograd's own batched gradients, tracing, data that
+    is not C-contiguous, the workers that the forward's kernel would not take."""
+    from linred import _softmax_kernel
+    from linred._dtypes import dtype_name
+
+    if (
+        g.device.type != "cuda"
+        or type(g) is not torch.Tensor
+        or torch.is_grad_enabled()
+        or _is_legacy_batched(g)
+        or torch._C._functorch.maybe_current_level() is not None
+    ):
+        return None
+    a, out = saved[0], saved[-1]  # (the result for softmax and log_softmax; else the data, then the result)
+    names = (dtype_name(a.dtype), dtype_name(out.dtype), dtype_name(ctx.x_dtype))
+    if g.dtype != out.dtype or not _KERNEL_DTYPES.issuperset(names) or not a.is_contiguous():
+        return None
+    from linred.backends import unavailable
+
+    if unavailable("nvrtc") is not None:
+        return None
+    device = g.device.index
+    if "bfloat16" in names:
+        from linred.backends.nvrtc import _compute_capability
+
+        if _compute_capability(device) < (8, 0):
+            return None
+    if ctx.segment_length is not None:
+        segments, m = {"segment_length": ctx.segment_length}, ctx.n // ctx.segment_length
+    else:
+        if offsets is None:
+            offsets = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0))
+        segments, m = {"offsets": offsets}, offsets.shape[0] - 1
+    if not _softmax_kernel._enough_workers(a, ctx.axis, segments, device):
+        return None
+    g = g.contiguous()
+    res = out.contiguous() if ctx.name in ("segmented_logsumexp", "segmented_std") else None
+    dx = torch.empty(a.shape, dtype=ctx.x_dtype, device=g.device)
+    compute = dtype_name(ctx.compute)
+    pointers = (a.data_ptr(), g.data_ptr(), 0 if res is None else res.data_ptr(), dx.data_ptr(),
+                0 if offsets is None else offsets.data_ptr())  # fmt: skip
+    index = None if offsets is None else dtype_name(offsets.dtype)
+    stream = torch.cuda.current_stream(g.device).cuda_stream
+    _softmax_kernel.run_backward(ctx.name, (names[0], names[1], names[2], compute), pointers, tuple(a.shape),
+                                 ctx.axis, m, ctx.segment_length, index, ctx.ddof, device, stream)  # fmt: skip
+    return dx
 
 
 class _Segments:

@@ -207,3 +207,60 @@ def run(
     if not isinstance(seg, FixedSegments) and seg.word:
         verify(seg, adapter, stream, lengths, n=n, axis=axis, device=device)
     return out
+
+
+#: the backward kernel's MODE for each function (softmax_grad.cuh)
+GRAD_MODES = {"segmented_logsumexp": 0, "segmented_softmax": 1, "segmented_log_softmax": 2, "segmented_var": 3,
+              "segmented_std": 4}  # fmt: skip
+
+
+def _compile_backward(key: tuple[Any, ...]) -> PackedLaunch:
+    """This thread's launch of the backward kernel for ``key`` (device, function, the dtype names of
+    its input ``a``, of the result and its gradient, of ``dx``, of the computation, the worker
+    layout (G, DW), and the offsets' dtype name, None for a fixed length), compiled and kept."""
+    device, name, a_dtype, result, dx_dtype, compute, group, width, index_dtype = key
+    index = "long long" if index_dtype is None else CTYPES[index_dtype]
+    bounds = "FixedOffsets{L}" if index_dtype is None else f"ArrayOffsets<{index}>{{offsets}}"
+    c = CTYPES["float64" if compute == "float64" else "float32"]
+    wrapper = (
+        f'#include "softmax_grad.cuh"\n'
+        f"LINRED_SOFTMAX_GRAD({CTYPES[a_dtype]}, {CTYPES[result]}, {CTYPES[dx_dtype]}, {c}, {GRAD_MODES[name]}, "
+        f"{group}, {width}, {THREADS}, {index}, {bounds})\n"
+    )
+    return thread_launch(_local, key, device, wrapper, "linred_softmax_grad", 11)
+
+
+def run_backward(
+    name: str,
+    dtypes: tuple[str, str, str, str],
+    pointers: tuple[int, int, int, int, int],
+    shape: tuple[int, ...],
+    axis: int,
+    m: int,
+    length: int | None,
+    index_dtype: str | None,
+    ddof: float,
+    device: int,
+    stream: int,
+) -> None:
+    """The derivative of ``name`` in one kernel on ``stream`` (a raw handle; see
+    ``linred/kernels/softmax_grad.cuh``): ``dtypes`` are the names of the input's (the data ``x``
+    for logsumexp, var and std, the result for softmax and log_softmax), the result's and its
+    gradient's, ``dx``'s and the computation's; ``pointers`` those of the input, the gradient, the
+    per-segment result (0 where unused), ``dx`` and the offsets (0 for a fixed ``length``), all
+    C-contiguous on ``device``; ``shape`` is ``x``'s, ``m`` the count of segments, the offsets
+    valid (the forward checked them)."""
+    n = shape[axis]
+    batch, features = math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
+    group, width, workers = _workers(batch, m, features)
+    if not (workers and features and n):
+        return
+    a_dtype, result, dx_dtype, compute = dtypes
+    key = (device, name, a_dtype, result, dx_dtype, compute, group, width, index_dtype)
+    launch = getattr(_local, "launches", _NONE).get(key)
+    if launch is None:
+        launch = _compile_backward(key)
+    grid = max(1, min(-(-workers * group // THREADS), BLOCKS_PER_SM * multiprocessors(device)))
+    ddof_bits = _DOUBLE_BITS.unpack(_DOUBLE.pack(float(ddof)))[0] if ddof else 0
+    a, g, res, dx, offsets = pointers
+    launch(stream, grid, THREADS, 0, a, g, res, dx, offsets, length or 0, n, m, features, workers, ddof_bits)

@@ -549,15 +549,92 @@ def test_jacobian_vectorized(name, spec):
 
 
 @needs_torch
-def test_variance_gradient_with_an_infinity_is_torchs():
-    """var's and std's gradients are torch.var's and torch.std's where a segment holds an infinity:
-    -inf at its finite elements and NaN at the infinity (var), NaN throughout (std)."""
+@pytest.mark.parametrize("special", [math.inf, math.nan])
+def test_variance_gradient_with_an_infinity_or_nan_is_torchs(special):
+    """var's and std's gradients are torch.var's and torch.std's where a segment holds an infinity
+    (-inf at its finite elements and NaN at the infinity for var, NaN throughout for std) or a
+    NaN (NaN throughout)."""
     for ours, theirs in ((linred.segmented_var, torch.var), (linred.segmented_std, torch.std)):
-        x = torch.tensor([1.0, math.inf, 2.0, 4.0, 6.0], dtype=torch.float64, requires_grad=True)
+        x = torch.tensor([1.0, special, 2.0, 4.0, 6.0], dtype=torch.float64, requires_grad=True)
         (g1,) = torch.autograd.grad(ours(x, lengths=[3, 2]).sum(), x)
         x2 = x.detach().clone().requires_grad_()
         (g2,) = torch.autograd.grad(theirs(x2[:3], correction=0) + theirs(x2[3:], correction=0), x2)
         torch.testing.assert_close(g1, g2, equal_nan=True)
+
+
+def _grad_case(rng: np.random.Generator, features: int, lengths: list[int], special: bool) -> np.ndarray:
+    x = rng.standard_normal((sum(lengths), features)) * 2
+    if special and x.size:
+        flat = x.reshape(-1)
+        flat[rng.integers(0, flat.size, 4)] = [math.nan, math.inf, -math.inf, 0.0]
+    return x
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("features", [1, 2, 8, 32, 3, 64])
+@pytest.mark.parametrize("spec", ["offsets", "offsets32", "lengths", "fixed", "batch"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_gpu_backward_kernel(name, features, spec, dtype, monkeypatch):
+    """The backward's one kernel (softmax_grad.cuh), which every call here takes: against float64
+    NumPy's derivative on finite data, and against the backward of PyTorch operations (the same
+    formulas) with NaN and infinities, for workers of a warp (1, 2, 8, 32 features) and of a
+    thread (3, 64), segments of 0, 1 and around multiples of a warp's rows a step, a batch with
+    the segments along axis 1."""
+    from linred import _fused_grad
+
+    monkeypatch.setattr(_softmax_kernel, "MIN_WORKERS_PER_SM", 0)
+    runs = []
+    run = _softmax_kernel.run_backward
+    monkeypatch.setattr(_softmax_kernel, "run_backward", lambda *a: runs.append(a[0]) or run(*a))
+    step = 32 // features if features in (1, 2, 8, 32) else 1
+    lengths = [0, 1, step - 1 or 2, step, step + 1, 4 * step - 1, 4 * step + 1, 100, 0, 37]
+    if spec == "fixed":
+        lengths = [4 * step + 1] * 5
+    rng = np.random.default_rng(features)
+    ddof = 1 if name in VARIANCE else 0
+    kw = {"ddof": ddof} if name in VARIANCE else {}
+    bounds = np.r_[0, np.cumsum(lengths)]
+    segs = {
+        "offsets": torch.tensor(bounds, device="cuda"),
+        "offsets32": torch.tensor(bounds, dtype=torch.int32, device="cuda"),
+        "lengths": torch.tensor(lengths, device="cuda"),
+        "batch": torch.tensor(bounds, device="cuda"),
+        "fixed": lengths[0],
+    }
+    key = {"offsets32": "offsets", "batch": "offsets", "fixed": "segment_length"}.get(spec, spec)
+    tdt = getattr(torch, dtype)
+    for special in (False, True):
+        xv = _grad_case(rng, features, lengths, special)
+        if spec == "batch":  # (2, n, features), the segments along axis 1
+            xv = np.stack([xv, _grad_case(rng, features, lengths, special)])
+        x = torch.tensor(xv, dtype=tdt, device="cuda", requires_grad=True)
+        axis = 1 if spec == "batch" else 0
+        y = fn(name)(x, axis=axis, **{key: segs[spec]}, **kw)
+        g = torch.tensor(rng.standard_normal(tuple(y.shape)), dtype=y.dtype, device="cuda")
+        before = len(runs)
+        (gx,) = torch.autograd.grad(y, x, g)
+        assert len(runs) == before + 1
+        with monkeypatch.context() as patch:  # the same backward from PyTorch operations
+            patch.setattr(_fused_grad, "_in_one_kernel", lambda *a: None)
+            y2 = fn(name)(x, axis=axis, **{key: segs[spec]}, **kw)
+            (gx2,) = torch.autograd.grad(y2, x, g)
+        tol = {"float64": 1e-9, "float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}[dtype]
+        got, other = gx.double().cpu().numpy(), gx2.double().cpu().numpy()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(other))
+        if special:
+            finite = np.isfinite(got) & np.isfinite(other)
+            np.testing.assert_array_equal(got[~finite], other[~finite])
+            scale = 1 + np.abs(other[finite]).max(initial=0)
+            np.testing.assert_allclose(got[finite], other[finite], rtol=tol, atol=tol * scale)
+            continue
+        xs = x.detach().double().cpu().numpy()  # (the values as rounded to the dtype)
+        gs = g.double().cpu().numpy()
+        rows = [(xs, gs)] if spec != "batch" else list(zip(xs, gs, strict=True))
+        expected = np.stack([_reference_gradient(name, a, bounds.tolist(), b, ddof) for a, b in rows])
+        expected = expected.reshape(got.shape)
+        np.testing.assert_allclose(got, expected, rtol=tol, atol=tol * (1 + np.abs(expected).max()))
 
 
 @needs_torch

@@ -9,8 +9,9 @@ The headers, by concern (each opens with the list of what it holds):
   (``tile_reduce``, ``tile_bounds``), ``warp.cuh`` (``warp_reduce``), ``fixup.cuh``
   (``tile_fixup``), ``features.cuh`` (``features_reduce``): the nvrtc backend's kernel
   families, each with the macros that make its ``extern "C"`` entry points;
-- ``softmax.cuh`` (``softmax_family``) and ``arg.cuh`` (``first_hit``): the kernels of
-  :mod:`linred._softmax_kernel` and :mod:`linred._arg_kernel`;
+- ``softmax.cuh`` (``softmax_family``), ``softmax_grad.cuh`` (``softmax_grad``, its
+  derivatives) and ``arg.cuh`` (``first_hit``): the kernels of :mod:`linred._softmax_kernel`
+  and :mod:`linred._arg_kernel`;
 - ``operators.cuh``: the device operators the cub backend hands cuda.compute;
 - ``bf16.cuh``: the bfloat16 rounding written out in C++ (operators and CuPy kernels);
 - ``elementwise.cuh``: the preamble of the CuPy elementwise kernels.

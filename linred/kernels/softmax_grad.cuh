@@ -1,0 +1,118 @@
+// softmax_grad: the derivatives of segmented logsumexp, softmax, log_softmax, var and std in one
+// kernel (the backward of linred/_fused_grad.py's FusedGrad, where it serves the call).
+//
+// Holds:
+//  - softmax_grad: each (row of the batch, segment) is one worker, as in softmax_family
+//    (softmax.cuh): a warp (G = 32) where the features D are a power of two up to 32 (lane l
+//    reads row l / D of each step of 32 / D rows, feature l % D), else one thread per (row of the
+//    batch, segment, feature) (G = 1).  With g the gradient of the result and, per segment, S a
+//    sum over its rows (in double, the lanes added by a fixed shuffle tree: the same bits every
+//    run), a worker writes each element's derivative dx:
+//      logsumexp   (MODE 0)  dx = exp(x - r) * g                        r, g: the segment's
+//      softmax     (MODE 1)  dx = y * (g - S),    S = sum of g * y      y, g: the element's
+//      log_softmax (MODE 2)  dx = g - exp(y) * S, S = sum of g
+//      var         (MODE 3)  dx = (x - mean) * 2 g / (n - ddof),         mean = S / n, S = sum of x;
+//                            0 where n <= ddof
+//      std         (MODE 4)  dx = (x - mean) * g / ((n - ddof) s),       s: the segment's std;
+//                            0 where n <= ddof or s is 0 (a NaN s gives NaN)
+//    which are linred/_fused_grad.py's formulas (the composition's derivatives; torch.var's and
+//    torch.std's for var and std).  Reads each segment once (logsumexp) or twice (the second
+//    mostly from L1/L2), writes it once; every element belongs to one segment, so dx is written
+//    whole.  The offsets are not checked: the forward checked them;
+//  - grad_lanes_sum: the sum of the lanes that share a feature;
+//  - its entry point: LINRED_SOFTMAX_GRAD (linred_softmax_grad).
+
+#pragma once
+
+#include "offsets.cuh"
+
+enum { GRAD_LOGSUMEXP = 0, GRAD_SOFTMAX = 1, GRAD_LOG_SOFTMAX = 2, GRAD_VAR = 3, GRAD_STD = 4 };
+
+// The sum of the lanes that share a feature (lanes lane ^ o for o >= DW), added by a fixed tree.
+template <int DW> __device__ __forceinline__ double grad_lanes_sum(double v) {
+#pragma unroll
+    for (int o = 16; o >= DW; o /= 2) v += shfl_xor(v, o);
+    return v;
+}
+
+// a: the data x (MODE 0, 3, 4) or the result y (1, 2), (batch, n, D) C-contiguous; g: the
+// result's gradient, like y (1, 2) or one value per (row of the batch, segment, feature) (0, 3,
+// 4), as res, the segment's result (0: logsumexp, 4: std; unused otherwise); dx: like x.  C: the
+// type the elementwise steps compute in (float, or double for float64).
+template <class TA, class R, class DX, class C, int MODE, int G, int DW, class Off>
+__device__ __forceinline__ void softmax_grad(const TA* __restrict__ a, const R* __restrict__ g,
+                                             const R* __restrict__ res, DX* __restrict__ dx, Off off, i64 n, i64 m,
+                                             i64 D, i64 workers, double ddof) {
+    constexpr int RS = G / DW;  // rows a step of the worker's lanes
+    if (G > 1) D = DW;          // (the same value, known to the compiler)
+    const int lane = G == 1 ? 0 : (int)(threadIdx.x % G);
+    const int r0 = lane / DW;  // the lane's first row in a step
+    const i64 stride = (i64)gridDim.x * (blockDim.x / G);
+    for (i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / G; w < workers; w += stride) {
+        const i64 d = G == 1 ? w % D : lane % DW;  // the lane's feature
+        const i64 bs = G == 1 ? w / D : w;         // row of the batch * m + segment
+        const i64 b = bs / m, s = bs - b * m;
+        const i64 begin = off(s), end = off(s + 1);
+        const i64 base = b * n * D + d;  // element (row i, the lane's feature) of row b: base + i * D
+        const i64 one = bs * D + d;      // the segment's value in g and res (MODE 0, 3, 4)
+        double sum = 0;
+        if constexpr (MODE != GRAD_LOGSUMEXP) {
+#pragma unroll 4
+            for (i64 i = begin + r0; i < end; i += RS) {
+                const i64 e = base + i * D;
+                if constexpr (MODE == GRAD_SOFTMAX) {
+                    sum += (double)to_acc<C>(g[e]) * (double)to_acc<C>(a[e]);
+                } else if constexpr (MODE == GRAD_LOG_SOFTMAX) {
+                    sum += (double)to_acc<C>(g[e]);
+                } else {
+                    sum += (double)to_acc<C>(a[e]);
+                }
+            }
+            if (G > 1) sum = grad_lanes_sum<DW>(sum);
+        }
+        if constexpr (MODE == GRAD_SOFTMAX || MODE == GRAD_LOG_SOFTMAX) {
+            const C S = (C)sum;
+#pragma unroll 4
+            for (i64 i = begin + r0; i < end; i += RS) {
+                const i64 e = base + i * D;
+                const C y = to_acc<C>(a[e]), ge = to_acc<C>(g[e]);
+                const C v = MODE == GRAD_SOFTMAX ? y * (ge - S) : ge - exp(y) * S;
+                dx[e] = Store<DX>::from(v);
+            }
+        } else if (begin < end) {
+            const C ge = to_acc<C>(g[one]);
+            C shift, scale;  // dx = f(x - shift) * scale
+            if constexpr (MODE == GRAD_LOGSUMEXP) {
+                shift = to_acc<C>(res[one]);
+                scale = ge;
+            } else {
+                const double count = (double)(end - begin), free = count - ddof;
+                shift = (C)(sum / count);
+                if constexpr (MODE == GRAD_VAR) {
+                    scale = free > 0 ? (C)(2.0 * (double)ge / free) : (C)0;
+                } else {
+                    const double sd = (double)to_acc<C>(res[one]);
+                    scale = free > 0 && sd != 0 ? (C)((double)ge / (free * sd)) : (C)0;
+                }
+            }
+#pragma unroll 4
+            for (i64 i = begin + r0; i < end; i += RS) {
+                const i64 e = base + i * D;
+                const C t = to_acc<C>(a[e]) - shift;
+                dx[e] = Store<DX>::from(MODE == GRAD_LOGSUMEXP ? exp(t) * scale : t * scale);
+            }
+        }
+    }
+}
+
+// ---- entry point --------------------------------------------------------------------
+// linred_softmax_grad: softmax_grad; OFFSETS is FixedOffsets{L} or ArrayOffsets<I>{offsets}; ddof: the
+// bits of a double (var and std; the other modes ignore it).
+#define LINRED_SOFTMAX_GRAD(TA, R, DX, C, MODE, G, DW, THREADS, I, OFFSETS)                                  \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                    \
+        linred_softmax_grad(const TA* a, const R* g, const R* res, DX* dx, const I* offsets, long long L,     \
+                            long long n, long long m, long long d, long long workers, long long ddof) {      \
+        static_assert(THREADS % 32 == 0, "a worker of G = 32 lanes is a whole warp of the block");          \
+        softmax_grad<TA, R, DX, C, MODE, G, DW>(a, g, res, dx, OFFSETS, n, m, d, workers,                     \
+                                                 __longlong_as_double(ddof));                                 \
+    }
