@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import math
 import subprocess
@@ -280,14 +281,32 @@ def test_case_names_are_unique_and_sizes_capped(device, quick):
         if c.workload == "gnn":
             assert cap is None or p["n"] * p["d"] <= cap
             assert 1 <= p["graphs"] <= p["n"]
+        elif c.workload == "attention":
+            assert cap is None or p["n"] * p["d"] <= cap
+            assert 1 <= p["graphs"] <= p["n"] and c.reduction == "softmax"
         elif c.workload == "windows":
             assert p["n"] % p["L"] == 0 and p["n"] <= workloads.CAPS[(device, quick)]["series"]
     if device == "gpu" and not quick:
         gnn = {(c.p["n"], c.p["d"], c.p["graphs"]) for c in cases if c.workload == "gnn"}
         assert gnn == set(workloads.GNN_SIZES)
-        assert {c.size for c in cases if c.host_time} == {"N=2k d=64 graphs=32", "N=50k d=128 graphs=256"}
+        attention = {(c.p["n"], c.p["d"], c.p["graphs"]) for c in cases if c.workload == "attention"}
+        assert attention == set(workloads.ATTENTION_SIZES)
+        hosts = {"N=2k d=64 graphs=32", "N=50k d=128 graphs=256", "E=20k heads=1 nodes=2k", "E=200k heads=8 nodes=10k"}
+        assert {c.size for c in cases if c.host_time} == hosts
     if device == "cpu":
         assert not any(c.host_time for c in cases)
+
+
+def test_attention_reference_is_a_softmax_per_node():
+    """The attention workload's float64 reference against a per-segment loop."""
+    case = next(c for c in workloads.build_cases("cpu", True) if c.workload == "attention" and c.backward)
+    data = workloads.Data(case, "cpu")
+    y, grad = data.reference(case)
+    x, g, ptr = data.x.double(), data.grad_out.double(), data.ptr.tolist()
+    for lo, hi in itertools.pairwise(ptr):
+        s = torch.softmax(x[lo:hi], 0)
+        torch.testing.assert_close(y[lo:hi], s)
+        torch.testing.assert_close(grad[lo:hi], s * (g[lo:hi] - (g[lo:hi] * s).sum(0)))
 
 
 def test_gnn_data_has_no_ties_and_references_match():

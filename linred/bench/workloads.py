@@ -1,6 +1,6 @@
 """``linred bench --suite workloads``: what users run, beside the PyTorch idioms they would otherwise write.
 
-Three workloads, all on PyTorch tensors (CUDA when there is a GPU, else the CPU):
+Four workloads, all on PyTorch tensors (CUDA when there is a GPU, else the CPU):
 
 ``gnn``
     Graph pooling: an ``(N, d)`` float32 tensor of node rows and the CSR ``ptr``
@@ -13,6 +13,16 @@ Three workloads, all on PyTorch tensors (CUDA when there is a GPU, else the CPU)
     batch[:, None].expand(-1, d), x, reduce, include_self=False)`` and
     ``torch_scatter.segment_csr`` where it imports.  ``batch`` (the graph id of
     every row) and the expanded index are made once, outside the timed calls.
+``attention``
+    Graph attention: ``(E, heads)`` float32 edge scores sorted by destination node
+    and the CSR ``ptr`` of ``nodes`` nodes' in-edges (random in-degrees, none
+    zero), normalized by ``segmented_softmax`` per node, forward and forward +
+    backward.  Peers: the composition of ``torch_geometric.utils.softmax``
+    (``scatter_reduce`` amax of the detached scores, ``exp``, ``scatter_add``,
+    ``index_select`` back to the edges, the division) written with PyTorch
+    operations, ``torch_geometric.utils.softmax`` itself where it imports, and
+    the same composition through ``torch.segment_reduce`` and
+    ``repeat_interleave``.
 ``embedding``
     Embedding bags: ``F.embedding_bag(input, weight, offsets, mode)`` (sum,
     mean; forward and forward + backward to ``weight``) against linred on the
@@ -75,9 +85,10 @@ from linred.bench.timing import HostClock, device_clock, lead_calls, take_sample
 __all__ = ["METHODS", "Method", "Row", "WCase", "WorkloadResult", "build_cases", "run", "run_cases"]
 
 #: the workloads, in the order they run and print
-WORKLOADS = ("gnn", "embedding", "windows")
+WORKLOADS = ("gnn", "attention", "embedding", "windows")
 TITLES = {
     "gnn": "GNN pooling: (N, d) float32 node rows, CSR ptr of `graphs` graphs of random sizes",
+    "attention": "graph attention: softmax of (E, heads) float32 edge scores over each node's in-edges",
     "embedding": "embedding-bag pooling: bags of rows of an (E, D) float32 table",
     "windows": "windowed time series: float32 1-D series in fixed windows of L values",
 }
@@ -100,6 +111,8 @@ DEFAULTS = {
 GNN_SIZES = [(2000, 64, 32), (50_000, 128, 256), (1_000_000, 128, 4096), (10_000_000, 16, 100_000)]
 #: GNN sizes whose host latency (wall clock, synchronize after every call) is timed too, on the GPU
 GNN_HOST_SIZES = 2
+#: graph attention (E edges, heads, nodes): a small graph, a mid-size one, two large ones
+ATTENTION_SIZES = [(20_000, 1, 2_000), (200_000, 8, 10_000), (2_000_000, 8, 62_500), (4_000_000, 1, 200_000)]
 #: embedding bags (E table rows, D dim, bags, mean bag length)
 EMBEDDING_SIZES = [
     (100_000, 64, 1024, 20),
@@ -117,7 +130,7 @@ CAPS = {
     ("cpu", True): {"values": 1 << 16, "series": 1 << 16},
 }
 
-_LINRED = {"sum": "segmented_sum", "mean": "segmented_mean", "max": "segmented_max"}
+_LINRED = {"sum": "segmented_sum", "mean": "segmented_mean", "max": "segmented_max", "softmax": "segmented_softmax"}
 
 
 class Skip(Exception):
@@ -183,6 +196,17 @@ def build_cases(device: str, quick: bool = False) -> list[WCase]:
         for backward in (False, True):
             for r in ("sum", "mean", "max"):
                 cases.append(WCase("gnn", size, r, backward, (("n", n2), ("d", d), ("graphs", g2)), host, seed=i))
+    for i, (e, heads, nodes) in enumerate(ATTENTION_SIZES):
+        e2 = _shrink(e, heads, cap)
+        n2 = max(1, min(e2, round(nodes * e2 / e)))  # the same mean in-degree
+        if ("attention", e2, heads) in seen:
+            continue
+        seen.add(("attention", e2, heads))
+        size = f"E={_fmt(e2)} heads={heads} nodes={_fmt(n2)}"
+        host = device == "gpu" and i < GNN_HOST_SIZES
+        for backward in (False, True):
+            params = (("n", e2), ("d", heads), ("graphs", n2))
+            cases.append(WCase("attention", size, "softmax", backward, params, host, seed=300 + i))
     for i, (e, dim, bags, mean) in enumerate(EMBEDDING_SIZES):
         e2 = _shrink(e, dim, cap)
         bags2 = max(1, _shrink(bags * mean, dim, cap) // mean)
@@ -265,6 +289,15 @@ class Data:
         self.index = self.batch[:, None].expand(-1, d)  # for scatter_reduce, made once
         self.grad_out = torch.randn(graphs, d, generator=gen, device=self.device)
 
+    def _make_attention(self, gen: Any) -> None:
+        torch = self.torch
+        n, d, nodes = self.p["n"], self.p["d"], self.p["graphs"]
+        self._segments(gen, n, nodes)
+        self.x = 2 * torch.randn(n, d, generator=gen, device=self.device)
+        self.leaf = self.x
+        self.index = self.batch[:, None].expand(-1, d)  # for scatter_reduce, made once
+        self.grad_out = torch.randn(n, d, generator=gen, device=self.device)
+
     def _make_embedding(self, gen: Any) -> None:
         torch = self.torch
         e, d, bags, mean = self.p["e"], self.p["d"], self.p["bags"], self.p["mean"]
@@ -336,6 +369,18 @@ class Data:
     def _ref_gnn(self, reduction: str, backward: bool) -> tuple[Any, ...]:
         y, grad = self._segment_ref(self.x.to(self.torch.float64), reduction, backward)
         return (y,) if grad is None else (y, grad)
+
+    def _ref_attention(self, reduction: str, backward: bool) -> tuple[Any, ...]:
+        torch = self.torch
+        x64, batch, m = self.x.to(torch.float64), self.batch, self.counts.shape[0]
+        zeros = torch.zeros(m, x64.shape[1], dtype=torch.float64, device=self.device)
+        top = zeros.scatter_reduce(0, self.index, x64, reduce="amax", include_self=False)
+        e = (x64 - top[batch]).exp()
+        y = e / zeros.index_add(0, batch, e)[batch]
+        if not backward:
+            return (y,)
+        g = self.grad_out.to(torch.float64)
+        return y, y * (g - zeros.index_add(0, batch, g * y)[batch])
 
     def _ref_embedding(self, reduction: str, backward: bool) -> tuple[Any, ...]:
         torch = self.torch
@@ -445,6 +490,38 @@ def _segment_csr(data: Data, case: WCase) -> Callable[[Any], Any]:
     return lambda t: torch_scatter.segment_csr(t, ptr, reduce=r)
 
 
+def _pyg_softmax(data: Data, case: WCase) -> Callable[[Any], Any]:
+    """``torch_geometric.utils.softmax``'s composition, in PyTorch operations."""
+    torch, index, batch, m, d, dev = data.torch, data.index, data.batch, data.p["graphs"], data.p["d"], data.device
+
+    def softmax(t: Any) -> Any:
+        top = torch.zeros(m, d, device=dev).scatter_reduce(0, index, t.detach(), reduce="amax", include_self=False)
+        e = (t - top.index_select(0, batch)).exp()
+        total = torch.zeros(m, d, device=dev).scatter_add(0, index, e) + 1e-16
+        return e / total.index_select(0, batch)
+
+    return softmax
+
+
+def _tg_softmax(data: Data, case: WCase) -> Callable[[Any], Any]:
+    from torch_geometric.utils import softmax
+
+    ptr = data.ptr
+    return lambda t: softmax(t, ptr=ptr)
+
+
+def _segment_reduce_softmax(data: Data, case: WCase) -> Callable[[Any], Any]:
+    torch, ptr, lengths, n = data.torch, data.ptr, data.counts, data.p["n"]
+
+    def softmax(t: Any) -> Any:
+        top = torch.segment_reduce(t.detach(), "max", offsets=ptr, axis=0)
+        e = (t - top.repeat_interleave(lengths, dim=0, output_size=n)).exp()
+        total = torch.segment_reduce(e, "sum", offsets=ptr, axis=0)
+        return e / total.repeat_interleave(lengths, dim=0, output_size=n)
+
+    return softmax
+
+
 def _embedding_bag(data: Data, case: WCase) -> Callable[[Any], Any]:
     import torch.nn.functional as F
 
@@ -486,6 +563,13 @@ METHODS: dict[str, list[Method]] = {
         Method("zeros.index_add_ / sizes", "peer", _index_add, reductions=("mean",)),
         Method("zeros.scatter_reduce", "peer", _scatter_reduce),
         Method("torch_scatter.segment_csr", "peer", _segment_csr, requires=("torch_scatter",)),
+    ],
+    "attention": [
+        Method("linred", "linred", _linred(), ("softmax",)),
+        Method("linred check=False", "linred", _linred(check=False), ("softmax",)),
+        Method("PyG composition (scatter_reduce)", "peer", _pyg_softmax, ("softmax",)),
+        Method("torch_geometric.utils.softmax", "peer", _tg_softmax, ("softmax",), requires=("torch_geometric",)),
+        Method("torch.segment_reduce composition", "peer", _segment_reduce_softmax, ("softmax",)),
     ],
     "embedding": [
         Method("linred weight[input]", "linred", _linred(gather=True), SR, note="includes the gather"),
