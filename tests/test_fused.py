@@ -549,6 +549,25 @@ def test_jacobian_vectorized(name, spec):
 
 
 @needs_torch
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_cpu_tensors_without_autograd_run_as_numpy_views(name, monkeypatch):
+    """A CPU tensor's call that autograd does not record is computed on the NumPy views of its
+    memory (no gather through PyTorch), with NumPy input's result, as a tensor."""
+    x = torch.tensor(np.random.default_rng(2).standard_normal((12, 3)))
+    offsets = [0, 3, 3, 7, 12]
+    expected = fn(name)(x.numpy(), offsets=offsets)
+
+    def no_gather(*args, **kwargs):
+        raise AssertionError("a PyTorch gather on the host")
+
+    monkeypatch.setattr(torch, "index_select", no_gather)
+    monkeypatch.setattr(torch, "repeat_interleave", no_gather)
+    for got in (fn(name)(x, offsets=torch.tensor(offsets)), fn(name)(x.float(), offsets=offsets)):
+        assert isinstance(got, torch.Tensor)
+        np.testing.assert_allclose(got.double().numpy(), expected, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+@needs_torch
 @pytest.mark.parametrize("special", [math.inf, math.nan])
 def test_variance_gradient_with_an_infinity_or_nan_is_torchs(special):
     """var's and std's gradients are torch.var's and torch.std's where a segment holds an infinity
