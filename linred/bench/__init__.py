@@ -80,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("bandwidth", "workloads"),
         default="bandwidth",
         help="bandwidth: segmented sums of large buffers beside the peers (default); workloads: GNN pooling, "
-        "embedding bags and windowed time series on torch tensors beside the PyTorch idioms "
+        "graph attention, embedding bags and windowed time series on torch tensors beside the PyTorch idioms "
         "(linred.bench.workloads; --n does not apply)",
     )
     parser.add_argument(
