@@ -110,7 +110,9 @@ def test_narrow_index_dtypes_get_their_gradient(device, reduction, index_dtype):
                 continue  # (host arrays with CUDA data are refused)
             leaf = x.clone().requires_grad_()
             y = f(leaf, **{name: given})
-            torch.where(torch.isfinite(y), y, 0).sum().backward()
+            # (weighted: a softmax's plain sum is 1 a segment, whose gradient is 0)
+            w = torch.linspace(1.0, 2.0, y.numel(), dtype=y.dtype, device=device).reshape(y.shape)
+            (torch.where(torch.isfinite(y), y, 0) * w).sum().backward()
             grads.append(leaf.grad)
         for g in grads[1:]:
             torch.testing.assert_close(g, grads[0], equal_nan=True)
