@@ -48,15 +48,15 @@ _PENDING: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("lin
 
 
 def _inside(filename: str) -> bool:
-    """Whether a frame of ``filename`` is linred's, or PyTorch's autograd's running a function of
-    linred's (an autograd Function's ``apply`` and ``backward`` call linred from there)."""
+    """Whether a frame of ``filename`` is linred's, or PyTorch's running a function of linred's
+    (an autograd Function's ``apply``, and ``Tensor.backward`` and the autograd engine's calls of
+    its ``backward``)."""
     if filename.startswith(_PACKAGE):
         return True
     torch = sys.modules.get("torch")
     if torch is None:
         return False
-    autograd = os.path.dirname(os.path.abspath(torch.autograd.__file__)) + os.sep
-    return filename.startswith(autograd)
+    return filename.startswith(os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 
 
 def _emit(kind: str) -> None:

@@ -270,6 +270,10 @@ def _run(
     axis = normalize_axis(axis, len(shape))
     compute, result = _dtypes(name, in_name, dtype, complex_ok)
     xp = namespace(adapter.kind)
+    if adapter.kind == "torch":
+        from linred._torch_ops import refuse_forward_ad
+
+        refuse_forward_ad(x)
     # (the composition, without in-place operations, also inside torch.func transforms, whose
     # batched tensors take no out= and no kernel of linred's own)
     grad = adapter.kind == "torch" and ((x.requires_grad and xp.is_grad_enabled()) or _torch_transformed())
@@ -292,14 +296,20 @@ def _run(
 
             if _fused_grad.takes(x, segments, compute):
                 # Autograd records one Function: the forward as a call without autograd (one
-                # kernel on the GPU), the backward its derivative (see linred._fused_grad).
+                # kernel on the GPU), the backward its derivative (see linred._fused_grad).  A
+                # float16 or bfloat16 result is the cast of the Function's result in the
+                # computation dtype (float32), as the composition's is: the derivative is taken
+                # at the float32 values, not at their rounding.
+                inner = compute if result in HALF else result
+
                 def run(detached: Any) -> Any:
-                    return _compute(name, body, detached, adapter, xp, axis, in_name, compute, result, False, backend,
+                    return _compute(name, body, detached, adapter, xp, axis, in_name, compute, inner, False, backend,
                                     check, segments, device, handle, shape, options)  # fmt: skip
 
                 offsets, lengths, length = segments.get("offsets"), segments.get("lengths"), segments["segment_length"]
-                return _fused_grad.FusedGrad.apply(x, offsets, lengths, length, axis, name, compute,
-                                                   options.get("ddof", 0), run)  # fmt: skip
+                out = _fused_grad.FusedGrad.apply(x, offsets, lengths, length, axis, name, compute,
+                                                  options.get("ddof", 0), run)  # fmt: skip
+                return out if inner == result else _astype_torch(out, result)
         return _compute(name, body, x, adapter, xp, axis, in_name, compute, result, grad, backend, check, segments,
                         device, handle, shape, options)  # fmt: skip
 
@@ -342,6 +352,12 @@ def _compute(
     c = _Call(name, None, adapter, xp, axis, compute, result, grad, backend, check, segments, device, shape=shape)
     c.x = _astype(c, x, compute)
     return body(c, **options)
+
+
+def _astype_torch(t: Any, name: str) -> Any:
+    import torch
+
+    return t.to(getattr(torch, name))
 
 
 def _numpy_views(x: Any, segments: dict[str, Any], result: str) -> tuple[Any, dict[str, Any]] | None:

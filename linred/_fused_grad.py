@@ -83,11 +83,24 @@ class FusedGrad(torch.autograd.Function):
         ctx.segment_length = None if segment_length is None else int(segment_length)
         ctx.n, ctx.ndim, ctx.x_dtype = x.shape[axis], x.dim(), x.dtype
         ctx.compute = getattr(torch, compute)
+        ctx.out_dtype, ctx.out_shape = out.dtype, tuple(out.shape)
+        # What the derivative reads, as torch.softmax's, torch.logsumexp's, torch.var's and
+        # torch.std's backwards do: the result (softmax, log_softmax), the data and the result
+        # (logsumexp, std), the data (var).  Modifying one of them in place before the backward
+        # makes PyTorch's version check raise.
         if name in _PER_ELEMENT:
             ctx.save_for_backward(offsets, lengths, out)
+        elif name == "segmented_var":
+            ctx.save_for_backward(offsets, lengths, x)
         else:
             ctx.save_for_backward(offsets, lengths, x, out)
         return out
+
+    @staticmethod
+    def jvp(ctx: Any, *tangents: Any) -> Any:
+        from linred._torch_ops import _NO_FORWARD_AD
+
+        raise TypeError(_NO_FORWARD_AD)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
@@ -113,9 +126,10 @@ class FusedGrad(torch.autograd.Function):
             x, r = (t.to(ctx.compute) for t in saved)
             gx = (x - seg.spread(r)).exp() * seg.spread(g)
         else:  # var and std
-            x, v = (t.to(ctx.compute) for t in saved)
+            x = saved[0].to(ctx.compute)
+            v = saved[1].to(ctx.compute) if name == "segmented_std" else None
             d = x - seg.spread(_reduce(x, spec, "mean"))
-            free = seg.counts(v) - ctx.ddof  # (count - ddof, shaped like v)
+            free = seg.counts(g) - ctx.ddof  # (count - ddof, shaped like the result)
             if name == "segmented_var":
                 keep, scale = free > 0, 2.0
             else:  # d std / d var = 1 / (2 std): a zero std passes nothing, a NaN one NaN
@@ -144,9 +158,9 @@ def _in_one_kernel(ctx: Any, g: torch.Tensor, offsets: Any, lengths: Any, saved:
         or torch._C._functorch.maybe_current_level() is not None
     ):
         return None
-    a, out = saved[0], saved[-1]  # (the result for softmax and log_softmax; else the data, then the result)
-    names = (dtype_name(a.dtype), dtype_name(out.dtype), dtype_name(ctx.x_dtype))
-    if g.dtype != out.dtype or not _KERNEL_DTYPES.issuperset(names) or not a.is_contiguous():
+    a = saved[0]  # (the result for softmax and log_softmax; else the data, then the result for logsumexp and std)
+    names = (dtype_name(a.dtype), dtype_name(ctx.out_dtype), dtype_name(ctx.x_dtype))
+    if not _KERNEL_DTYPES.issuperset(names) or not a.is_contiguous():
         return None
     from linred.backends import unavailable
 
@@ -166,8 +180,8 @@ def _in_one_kernel(ctx: Any, g: torch.Tensor, offsets: Any, lengths: Any, saved:
         segments, m = {"offsets": offsets}, offsets.shape[0] - 1
     if not _softmax_kernel._enough_workers(a, ctx.axis, segments, device):
         return None
-    g = g.contiguous()
-    res = out.contiguous() if ctx.name in ("segmented_logsumexp", "segmented_std") else None
+    g = g.to(ctx.out_dtype).contiguous()
+    res = saved[1].contiguous() if ctx.name in ("segmented_logsumexp", "segmented_std") else None
     dx = torch.empty(a.shape, dtype=ctx.x_dtype, device=g.device)
     compute = dtype_name(ctx.compute)
     pointers = (a.data_ptr(), g.data_ptr(), 0 if res is None else res.data_ptr(), dx.data_ptr(),

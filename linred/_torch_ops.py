@@ -254,6 +254,7 @@ def _spread_rows(
         or grad.device.type != "cuda"
         or type(grad) is not Tensor  # (a FakeTensor or FunctionalTensor under tracing)
         or _transform_level() is not None  # (a torch.func wrapper: no batching rule for the kernel)
+        or _is_legacy_batched(grad)  # (autograd's own vmap: jacobian(vectorize=True); repeat_interleave has a rule)
         or (differentiable and torch.is_grad_enabled())
         or grad.dtype != ctx.x_dtype
         or grad.shape[0] == 0  # (no segment: nothing for the kernel; grad[0] would not exist)
@@ -452,6 +453,13 @@ _transform_level = torch._C._functorch.maybe_current_level
 _is_legacy_batched = getattr(torch._C._functorch, "is_legacy_batchedtensor", lambda t: False)
 
 
+def refuse_forward_ad(x: Tensor) -> None:
+    """Raise the documented TypeError for a dual tensor of forward-mode AD (its result would
+    come back without its tangent)."""
+    if _forward_ad._current_level >= 0 and _forward_ad.unpack_dual(x).tangent is not None:
+        raise TypeError(_NO_FORWARD_AD)
+
+
 def transformed() -> bool:
     """Whether a ``torch.func`` transform is in effect: linred's tensors may then be wrappers
     (batched, or tracking a gradient) with no memory of their own, which only the autograd
@@ -527,8 +535,7 @@ def run(
 ) -> Any:
     """The public functions' body once PyTorch is in use: the operator where it is needed."""
     if isinstance(x, Tensor):
-        if _forward_ad._current_level >= 0 and _forward_ad.unpack_dual(x).tangent is not None:
-            raise TypeError(_NO_FORWARD_AD)
+        refuse_forward_ad(x)
         if (
             torch.compiler.is_compiling()
             or (x.requires_grad and torch.is_grad_enabled() and reduction in _DIFFERENTIABLE)

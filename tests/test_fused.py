@@ -657,6 +657,70 @@ def test_gpu_backward_kernel(name, features, spec, dtype, monkeypatch):
 
 
 @needs_torch
+def test_what_the_recorded_function_saves():
+    """As torch.var's backward, var's reads the data only: its result may be changed in place
+    before the backward (var += eps); softmax's reads its result, as torch.softmax's, and PyTorch
+    refuses a backward through a result changed in place."""
+    x = torch.tensor([1.0, 2.0, 4.0, 3.0, 5.0, 9.0, 2.0], dtype=torch.float64, requires_grad=True)
+    v = linred.segmented_var(x, offsets=[0, 3, 7])
+    v.add_(1e-5)
+    (g,) = torch.autograd.grad(v.sqrt().sum(), x)
+    x2 = x.detach().clone().requires_grad_()
+    stds = [(x2[a:b].var(correction=0) + 1e-5).sqrt() for a, b in ((0, 3), (3, 7))]
+    expected = torch.autograd.grad(stds[0] + stds[1], x2)
+    torch.testing.assert_close(g, expected[0])
+    y = linred.segmented_softmax(x, offsets=[0, 3, 7])
+    y.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+@needs_torch
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("kind", ["float32 to float16", "float16", "float32 to bfloat16"])
+def test_half_results_differentiate_the_float32_values(name, kind):
+    """A float16 or bfloat16 result is the cast of the float32 computation, whose derivative the
+    backward takes (not the derivative at the rounded result): the composition's accuracy."""
+    rng = np.random.default_rng(4)
+    xv = 1000 + rng.standard_normal(64)
+    x_dtype, dtype = {"float32 to float16": ("float32", "float16"), "float16": ("float16", None),
+                      "float32 to bfloat16": ("float32", "bfloat16")}[kind]  # fmt: skip
+    x = torch.tensor(xv, dtype=getattr(torch, x_dtype), requires_grad=True)
+    y = fn(name)(x, offsets=[0, 64], dtype=dtype)
+    g = torch.linspace(0.5, 1.5, y.numel(), dtype=y.dtype).reshape(y.shape)  # (exact in float16)
+    (gx,) = torch.autograd.grad(y, x, g)
+    x64 = x.detach().double().numpy()
+    expected = _reference_gradient(name, x64[:, None], [0, 64], g.double().numpy()[:, None], 0)[:, 0]
+    scale = np.abs(expected).max()
+    tol = 1e-2 if x_dtype == "float16" else 2e-3  # (float16 data of 1000 is itself rounded; its gradient is not)
+    np.testing.assert_allclose(gx.double().numpy(), expected, rtol=tol, atol=tol * scale)
+
+
+@needs_torch
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_forward_mode_ad_is_refused(name):
+    """A dual tensor of forward-mode AD raises the documented TypeError (its result would come
+    back without a tangent), whether or not it requires grad."""
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        for primal in (torch.randn(7), torch.randn(7, requires_grad=True)):
+            dual = fwAD.make_dual(primal, torch.randn(7))
+            with pytest.raises(TypeError, match="forward-mode AD"):
+                fn(name)(dual, offsets=[0, 3, 7])
+
+
+@needs_torch
+def test_backward_warnings_name_the_callers_line():
+    """NumPy's warnings in a backward that runs on the host name the line that called backward."""
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0], requires_grad=True)
+    y = linred.segmented_log_softmax(x, offsets=[0, 4])
+    with pytest.warns(RuntimeWarning, match="overflow") as record:
+        y.backward(torch.tensor([3e38, 3e38, 1.0, 1.0]))
+    assert record[0].filename == __file__
+
+
+@needs_torch
 def test_fused_gradient_warnings_name_the_callers_line():
     """NumPy's warnings inside the forward of a tensor that requires grad name the caller's line,
     not PyTorch's autograd (which calls linred's forward)."""
