@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             f = getattr(linred, f"segmented_{name}")
             y = f(x, offsets=ptr)
             g = torch.randn_like(y)
-            rows = [("linred", lambda s, f=f: f(s, offsets=ptr))]
+            rows = [("linred", lambda s, f=f, ptr=ptr: f(s, offsets=ptr))]
             if name in peers:
                 label, peer = peers[name]
                 (g1,) = torch.autograd.grad(y, x, g)
@@ -141,11 +141,11 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append((label if same else f"{label} DIFFERS", peer))
             for label, h in rows:
 
-                def step(h: Callable = h) -> None:
+                def step(h: Callable = h, x: Any = x, g: Any = g) -> None:
                     x.grad = None
                     h(x).backward(g)
 
-                def forward(h: Callable = h) -> None:
+                def forward(h: Callable = h, x: Any = x) -> None:
                     with torch.no_grad():
                         h(x)
 
