@@ -700,6 +700,21 @@ def test_torch_func_edge_cases():
         np.testing.assert_allclose(fast.nan_to_num().numpy(), slow.nan_to_num().numpy(), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("function", ["sum", "mean", "max", "softmax", "log_softmax", "logsumexp", "var", "std"])
+def test_jacobian_vectorized_on_cuda(function):
+    """autograd's own batched backward of CUDA feature rows, where the backward otherwise takes
+    torch.segment_reduce's backward kernel or linred's: the Jacobian row by row."""
+    y = torch.tensor(np.random.default_rng(13).standard_normal((12, 3)), device="cuda")
+    ptr = torch.tensor(FUNC_OFFSETS, device="cuda")
+    f = getattr(linred, f"segmented_{function}")
+    fast = torch.autograd.functional.jacobian(lambda t: f(t, offsets=ptr), y, vectorize=True)
+    slow = torch.autograd.functional.jacobian(lambda t: f(t, offsets=ptr), y)
+    np.testing.assert_allclose(fast.nan_to_num().cpu().numpy(), slow.nan_to_num().cpu().numpy(), rtol=1e-12,
+                               atol=1e-12)  # fmt: skip
+
+
 @pytest.mark.parametrize("function", ["softmax", "logsumexp", "var", "argmax"])
 @pytest.mark.parametrize("spec", ["offsets", "lengths"])
 def test_vmap_of_the_fused_and_arg_functions_with_batched_segments(function, spec):
