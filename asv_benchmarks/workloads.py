@@ -406,10 +406,11 @@ ATTENTION_METHODS = ["linred-auto", "linred-nocheck", "torch-segment_reduce", "t
 
 
 class _Attention(_Workload):
-    """The softmax of each node's incoming edge scores (GAT's attention), and logsumexp, forward:
-    ``linred.segmented_softmax`` / ``segmented_logsumexp`` (one kernel on the GPU), against the
-    compositions users write: ``torch.segment_reduce`` max and sum with ``repeat_interleave``,
-    and PyG's ``scatter_reduce`` + gather form."""
+    """The softmax of each node's incoming edge scores (GAT's attention), and logsumexp, forward
+    and forward + backward: ``linred.segmented_softmax`` / ``segmented_logsumexp`` (one kernel
+    each way on the GPU), against the compositions users write: ``torch.segment_reduce`` max and
+    sum with ``repeat_interleave``, and PyG's ``scatter_reduce`` + gather form (both with the
+    maximum detached, as ``torch_geometric.utils.softmax`` takes it)."""
 
     def build(self, method: str, size: str, reduction: str) -> tuple[Any, ...]:
         torch, device = self.torch, self.device
@@ -422,9 +423,11 @@ class _Attention(_Workload):
         scores = torch.randn(e, heads, generator=gen, device=device) * 3
         per_edge = reduction == "softmax"
 
+        g = torch.randn((e if per_edge else nodes), heads, generator=gen, device=device)
+
         def compose(t: Any, dtype: Any) -> Any:  # the torch.segment_reduce composition, in dtype
             t = t.to(dtype)
-            mx = torch.segment_reduce(t, "max", offsets=ptr, axis=0)
+            mx = torch.segment_reduce(t.detach(), "max", offsets=ptr, axis=0)
             ex = (t - mx.repeat_interleave(counts, dim=0, output_size=e)).exp()
             total = torch.segment_reduce(ex, "sum", offsets=ptr, axis=0)
             if per_edge:
@@ -432,7 +435,12 @@ class _Attention(_Workload):
             return total.log() + mx
 
         def reference(backward: bool) -> tuple[Any, ...]:
-            return (compose(scores, torch.float64),)
+            s64 = scores.to(torch.float64).requires_grad_(backward)
+            y = compose(s64, torch.float64)
+            if not backward:
+                return (y,)
+            (grad,) = torch.autograd.grad(y, s64, g.to(torch.float64))
+            return y.detach(), grad
 
         if method.startswith("linred-"):
             forward = _linred_composed(method, reduction, ptr)
@@ -442,26 +450,28 @@ class _Attention(_Workload):
             index = batch[:, None].expand(-1, heads)
 
             def forward(t: Any) -> Any:
-                mx = torch.zeros(nodes, heads, device=device).scatter_reduce(0, index, t, "amax", include_self=False)
+                mx = torch.zeros(nodes, heads, device=device).scatter_reduce(
+                    0, index, t.detach(), "amax", include_self=False
+                )
                 ex = (t - mx[batch]).exp()
                 total = torch.zeros(nodes, heads, device=device).index_add_(0, batch, ex)
                 return ex / total[batch] if per_edge else total.log() + mx
         else:
             raise ValueError(f"unknown method {method!r}")
-        return forward, scores, reference, None, 4 * heads * (2 * e if per_edge else e + nodes)
+        return forward, scores, reference, g, 4 * heads * (2 * e if per_edge else e + nodes)
 
 
 class CpuAttention(_Attention):
-    """Segment softmax and logsumexp of edge scores on CPU tensors (composed from linred's reductions)."""
+    """Segment softmax and logsumexp of edge scores on CPU tensors, forward and forward + backward."""
 
-    params = (ATTENTION_METHODS, _shapes(list(ATTENTION_SIZES), ("softmax", "logsumexp"), ("fwd",)), ["float32"])
+    params = (ATTENTION_METHODS, _shapes(list(ATTENTION_SIZES), ("softmax", "logsumexp")), ["float32"])
 
 
 class GpuAttention(_Attention):
-    """Segment softmax and logsumexp of edge scores on CUDA tensors (linred: one kernel)."""
+    """Segment softmax and logsumexp of edge scores on CUDA tensors (linred: one kernel each way)."""
 
     gpu = True
-    params = (ATTENTION_METHODS, _shapes(list(ATTENTION_SIZES), ("softmax", "logsumexp"), ("fwd",)), ["float32"])
+    params = (ATTENTION_METHODS, _shapes(list(ATTENTION_SIZES), ("softmax", "logsumexp")), ["float32"])
 
 
 # ---------------------------------------------------------------- per-graph spread (PNA's std aggregation)
