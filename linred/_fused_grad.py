@@ -23,9 +23,10 @@ leave out the term through the mean (0 in exact arithmetic), so a segment holdin
 gives -inf and NaN where the composition gave NaN throughout.
 
 On the GPU the backward is one kernel (``linred/kernels/softmax_grad.cuh``, where the
-forward's kernel would take the call's workers).  Elsewhere, and where the backward records
-a graph (``create_graph=True``), it is made of PyTorch operations and linred's
-differentiable reductions, so that second derivatives come out as the composition's did.
+forward's kernel would take the call's workers); for CPU tensors it is NumPy on the views of
+their memory.  Where the backward records a graph (``create_graph=True``), and wherever
+neither applies, it is made of PyTorch operations and linred's differentiable reductions, so
+that second derivatives come out as the composition's did.
 
 The composition keeps the calls that this does not take: segment ids, complex data,
 ``torch.func`` transforms and ``torch.compile`` (which trace it).
@@ -111,6 +112,8 @@ class FusedGrad(torch.autograd.Function):
                                 device=g.device), *nones)  # fmt: skip
         spec = (offsets, None if offsets is not None else lengths, ctx.segment_length, ctx.axis)
         fast = _in_one_kernel(ctx, g, offsets, lengths, saved)
+        if fast is None:
+            fast = _on_the_host(ctx, g, offsets, lengths, saved)
         if fast is not None:
             return (fast, *nones)
         seg = _Segments(ctx, spec, offsets, lengths)
@@ -191,6 +194,80 @@ def _in_one_kernel(ctx: Any, g: torch.Tensor, offsets: Any, lengths: Any, saved:
     _softmax_kernel.run_backward(ctx.name, (names[0], names[1], names[2], compute), pointers, tuple(a.shape),
                                  ctx.axis, m, ctx.segment_length, index, ctx.ddof, device, stream)  # fmt: skip
     return dx
+
+
+def _on_the_host(ctx: Any, g: torch.Tensor, offsets: Any, lengths: Any, saved: list) -> torch.Tensor | None:
+    """The derivative of CPU tensors on the NumPy views of their memory (the same formulas; the
+    sums are linred's, the spreads ``np.repeat``), or None where it does not apply: a backward
+    that records a graph, autograd's own batched gradients, ``torch.func``, a tensor NumPy cannot
+    view (bfloat16, a conjugate or negative bit).  PyTorch's ``repeat_interleave`` on the host
+    cost more than the rest of the backward."""
+    if (
+        g.device.type != "cpu"
+        or type(g) is not torch.Tensor
+        or torch.is_grad_enabled()
+        or _is_legacy_batched(g)
+        or torch._C._functorch.maybe_current_level() is not None
+    ):
+        return None
+    import numpy as np
+
+    from linred import _plan_cache
+
+    try:
+        gn, a = g.numpy(), saved[0].numpy()
+        res = saved[1].numpy() if len(saved) > 1 else None
+        offs = None if offsets is None else offsets.numpy()
+        lens = None if lengths is None or offs is not None else lengths.numpy()
+        x_dtype = torch.empty(0, dtype=ctx.x_dtype).numpy().dtype
+    except (RuntimeError, TypeError):
+        return None
+    compute = np.float64 if ctx.compute == torch.float64 else np.float32
+    axis, length, name = ctx.axis, ctx.segment_length, ctx.name
+    counts = length if length is not None else (np.diff(offs) if offs is not None else lens)
+
+    def reduce(reduction: str, v: Any) -> Any:  # (checked by the forward)
+        return _plan_cache.call(reduction, v, length, offs, lens, axis, None, None, "auto", None, False)
+
+    def spread(r: Any) -> Any:
+        return np.repeat(r, counts, axis=axis)
+
+    gg = gn.astype(compute, copy=False)
+
+    def quiet() -> Any:  # (elementwise NaN and infinities are the results, as PyTorch's)
+        return np.errstate(all="ignore")
+
+    # (linred's sums outside it: their warnings reach the caller's line, as the forward's do)
+    if name in _PER_ELEMENT:
+        y = a.astype(compute, copy=False)
+        if name == "segmented_softmax":
+            with quiet():
+                gy = gg * y
+            total = spread(reduce("sum", gy))
+            with quiet():
+                gx = y * (gg - total)
+        else:
+            total = spread(reduce("sum", gg))
+            with quiet():
+                gx = gg - np.exp(y) * total
+    elif name == "segmented_logsumexp":
+        with quiet():
+            gx = np.exp(a.astype(compute, copy=False) - spread(res.astype(compute, copy=False))) * spread(gg)
+    else:  # var and std
+        xc = a.astype(compute, copy=False)
+        mean = spread(reduce("mean", xc))
+        shape = [1] * gg.ndim
+        shape[axis] = -1
+        free = np.reshape(np.asarray(counts, dtype=compute), shape if length is None else ()) - compute(ctx.ddof)
+        with quiet():
+            if name == "segmented_var":
+                scale = np.where(free > 0, 2 * gg / np.where(free > 0, free, 1), 0)
+            else:
+                sd = res.astype(compute, copy=False)
+                keep = (free > 0) & (sd != 0)
+                scale = np.where(keep, gg / np.where(keep, free * sd, 1), 0)
+            gx = (xc - mean) * spread(scale.astype(compute, copy=False))
+    return torch.from_numpy(np.ascontiguousarray(gx.astype(x_dtype, copy=False)))
 
 
 class _Segments:

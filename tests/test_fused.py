@@ -721,6 +721,50 @@ def test_backward_warnings_name_the_callers_line():
 
 
 @needs_torch
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("spec", ["offsets", "offsets32", "lengths", "fixed", "batch"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_host_backward_on_numpy_views(name, spec, dtype, monkeypatch):
+    """The backward of CPU tensors on NumPy views (_on_the_host) gives the backward of PyTorch
+    operations' values, NaN and infinities included, for every spec, a batch along axis 1, 1 and 3
+    features."""
+    from linred import _fused_grad
+
+    lengths = [0, 1, 3, 4, 0, 9, 2]
+    if spec == "fixed":
+        lengths = [3] * 6
+    bounds = np.r_[0, np.cumsum(lengths)]
+    segs = {"offsets": torch.tensor(bounds), "offsets32": torch.tensor(bounds, dtype=torch.int32),
+            "lengths": torch.tensor(lengths), "batch": torch.tensor(bounds), "fixed": 3}  # fmt: skip
+    key = {"offsets32": "offsets", "batch": "offsets", "fixed": "segment_length"}.get(spec, spec)
+    kw = {"ddof": 1} if name in VARIANCE else {}
+    rng = np.random.default_rng(8)
+    taken = []
+    host = _fused_grad._on_the_host
+    monkeypatch.setattr(_fused_grad, "_on_the_host", lambda *a: taken.append(1) or host(*a))
+    for features, special in ((1, False), (3, True)):
+        xv = _grad_case(rng, features, lengths, special)
+        if spec == "batch":
+            xv = np.stack([xv, _grad_case(rng, features, lengths, special)])
+        x = torch.tensor(xv, dtype=getattr(torch, dtype), requires_grad=True)
+        axis = 1 if spec == "batch" else 0
+        y = fn(name)(x, axis=axis, **{key: segs[spec]}, **kw)
+        g = torch.tensor(rng.standard_normal(tuple(y.shape)), dtype=y.dtype)
+        (gx,) = torch.autograd.grad(y, x, g)
+        with monkeypatch.context() as patch:
+            patch.setattr(_fused_grad, "_on_the_host", lambda *a: None)
+            (gx2,) = torch.autograd.grad(fn(name)(x, axis=axis, **{key: segs[spec]}, **kw), x, g)
+        got, other = gx.double().numpy(), gx2.double().numpy()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(other))
+        finite = np.isfinite(got) & np.isfinite(other)
+        np.testing.assert_array_equal(got[~finite], other[~finite])
+        tol = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-2}[dtype]
+        scale = 1 + np.abs(other[finite]).max(initial=0)
+        np.testing.assert_allclose(got[finite], other[finite], rtol=tol, atol=tol * scale)
+    assert len(taken) == 2
+
+
+@needs_torch
 def test_fused_gradient_warnings_name_the_callers_line():
     """NumPy's warnings inside the forward of a tensor that requires grad name the caller's line,
     not PyTorch's autograd (which calls linred's forward)."""
