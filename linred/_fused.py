@@ -309,7 +309,7 @@ def _run(
                 offsets, lengths, length = segments.get("offsets"), segments.get("lengths"), segments["segment_length"]
                 out = _fused_grad.FusedGrad.apply(x, offsets, lengths, length, axis, name, compute,
                                                   options.get("ddof", 0), run)  # fmt: skip
-                return out if inner == result else _astype_torch(out, result)
+                return out if inner == result else out.to(getattr(xp, result))
         return _compute(name, body, x, adapter, xp, axis, in_name, compute, result, grad, backend, check, segments,
                         device, handle, shape, options)  # fmt: skip
 
@@ -352,12 +352,6 @@ def _compute(
     c = _Call(name, None, adapter, xp, axis, compute, result, grad, backend, check, segments, device, shape=shape)
     c.x = _astype(c, x, compute)
     return body(c, **options)
-
-
-def _astype_torch(t: Any, name: str) -> Any:
-    import torch
-
-    return t.to(getattr(torch, name))
 
 
 def _numpy_views(x: Any, segments: dict[str, Any], result: str) -> tuple[Any, dict[str, Any]] | None:

@@ -37,9 +37,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
+from linred import _plan_cache, _softmax_kernel
+from linred._dtypes import dtype_name
 from linred._torch_ops import _expand, _index, _is_legacy_batched, _reduce, _spread_rows
+from linred.backends import unavailable
 
 __all__ = ["FusedGrad", "takes"]
 
@@ -84,7 +88,7 @@ class FusedGrad(torch.autograd.Function):
         ctx.segment_length = None if segment_length is None else int(segment_length)
         ctx.n, ctx.ndim, ctx.x_dtype = x.shape[axis], x.dim(), x.dtype
         ctx.compute = getattr(torch, compute)
-        ctx.out_dtype, ctx.out_shape = out.dtype, tuple(out.shape)
+        ctx.out_dtype = out.dtype
         # What the derivative reads, as torch.softmax's, torch.logsumexp's, torch.var's and
         # torch.std's backwards do: the result (softmax, log_softmax), the data and the result
         # (logsumexp, std), the data (var).  Modifying one of them in place before the backward
@@ -111,11 +115,11 @@ class FusedGrad(torch.autograd.Function):
             return (torch.zeros((*g.shape[: ctx.axis], ctx.n, *g.shape[ctx.axis + 1 :]), dtype=ctx.x_dtype,
                                 device=g.device), *nones)  # fmt: skip
         spec = (offsets, None if offsets is not None else lengths, ctx.segment_length, ctx.axis)
-        fast = _in_one_kernel(ctx, g, offsets, lengths, saved)
-        if fast is None:
-            fast = _on_the_host(ctx, g, offsets, lengths, saved)
-        if fast is not None:
-            return (fast, *nones)
+        if _plain(g):  # (one pass of the derivative: on the GPU one kernel, on the host NumPy)
+            on = {"cuda": _in_one_kernel, "cpu": _on_the_host}.get(g.device.type)
+            fast = on(ctx, g, offsets, lengths, saved) if on is not None else None
+            if fast is not None:
+                return (fast, *nones)
         seg = _Segments(ctx, spec, offsets, lengths)
         g = g.to(ctx.compute)
         name = ctx.name
@@ -145,29 +149,25 @@ class FusedGrad(torch.autograd.Function):
 _KERNEL_DTYPES = frozenset(("float16", "bfloat16", "float32", "float64"))
 
 
-def _in_one_kernel(ctx: Any, g: torch.Tensor, offsets: Any, lengths: Any, saved: list) -> torch.Tensor | None:
-    """The derivative in one kernel on the GPU (``linred/kernels/softmax_grad.cuh``, the same
-    formulas), or None where it does not apply: a backward that records a graph (double backward
-    needs the differentiable operations), autograd's own batched gradients, tracing, data that
-    is not C-contiguous, the workers that the forward's kernel would not take."""
-    from linred import _softmax_kernel
-    from linred._dtypes import dtype_name
+def _plain(g: torch.Tensor) -> bool:
+    """Whether a backward's gradient ``g`` may be computed outside autograd: not a backward that
+    records a graph (double backward needs the differentiable operations), not autograd's own
+    batched gradients, not a ``torch.func`` wrapper or a traced tensor."""
+    return (
+        type(g) is torch.Tensor
+        and not torch.is_grad_enabled()
+        and not _is_legacy_batched(g)
+        and torch._C._functorch.maybe_current_level() is None
+    )
 
-    if (
-        g.device.type != "cuda"
-        or type(g) is not torch.Tensor
-        or torch.is_grad_enabled()
-        or _is_legacy_batched(g)
-        or torch._C._functorch.maybe_current_level() is not None
-    ):
-        return None
+
+def _in_one_kernel(ctx: Any, g: torch.Tensor, offsets: Any, lengths: Any, saved: list) -> torch.Tensor | None:
+    """The derivative of CUDA tensors (``g`` is :func:`_plain`) in one kernel
+    (``linred/kernels/softmax_grad.cuh``, the same formulas), or None where it does not apply:
+    data that is not C-contiguous, the workers that the forward's kernel would not take."""
     a = saved[0]  # (the result for softmax and log_softmax; else the data, then the result for logsumexp and std)
     names = (dtype_name(a.dtype), dtype_name(ctx.out_dtype), dtype_name(ctx.x_dtype))
-    if not _KERNEL_DTYPES.issuperset(names) or not a.is_contiguous():
-        return None
-    from linred.backends import unavailable
-
-    if unavailable("nvrtc") is not None:
+    if not _KERNEL_DTYPES.issuperset(names) or not a.is_contiguous() or unavailable("nvrtc") is not None:
         return None
     device = g.device.index
     if "bfloat16" in names:
@@ -197,23 +197,10 @@ def _in_one_kernel(ctx: Any, g: torch.Tensor, offsets: Any, lengths: Any, saved:
 
 
 def _on_the_host(ctx: Any, g: torch.Tensor, offsets: Any, lengths: Any, saved: list) -> torch.Tensor | None:
-    """The derivative of CPU tensors on the NumPy views of their memory (the same formulas; the
-    sums are linred's, the spreads ``np.repeat``), or None where it does not apply: a backward
-    that records a graph, autograd's own batched gradients, ``torch.func``, a tensor NumPy cannot
-    view (bfloat16, a conjugate or negative bit).  PyTorch's ``repeat_interleave`` on the host
-    cost more than the rest of the backward."""
-    if (
-        g.device.type != "cpu"
-        or type(g) is not torch.Tensor
-        or torch.is_grad_enabled()
-        or _is_legacy_batched(g)
-        or torch._C._functorch.maybe_current_level() is not None
-    ):
-        return None
-    import numpy as np
-
-    from linred import _plan_cache
-
+    """The derivative of CPU tensors (``g`` is :func:`_plain`) on the NumPy views of their memory
+    (the same formulas; the sums are linred's, the spreads ``np.repeat``), or None where NumPy
+    cannot view a tensor (bfloat16, a conjugate or negative bit).  PyTorch's
+    ``repeat_interleave`` on the host cost more than the rest of the backward."""
     try:
         gn, a = g.numpy(), saved[0].numpy()
         res = saved[1].numpy() if len(saved) > 1 else None
