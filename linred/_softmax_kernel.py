@@ -66,6 +66,10 @@ MIN_WORKERS_PER_SM = 16
 FEW_WORKERS_LANE_VALUES = 512
 #: the longest mean segment (rows) the kernel serves
 MAX_MEAN_ROWS = 1 << 14
+#: whether a warp's lanes read float16 and bfloat16 data of one feature two rows at a time (one
+#: 4-byte load, and one store of two results), where the data (and a per-element result) are
+#: aligned for it; False reads a row at a time (tests and benchmarks compare the two)
+PAIRS = True
 
 _DOUBLE, _DOUBLE_BITS = struct.Struct("<d"), struct.Struct("<q")
 _local = threading.local()  # this thread's launches (PackedLaunch slots are rewritten per call)
@@ -140,20 +144,41 @@ def _workers(batch: int, m: int, features: int) -> tuple[int, int, int]:
     return 1, 1, batch * m * features
 
 
+def _pairs(name: str, x: Any, out: Any, adapter: Any, group: int, width: int, batch: int, n: int) -> bool:
+    """Whether a warp's lanes read ``x`` two rows at a time (:data:`PAIRS`): 16-bit data of one
+    feature, every row of the batch starting at a 4-byte boundary, and a per-element result
+    aligned to two of its values."""
+    if not (PAIRS and group == 32 and width == 1 and x.dtype.itemsize == 2 and (batch == 1 or n % 2 == 0)):
+        return False
+    if adapter.pointer(x) % 4:
+        return False
+    return name in PER_SEGMENT or adapter.pointer(out) % (2 * out.dtype.itemsize) == 0
+
+
+def wrapper(name: str, data: str, compute: str, result: str, group: int, width: int, pairs: int,
+            index: str | None) -> str:  # fmt: skip
+    """The kernel's source for ``name`` of ``data`` (dtype names) computed in ``compute``, giving
+    ``result``, with ``group`` lanes a worker over ``width`` features a step, ``pairs`` rows a lane
+    reads at once (1, or 2: pairs of 16-bit rows), and offsets of dtype ``index`` (None: a fixed
+    length)."""
+    ctype = "long long" if index is None else CTYPES[index]
+    bounds = "FixedOffsets{L}" if index is None else f"ArrayOffsets<{ctype}>{{offsets}}"
+    t, o = CTYPES[data], CTYPES[result]
+    a = CTYPES["float64" if name in VARIANCE else "float32" if compute in HALF else compute]
+    return (
+        f'#include "softmax.cuh"\n'
+        f"LINRED_SOFTMAX({t}, {a}, {o}, {MODES[name]}, {group}, {width}, {pairs}, {THREADS}, {ctype}, {bounds})\n"
+    )
+
+
 def _compile(key: tuple[Any, ...]) -> PackedLaunch:
     """This thread's launch of the kernel for ``key`` (what a call's kernel depends on: device,
-    function, data dtype, compute and result dtypes, worker layout (G, DW), and the offsets'
-    dtype, None for a fixed length), compiled and kept."""
-    device, name, x_dtype, compute, result, group, width, index_dtype = key
-    index = "long long" if index_dtype is None else CTYPES[dtype_name(index_dtype)]
-    bounds = "FixedOffsets{L}" if index_dtype is None else f"ArrayOffsets<{index}>{{offsets}}"
-    t, o = CTYPES[dtype_name(x_dtype)], CTYPES[result]
-    a = CTYPES["float64" if name in VARIANCE else "float32" if compute in HALF else compute]
-    wrapper = (
-        f'#include "softmax.cuh"\n'
-        f"LINRED_SOFTMAX({t}, {a}, {o}, {MODES[name]}, {group}, {width}, {THREADS}, {index}, {bounds})\n"
-    )
-    return thread_launch(_local, key, device, wrapper, "linred_softmax", 10)
+    function, data dtype, compute and result dtypes, worker layout (G, DW), rows a lane reads at
+    once (1, or 2 for pairs), and the offsets' dtype, None for a fixed length), compiled and kept."""
+    device, name, x_dtype, compute, result, group, width, pairs, index_dtype = key
+    index = None if index_dtype is None else dtype_name(index_dtype)
+    source = wrapper(name, dtype_name(x_dtype), compute, result, group, width, pairs, index)
+    return thread_launch(_local, key, device, source, "linred_softmax", 10)
 
 
 def run(
@@ -194,8 +219,9 @@ def run(
             index_dtype, offsets_pointer, word, length = None, 0, 0, seg.length
         else:
             index_dtype, offsets_pointer, word, length = seg.offsets.dtype, adapter.pointer(seg.offsets), seg.word, 0
+        pairs = 2 if _pairs(name, x, out, adapter, group, width, batch, n) else 1
         # (the key is made of cheap values: the kernel's C source is built only to compile it)
-        key = (device, name, x.dtype, compute, result, group, width, index_dtype)
+        key = (device, name, x.dtype, compute, result, group, width, pairs, index_dtype)
         launch = getattr(_local, "launches", _NONE).get(key)
         if launch is None:
             launch = _compile(key)

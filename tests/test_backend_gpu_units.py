@@ -1065,6 +1065,17 @@ def _programs() -> list[tuple[str, str, tuple[str, ...]]]:
         rows = problem(reduction, dtype, shape=(2, 640, 8), length=None, offsets_dtype="int64", segments=5, **kw)
         long = kernels.features_wrapper(rows, "long long", T, 1, long=True)
         out.append((f"features long {dtype}", long, ("linred_features",)))
+    from linred import _softmax_kernel
+
+    for name in _softmax_kernel.MODES:  # (the softmax family: 16-bit data a row or two rows a load)
+        for data, result, pairs, index in (
+            ("float16", "float16", 2, "int64"),
+            ("bfloat16", "float32", 2, None),
+            ("float16", "float16", 1, "int32"),
+            ("float32", "float32", 1, "int64"),
+        ):
+            source = _softmax_kernel.wrapper(name, data, "float32", result, 32, 1, pairs, index)
+            out.append((f"softmax {name} {data} pairs={pairs}", source, ("linred_softmax",)))
     return out
 
 

@@ -617,16 +617,23 @@ def _composed_reference(name: str, x: np.ndarray, offsets: np.ndarray, ddof: int
 
 def _composed_shapes() -> list[tuple[int, tuple[int, ...]]]:
     """(features D, segment lengths) crossing the softmax kernel's steps: a warp covers 32 / D rows
-    of D features per step (D a power of two up to 32) with 4 loads in flight, so lengths at
-    k * 4 * 32 / D - 1, k * 4 * 32 / D and + 1; a thread per feature for other D; with empty and
-    length-1 segments, and (for D = 1) more segments than one grid pass."""
+    of D features per step (D a power of two up to 32) with 4 loads in flight (8 for 2- and 4-byte
+    data), so lengths at k * 4 * 32 / D - 1, k * 4 * 32 / D and + 1 and at twice those; a thread
+    per feature for other D; with empty and length-1 segments, and (for D = 1) more segments than
+    one grid pass."""
     shapes = []
     for d in (1, 2, 4, 8, 16, 32, 3, 33):
         step = 4 * (32 // d) if d <= 32 and d & (d - 1) == 0 else 4
-        lengths = [0, 1, *around(step, 2 * step), 5]
+        lengths = [0, 1, *around(step, 2 * step, 4 * step), 5]
         shapes.append((d, tuple(lengths * 3)))
     shapes.append((1, (7,) * 20_000 + (0, 300, 1)))  # 20,003 segments
     return shapes
+
+
+#: lengths crossing the steps of a warp whose lanes read 16-bit data of one feature two rows a
+#: load (softmax.cuh: load_pairs): a pair, a step of the lanes (64 rows) and a loop step (256), the
+#: segments starting at odd and even rows
+PAIR_LENGTHS = (0, 1, 2, 3, *around(2, 64, 128, 256, 512), 1, 5) * 3
 
 
 def _composed_cases(kinds: list[str]) -> list[tuple]:
@@ -639,6 +646,8 @@ def _composed_cases(kinds: list[str]) -> list[tuple]:
                 if spec == "fixed":  # the same lengths as one fixed length (their maximum)
                     lengths = (max(max(lengths), 1),) * (len(lengths) // 3)
                 cases.append((kind, name, d, lengths, dtype, spec, i))
+            for j, spec in enumerate(("offsets", "lengths")):  # (16-bit data a pair of rows a load)
+                cases.append((kind, name, 1, PAIR_LENGTHS, "float16", spec, 100 + j))
     return cases
 
 

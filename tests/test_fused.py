@@ -1044,6 +1044,68 @@ def test_gpu_kernel_step_boundaries(kernel_calls, kind, name, features, dtype):
     assert kernel_calls == [f"segmented_{name}"]
 
 
+#: the layouts of 16-bit data whose lanes read pairs of rows (the rows of every batch row start
+#: at a 4-byte boundary) or single rows: (shape, axis, start) with ``start`` the element of a
+#: larger buffer where the data begins (1: 2 bytes past an aligned address)
+PAIR_LAYOUTS = {
+    "1d, n even": ((4_098,), 0, 0, True),
+    "1d, n odd": ((4_097,), 0, 0, True),
+    "batch, n even": ((3, 4_098), 1, 0, True),
+    "batch, n odd": ((3, 4_097), 1, 0, False),
+    "1d, 2 bytes off": ((4_097,), 0, 1, False),
+}
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("layout", list(PAIR_LAYOUTS))
+@pytest.mark.parametrize("result", [None, "float32", "float64"])
+def test_gpu_kernel_pairs_of_rows(kernel_calls, monkeypatch, kind, name, dtype, layout, result):
+    """16-bit data of one column read two rows a load (softmax.cuh: load_pairs): segments that
+    start at odd and even rows, lengths crossing a pair (2), a step of the lanes (64 rows) and a
+    loop step (256) at k * T - 1, k * T and k * T + 1, the last segment ending at the data's end
+    (n odd: its last pair is one row), empty segments; batches whose rows start at odd elements
+    and data 2 bytes past an aligned address read a row at a time.  Against float64 NumPy of the
+    rounded data."""
+    if kind == "cupy" and dtype == "bfloat16":
+        pytest.skip("CuPy has no bfloat16")
+    shape, axis, start, pairs = PAIR_LAYOUTS[layout]
+    chosen = []
+    real = _softmax_kernel._pairs
+    monkeypatch.setattr(_softmax_kernel, "_pairs", lambda *a: chosen.append(real(*a)) or chosen[-1])
+    n = shape[axis]
+    lengths = [0, 1, 2, 3, 1, 63, 64, 65, 0, 127, 128, 129, 255, 256, 257, 1, 511, 512, 513]
+    lengths.append(n - sum(lengths))  # (to the data's end)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    rng = np.random.default_rng(len(layout))
+    x = (rng.normal(size=shape) * 3).astype(np.float32)
+    if dtype == "float16":
+        x = x.astype(np.float16)
+        rounded = x.astype(np.float64)
+    else:
+        rounded = x.astype(ml_dtypes.bfloat16).astype(np.float64)
+    flat = np.concatenate([np.zeros(start, x.dtype), x.ravel()])
+    if kind == "torch-cuda":
+        buffer = torch.as_tensor(flat, device="cuda")
+        # (float32 to bfloat16 rounds to nearest even on the device, as ml_dtypes does)
+        buffer = buffer.to(torch.bfloat16) if dtype == "bfloat16" else buffer
+        data = buffer[start:].view(shape)
+        off = torch.as_tensor(offsets, device="cuda")
+    else:
+        data = cupy.asarray(flat)[start:].reshape(shape)
+        off = cupy.asarray(offsets)
+    got = fn(name)(data, offsets=off, axis=axis, dtype=result)
+    expected = _fast_reference(name, rounded, offsets, axis)
+    out_dtype = result or ("float32" if dtype == "bfloat16" else dtype)
+    if kind == "torch-cuda" and dtype == "bfloat16" and result is None:
+        got = got.float()
+    tol = 2e-2 if result is None else 2e-5
+    check(got, expected, out_dtype, tol)
+    assert kernel_calls == [f"segmented_{name}"]
+    assert chosen == [pairs]
+
+
 @pytest.mark.parametrize("kind", GPU_KINDS)
 @pytest.mark.parametrize("name", FUNCTIONS)
 @pytest.mark.parametrize("features, batch", [(1, 1), (8, 1), (1, 3), (3, 1)])

@@ -20,12 +20,14 @@
 //    segment's bounds before this one's rows, and its first pass over a long segment asks L2
 //    for the lines SOFTMAX_AHEAD steps ahead of its loads (prefetch_step).  On an H100 the
 //    kernel is bound by the instructions it issues (ncu), not by memory, so the per-element
-//    work is kept short;
+//    work is kept short: float16 and bfloat16 data of one feature, aligned for it, is read two
+//    rows a load by each lane (P = 2: load_pairs, a Pair of values; softmax_rows_a_step gives
+//    the rows a step of the lanes covers), and softmax's results written two a store;
 //  - variance, variance_one_pass: var and std of a worker's segment (shifted_sums: the sums of
 //    its deviations from a shift and of their squares, once, or twice for a segment of more
 //    than 2^20 rows, the second shifted by the first's mean);
-//  - load_steps: a lane's UNROLL steps, rows past the end read as a fill value; each_step: one
-//    pass over a segment in such steps; nan_max: NaN-propagating max (one instruction on
+//  - load_steps: a lane's UNROLL steps, rows past the end read as a fill value; load_pairs: the
+//    same from pairs of rows; each_step: one pass over a segment in such steps; nan_max: NaN-propagating max (one instruction on
 //    sm_80+); sum_exp: exp of a term of the sum (ex2.approx for float: the kernel's work is
 //    mostly the instructions it issues per element);
 //  - lanes_max and lanes_sum: the maximum and the sum of the lanes that share a feature;
@@ -53,6 +55,12 @@ constexpr int SOFTMAX_AHEAD = 4;
 // Steps of a worker's lanes loaded at once (load_steps): 8 for a warp over 2- and 4-byte data,
 // else 4 (about 1 KiB a step for a warp; more registers than that cost occupancy or spill).
 template <class T, int G> __device__ constexpr int softmax_unroll() { return G > 1 && sizeof(T) <= 4 ? 8 : 4; }
+
+// Rows a step of a worker's lanes covers: 32 / DW for a warp (lanes of DW features each), 1 for a
+// thread, 64 for a warp whose lanes read pairs of rows (P = 2: 16-bit data of one feature, two
+// values a 4-byte load: the kernel issues an instruction per load, so a float16 value cost a
+// float32 value's loads for half its bytes).
+template <int G, int DW, int P> __device__ constexpr int softmax_rows_a_step() { return P == 2 ? 64 : G / DW; }
 
 enum { SOFTMAX_LOGSUMEXP = 0, SOFTMAX_SOFTMAX = 1, SOFTMAX_LOG_SOFTMAX = 2, SOFTMAX_VAR = 3, SOFTMAX_STD = 4 };
 
@@ -83,6 +91,57 @@ __device__ __forceinline__ void load_steps(const T* __restrict__ p, i64 i, i64 e
     for (int u = 0; u < UNROLL; ++u, row += step) v[u] = FULL || u * RS < left ? to_acc<A>(*row) : fill;
 }
 
+// Two 16-bit values in one 4-byte load, or two results in one store (where the worker reads
+// pairs of rows: softmax_pairs).
+template <class T> struct Pair { struct __align__(2 * sizeof(T)) type { T a, b; }; };
+
+// load_steps for a warp whose lanes read pairs of rows (P = 2: 16-bit data, one feature): UNROLL
+// values of a lane from UNROLL / 2 pairs, rows i + u RS and i + u RS + 1 of p (RS = 64: the lanes
+// cover 64 consecutive rows), each pair one 4-byte load.  i is even, and so is p's row (the
+// pair's address is 4-byte aligned).  With MASKED, rows before first or at or past last read as
+// `fill`, a pair with no row in [first, last) is not read, and one whose second row lies at or
+// past nlast (the data's end) is read as one value: a pair may straddle a segment's bounds, never
+// the data's end.  (first, last, nlast: the segment's bounds and the data's end less the lane's
+// first row, as load_steps takes `end`.)
+template <int UNROLL, int RS, bool MASKED, class T, class A>
+__device__ __forceinline__ void load_pairs(const T* __restrict__ p, i64 i, i64 first, i64 last, i64 nlast, A fill,
+                                           A (&v)[UNROLL]) {
+    typedef typename Pair<T>::type P2;
+    static_assert(UNROLL % 2 == 0, "pairs of rows");
+    constexpr int SR = UNROLL / 2 * RS;
+    const T* __restrict__ row = p + i;
+    if (!MASKED) {
+#pragma unroll
+        for (int u = 0; u < UNROLL / 2; ++u) {
+            const P2 w = *reinterpret_cast<const P2*>(row + u * RS);
+            v[2 * u] = to_acc<A>(w.a);
+            v[2 * u + 1] = to_acc<A>(w.b);
+        }
+        return;
+    }
+    // rows relative to i, as 32-bit values: row k is in the segment iff lo <= k < hi
+    const int lo = (int)max(first - i, (i64)-2), hi = (int)min(last - i, (i64)SR);
+    const int mem = (int)min(nlast - i, (i64)SR + 2);
+#pragma unroll
+    for (int u = 0; u < UNROLL / 2; ++u) {
+        const int k = u * RS;
+        A a = fill, b = fill;
+        if (k < hi && k + 1 >= lo) {
+            if (k + 1 < mem) {
+                const P2 w = *reinterpret_cast<const P2*>(row + k);
+                a = to_acc<A>(w.a);
+                b = to_acc<A>(w.b);
+            } else {
+                a = to_acc<A>(row[k]);
+            }
+            if (k < lo) a = fill;
+            if (k + 1 >= hi) b = fill;
+        }
+        v[2 * u] = a;
+        v[2 * u + 1] = b;
+    }
+}
+
 // The lanes of a warp ask L2 for the 128-byte lines of the loop step of SR rows from row a of
 // `rows` (D elements a row; rows past end left out), lane k for the k-th line (a step is at
 // most 9 lines).  The lines lie within the step's bytes (the first rounded down to its line).
@@ -100,9 +159,34 @@ __device__ __forceinline__ void prefetch_step(const T* rows, i64 a, i64 end, i64
 // end read as `fill`: the kernel's work is mostly the instructions it issues per element, so they
 // are few.  A thread per feature (G = 1) tests every row: the threads of its warp read different
 // segments, and a second loop for their partial steps would run once for each group of them.
-template <int UNROLL, int RS, int G, int AHEAD = 0, class T, class A, class F>
+// With P = 2 the lanes read pairs of rows (load_pairs; first and nlast: the segment's start and
+// the data's end less the lane's first row): the steps start at the even row at or before begin,
+// so a segment that starts at an odd row begins with a partial step too.
+template <int UNROLL, int RS, int G, int AHEAD = 0, int P = 1, class T, class A, class F>
 __device__ __forceinline__ void each_step(const T* __restrict__ p, i64 begin, i64 end, i64 last, i64 D, A fill, F f,
-                                          const T* rows = nullptr, int lane = 0) {
+                                          const T* rows = nullptr, int lane = 0, i64 first = 0, i64 nlast = 0) {
+    if constexpr (P == 2) {
+        constexpr int SR = UNROLL / 2 * RS;
+        i64 i = begin & ~(i64)1;
+        if (i < begin) {
+            A v[UNROLL];
+            load_pairs<UNROLL, RS, true>(p, i, first, last, nlast, fill, v);
+            f(v);
+            i += SR;
+        }
+        for (; i + SR <= end; i += SR) {
+            if constexpr (AHEAD > 0) prefetch_step<SR>(rows, i + AHEAD * SR, end, D, lane);
+            A v[UNROLL];
+            load_pairs<UNROLL, RS, false>(p, i, first, last, nlast, fill, v);
+            f(v);
+        }
+        if (i < end) {
+            A v[UNROLL];
+            load_pairs<UNROLL, RS, true>(p, i, first, last, nlast, fill, v);
+            f(v);
+        }
+        return;
+    }
     constexpr int SR = UNROLL * RS;
     i64 i = begin;
     for (; G > 1 && i + SR <= end; i += SR) {  // (none for G = 1)
@@ -171,16 +255,16 @@ template <> struct IsNarrowFloat<bf16_t> { static constexpr bool value = true; }
 // NaN), as the composition's.
 
 // The sums of x - K and (x - K)^2 of a worker's segment (every lane's after the shuffles).
-template <class T, int G, int DW, int UNROLL>
-__device__ __forceinline__ void shifted_sums(const T* __restrict__ p, i64 begin, i64 end, i64 D, int r0, float kf,
-                                             const T* rows, int lane, double& s1, double& s2) {
-    constexpr int RS = G / DW;
+template <class T, int G, int DW, int UNROLL, int P>
+__device__ __forceinline__ void shifted_sums(const T* __restrict__ p, i64 begin, i64 end, i64 n, i64 D, int r0,
+                                             float kf, const T* rows, int lane, double& s1, double& s2) {
+    constexpr int RS = softmax_rows_a_step<G, DW, P>();
     const i64 last = end - r0;
     const double k = kf;
     s1 = 0;
     s2 = 0;
     // rows past the end read as K: they add 0 to both sums
-    each_step<UNROLL, RS, G, SOFTMAX_AHEAD>(
+    each_step<UNROLL, RS, G, SOFTMAX_AHEAD, P>(
         p, begin, end, last, D, kf,
         [&](float(&v)[UNROLL]) {
 #pragma unroll
@@ -190,24 +274,24 @@ __device__ __forceinline__ void shifted_sums(const T* __restrict__ p, i64 begin,
                 s2 = fma(d, d, s2);
             }
         },
-        rows, lane);
+        rows, lane, begin - r0, n - r0);
     if (G > 1) {
         s1 = lanes_sum<DW>(s1);
         s2 = lanes_sum<DW>(s2);
     }
 }
 
-template <class T, class O, int MODE, int G, int DW, int UNROLL>
+template <class T, class O, int MODE, int G, int DW, int UNROLL, int P>
 __device__ __forceinline__ void variance_one_pass(const T* __restrict__ p, O* __restrict__ q, i64 begin, i64 end,
-                                                  i64 D, int r0, double ddof, const T* rows, int lane) {
+                                                  i64 n, i64 D, int r0, double ddof, const T* rows, int lane) {
     // K, the value of row begin in the lane's feature, as a float (exact: T is at most a float;
     // p: the lane's first row)
     float kf = begin < end ? to_acc<float>(p[(begin - r0) * D]) : 0.0f;
     double s1, s2;
-    shifted_sums<T, G, DW, UNROLL>(p, begin, end, D, r0, kf, rows, lane, s1, s2);
+    shifted_sums<T, G, DW, UNROLL, P>(p, begin, end, n, D, r0, kf, rows, lane, s1, s2);
     if (end - begin > (1 << 20)) {  // long: again, shifted by the mean
         kf = (float)((double)kf + s1 / (double)(end - begin));
-        shifted_sums<T, G, DW, UNROLL>(p, begin, end, D, r0, kf, rows, lane, s1, s2);
+        shifted_sums<T, G, DW, UNROLL, P>(p, begin, end, n, D, r0, kf, rows, lane, s1, s2);
     }
     if (r0 == 0) {
         // var = (n S2 - S1^2) / (n (n - ddof)): one division (n (n - ddof) is within a rounding of
@@ -226,23 +310,23 @@ __device__ __forceinline__ void variance_one_pass(const T* __restrict__ p, O* __
 // var and std of a worker's segment [begin, end) (every lane calls; lane r0 == 0 writes): data
 // and results narrower than 8 bytes in one pass (variance_one_pass); else the mean, then the
 // squared deviations from it, summed in A (double).
-template <class T, class A, class O, int MODE, int G, int DW, int UNROLL>
-__device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict__ q, i64 begin, i64 end, i64 D,
-                                         int r0, double ddof, const T* rows, int lane) {
+template <class T, class A, class O, int MODE, int G, int DW, int UNROLL, int P>
+__device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict__ q, i64 begin, i64 end, i64 n,
+                                         i64 D, int r0, double ddof, const T* rows, int lane) {
     if constexpr (IsNarrowFloat<T>::value && sizeof(O) < 8) {
-        variance_one_pass<T, O, MODE, G, DW, UNROLL>(p, q, begin, end, D, r0, ddof, rows, lane);
+        variance_one_pass<T, O, MODE, G, DW, UNROLL, P>(p, q, begin, end, n, D, r0, ddof, rows, lane);
         return;
     }
-    constexpr int RS = G / DW;
-    const i64 last = end - r0;  // (p: the lane's first row)
+    constexpr int RS = softmax_rows_a_step<G, DW, P>();
+    const i64 last = end - r0, first = begin - r0, nlast = n - r0;  // (p: the lane's first row)
     A s = 0;
-    each_step<UNROLL, RS, G, SOFTMAX_AHEAD>(
+    each_step<UNROLL, RS, G, SOFTMAX_AHEAD, P>(
         p, begin, end, last, D, (A)0,
         [&](A(&v)[UNROLL]) {
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) s += v[u];
         },
-        rows, lane);
+        rows, lane, first, nlast);
     if (G > 1) s = lanes_sum<DW>(s);
     const A count = (A)(end - begin);
     const A mean = s / count;  // (0 / 0 for an empty segment: its result is NaN below anyway)
@@ -253,10 +337,13 @@ __device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict_
     // has an infinite or NaN mean only where it holds an infinity or a NaN: the result is NaN
     // whatever the fill rows add.)
     const A fill = sizeof(T) < sizeof(A) || isfinite(mean) ? mean : (A)0;
-    each_step<UNROLL, RS, G>(p, begin, end, last, D, fill, [&](A(&v)[UNROLL]) {
+    each_step<UNROLL, RS, G, 0, P>(
+        p, begin, end, last, D, fill,
+        [&](A(&v)[UNROLL]) {
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) ss += (v[u] - mean) * (v[u] - mean);
-    });
+            for (int u = 0; u < UNROLL; ++u) ss += (v[u] - mean) * (v[u] - mean);
+        },
+        (const T*)nullptr, 0, first, nlast);
     if (G > 1) ss = lanes_sum<DW>(ss);
     if (r0 == 0) {
         A var = count > (A)ddof ? ss / (count - (A)ddof) : (A)__longlong_as_double(0x7ff8000000000000ll);
@@ -272,13 +359,15 @@ __device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict_
 // (offsets.cuh), or nullptr where the offsets need no check.
 // A warp reads the bounds of its next segment before it reads the current one's rows, so that
 // their round trip to memory overlaps the current segment's (G = 1 reads them when it needs them).
-template <class T, class A, class O, int MODE, int G, int DW, int UNROLL, class Off>
+template <class T, class A, class O, int MODE, int G, int DW, int UNROLL, int P, class Off>
 __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __restrict__ out, Off off, int* bad, i64 n,
                                                i64 m, i64 D, i64 workers, double ddof) {
-    constexpr int RS = G / DW, SR = UNROLL * RS;  // rows a step of the lanes, rows a loop step
+    static_assert(P == 1 || (P == 2 && G == 32 && DW == 1 && sizeof(T) == 2), "pairs of rows: 16-bit data, D = 1");
+    // rows a step of the lanes, rows a loop step (the same with pairs: half the steps of two rows)
+    constexpr int RS = softmax_rows_a_step<G, DW, P>(), SR = UNROLL / P * RS;
     if (G > 1) D = DW;  // (the same value, known to the compiler: loads of a step share one address)
     const int lane = G == 1 ? 0 : (int)(threadIdx.x % G);
-    const int r0 = lane / DW;  // the lane's first row in a step
+    const int r0 = P * lane / DW;  // the lane's first row in a step
     const i64 stride = (i64)gridDim.x * (blockDim.x / G);
     i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / G;
     // the bounds of the worker's next segment (G > 1: worker w's segment is w % m)
@@ -309,19 +398,21 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
         checked_bounds(s, m, n, bad, begin, end);
         const T* p = x + (b * n + r0) * D + d;  // the lane's first row (RS rows a step from it)
         const i64 last = end - r0;               // the segment's end, counted from that row
+        const i64 first = begin - r0, nlast = n - r0;  // (pairs: the segment's start, the data's end)
         if constexpr (MODE == SOFTMAX_VAR || MODE == SOFTMAX_STD) {
-            variance<T, A, O, MODE, G, DW, UNROLL>(p, out + bs * D + d, begin, end, D, r0, ddof, x + b * n * D, lane);
+            variance<T, A, O, MODE, G, DW, UNROLL, P>(p, out + bs * D + d, begin, end, n, D, r0, ddof, x + b * n * D,
+                                                      lane);
             continue;
         }
         // 1. the maximum (NaN if the segment holds one), and the shift
         A mx = Limits<A>::lowest();
-        each_step<UNROLL, RS, G, SOFTMAX_AHEAD>(
+        each_step<UNROLL, RS, G, SOFTMAX_AHEAD, P>(
             p, begin, end, last, D, Limits<A>::lowest(),
             [&](A(&v)[UNROLL]) {
 #pragma unroll
                 for (int u = 0; u < UNROLL; ++u) mx = nan_max(mx, v[u]);
             },
-            x + b * n * D, lane);
+            x + b * n * D, lane, first, nlast);
         if (G > 1) mx = lanes_max<DW>(mx);
         const bool finite = mx - mx == (A)0;  // (false for +-inf and NaN)
         const A shift =
@@ -330,10 +421,13 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
         // rows past the end read as -inf add exp(-inf - shift) = 0 where the shift is finite, and
         // where it is not (+inf or NaN), the segment's own rows make the sum NaN whatever they add
         A sum = 0;
-        each_step<UNROLL, RS, G>(p, begin, end, last, D, Limits<A>::lowest(), [&](A(&v)[UNROLL]) {
+        each_step<UNROLL, RS, G, 0, P>(
+            p, begin, end, last, D, Limits<A>::lowest(),
+            [&](A(&v)[UNROLL]) {
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) sum += sum_exp(v[u] - shift);
-        });
+                for (int u = 0; u < UNROLL; ++u) sum += sum_exp(v[u] - shift);
+            },
+            (const T*)nullptr, 0, first, nlast);
         if (G > 1) sum = lanes_sum<DW>(sum);
         // 3. the results
         if constexpr (MODE == SOFTMAX_LOGSUMEXP) {
@@ -345,6 +439,36 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
             // still come out NaN and inf as there: 1 / 0 is inf, 0 * inf NaN).  Whole steps,
             // then single steps, so that no lane computes an exp past the segment's end.
             const A scale = MODE == SOFTMAX_SOFTMAX ? (A)1 / sum : log(sum);
+            auto result = [&](A v) { return MODE == SOFTMAX_SOFTMAX ? exp(v - shift) * scale : (v - shift) - scale; };
+            if constexpr (P == 2) {
+                // Pairs of rows: one store of two results per whole pair; a pair that straddles the
+                // segment's bounds (a partial step) writes its rows in the segment one at a time.
+                typedef typename Pair<O>::type Q2;
+                auto single = [&](i64 i) {  // one masked step of RS rows
+                    A v[2];
+                    load_pairs<2, RS, true>(p, i, first, last, nlast, (A)0, v);
+                    if (i >= first && i < last) q[i] = finish<O, false>(result(v[0]), 1);
+                    if (i + 1 >= first && i + 1 < last) q[i + 1] = finish<O, false>(result(v[1]), 1);
+                };
+                i64 i = begin & ~(i64)1;
+                if (i < begin) {
+                    single(i);
+                    i += RS;
+                }
+                for (; i + SR <= end; i += SR) {
+                    A v[UNROLL];
+                    load_pairs<UNROLL, RS, false>(p, i, first, last, nlast, (A)0, v);
+#pragma unroll
+                    for (int u = 0; u < UNROLL / 2; ++u) {
+                        Q2 y;
+                        y.a = finish<O, false>(result(v[2 * u]), 1);
+                        y.b = finish<O, false>(result(v[2 * u + 1]), 1);
+                        *reinterpret_cast<Q2*>(q + i + (i64)u * RS) = y;
+                    }
+                }
+                for (; i < end; i += RS) single(i);
+                continue;
+            }
             i64 i = begin;
             for (; i + SR <= end; i += SR) {
                 A v[UNROLL];
@@ -369,11 +493,11 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
 // ---- entry point --------------------------------------------------------------------
 // linred_softmax: softmax_family; OFFSETS is FixedOffsets{L} or ArrayOffsets<I>{offsets}; ddof: the
 // bits of a double (var and std; the other modes ignore it).
-#define LINRED_SOFTMAX(T, A, O, MODE, G, DW, THREADS, I, OFFSETS)                                               \
+#define LINRED_SOFTMAX(T, A, O, MODE, G, DW, P, THREADS, I, OFFSETS)                                            \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
         linred_softmax(const T* x, O* out, const I* offsets, int* bad, long long L, long long n, long long m,  \
                        long long d, long long workers, long long ddof) {                                       \
         static_assert(THREADS % 32 == 0, "a worker of G = 32 lanes is a whole warp of the block");            \
-        softmax_family<T, A, O, MODE, G, DW, softmax_unroll<T, G>()>(x, out, OFFSETS, bad, n, m, d, workers,   \
-                                                                     __longlong_as_double(ddof));              \
+        softmax_family<T, A, O, MODE, G, DW, softmax_unroll<T, G>(), P>(x, out, OFFSETS, bad, n, m, d, workers, \
+                                                                        __longlong_as_double(ddof));           \
     }
