@@ -70,6 +70,13 @@ MAX_MEAN_ROWS = 1 << 14
 #: 4-byte load, and one store of two results), where the data (and a per-element result) are
 #: aligned for it; False reads a row at a time (tests and benchmarks compare the two)
 PAIRS = True
+#: ... where the segments hold this many rows on average: a segment that starts at an odd row
+#: begins with a partial step, and a pair that straddles a bound is masked, which costs more than
+#: the loads save in short segments
+PAIRS_MIN_ROWS = 1024
+#: a worker's lanes for one feature column or a power of two of them (None: chosen by the mean
+#: segment length, :func:`_workers`); a power of two up to 32 forces it (tests and benchmarks)
+GROUP: int | None = None
 
 _DOUBLE, _DOUBLE_BITS = struct.Struct("<d"), struct.Struct("<q")
 _local = threading.local()  # this thread's launches (PackedLaunch slots are rewritten per call)
@@ -123,7 +130,7 @@ def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int) ->
             m = len(offsets) - 1 if offsets is not None else len(lengths)
     except TypeError:  # (not a length or an array: the composition raises its error)
         return True
-    group, _, workers = _workers(batch, m, features)
+    group, _, workers = _workers(batch, m, features, n, x.dtype.itemsize)
     if not workers:
         return True  # (nothing to read: the kernel is not even launched)
     if n > MAX_MEAN_ROWS * m:
@@ -134,21 +141,40 @@ def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int) ->
     return batch * n * features <= FEW_WORKERS_LANE_VALUES * workers * group
 
 
-def _workers(batch: int, m: int, features: int) -> tuple[int, int, int]:
+def _workers(batch: int, m: int, features: int, n: int | None = None, itemsize: int = 4) -> tuple[int, int, int]:
     """The kernel's worker layout: lanes per worker (G), features per step of a worker (DW) and
-    the count of workers.  A warp per (row of the batch, segment) where the features are a power
-    of two up to 32 (its lanes cover 32 / D rows of D features: every load is 32 consecutive
-    elements), else a thread per (row of the batch, segment, feature)."""
+    the count of workers.  Where the features are a power of two up to 32, G lanes per (row of the
+    batch, segment), which cover G / D rows of D features a step (every load is G consecutive
+    elements): a warp (G = 32), or, given the rows ``n`` of each row of the batch, the fewest lanes
+    whose loop step (:func:`unroll` steps of G / D rows) holds a segment of the mean length, so
+    that short segments share a warp instead of leaving most of its lanes idle (D = 1: down to a
+    thread per segment); :data:`GROUP` forces G.  Else a thread per (row of the batch, segment,
+    feature)."""
     if features <= 32 and features & (features - 1) == 0:
-        return 32, features, batch * m
+        group = 32
+        if GROUP is not None:
+            group = max(GROUP, features)
+        elif n is not None and m:
+            rows = n / m  # (rows a loop step of G lanes: unroll(G) * G / features)
+            group = features
+            while group < 32 and unroll(group, itemsize) * group < rows * features:
+                group *= 2
+        return group, features, batch * m
     return 1, 1, batch * m * features
 
 
-def _pairs(name: str, x: Any, out: Any, adapter: Any, group: int, width: int, batch: int, n: int) -> bool:
+def unroll(group: int, itemsize: int) -> int:
+    """The steps of its rows a worker's lanes load at once (softmax.cuh: softmax_unroll)."""
+    return 8 if group > 1 and itemsize <= 4 else 4
+
+
+def _pairs(name: str, x: Any, out: Any, adapter: Any, group: int, width: int, batch: int, n: int, m: int) -> bool:
     """Whether a warp's lanes read ``x`` two rows at a time (:data:`PAIRS`): 16-bit data of one
-    feature, every row of the batch starting at a 4-byte boundary, and a per-element result
-    aligned to two of its values."""
+    feature in segments of :data:`PAIRS_MIN_ROWS` rows or more on average, every row of the batch
+    starting at a 4-byte boundary, and a per-element result aligned to two of its values."""
     if not (PAIRS and group == 32 and width == 1 and x.dtype.itemsize == 2 and (batch == 1 or n % 2 == 0)):
+        return False
+    if n < PAIRS_MIN_ROWS * m:
         return False
     if adapter.pointer(x) % 4:
         return False
@@ -213,13 +239,13 @@ def run(
     m = seg.count
     out_shape = shape if name not in PER_SEGMENT else (*shape[:axis], m, *shape[axis + 1 :])
     out = adapter.allocator(result, device)(out_shape)
-    group, width, workers = _workers(batch, m, features)
+    group, width, workers = _workers(batch, m, features, n, x.dtype.itemsize)
     if workers and features:
         if isinstance(seg, FixedSegments):
             index_dtype, offsets_pointer, word, length = None, 0, 0, seg.length
         else:
             index_dtype, offsets_pointer, word, length = seg.offsets.dtype, adapter.pointer(seg.offsets), seg.word, 0
-        pairs = 2 if _pairs(name, x, out, adapter, group, width, batch, n) else 1
+        pairs = 2 if _pairs(name, x, out, adapter, group, width, batch, n, m) else 1
         # (the key is made of cheap values: the kernel's C source is built only to compile it)
         key = (device, name, x.dtype, compute, result, group, width, pairs, index_dtype)
         launch = getattr(_local, "launches", _NONE).get(key)

@@ -698,12 +698,17 @@ def test_composed_functions_on_the_host():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
-def test_composed_functions_on_the_gpu(monkeypatch):
+@pytest.mark.parametrize("group", [None, 1, 4, 32])
+def test_composed_functions_on_the_gpu(monkeypatch, group):
     """The same on CuPy arrays and CUDA tensors, through the kernel (which these shapes' few
-    segments would otherwise leave to the composition, tested on the host above)."""
+    segments would otherwise leave to the composition, tested on the host above), with the lanes
+    per worker it chooses by the mean length (None) and with a thread, groups of 4 lanes and a
+    warp per worker."""
     from linred import _softmax_kernel
 
     monkeypatch.setattr(_softmax_kernel, "MIN_WORKERS_PER_SM", 0)
+    monkeypatch.setattr(_softmax_kernel, "GROUP", group)
+    monkeypatch.setattr(_softmax_kernel, "PAIRS_MIN_ROWS", 0)  # (16-bit data: pairs of rows in short segments too)
     _run_composed(
         _composed_cases(
             [

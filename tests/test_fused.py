@@ -1067,10 +1067,12 @@ def test_gpu_kernel_pairs_of_rows(kernel_calls, monkeypatch, kind, name, dtype, 
     loop step (256) at k * T - 1, k * T and k * T + 1, the last segment ending at the data's end
     (n odd: its last pair is one row), empty segments; batches whose rows start at odd elements
     and data 2 bytes past an aligned address read a row at a time.  Against float64 NumPy of the
-    rounded data."""
+    rounded data.  (Pairs serve segments of PAIRS_MIN_ROWS rows on average: here of any length.)"""
     if kind == "cupy" and dtype == "bfloat16":
         pytest.skip("CuPy has no bfloat16")
     shape, axis, start, pairs = PAIR_LAYOUTS[layout]
+    default_min_rows = _softmax_kernel.PAIRS_MIN_ROWS
+    monkeypatch.setattr(_softmax_kernel, "PAIRS_MIN_ROWS", 0)
     chosen = []
     real = _softmax_kernel._pairs
     monkeypatch.setattr(_softmax_kernel, "_pairs", lambda *a: chosen.append(real(*a)) or chosen[-1])
@@ -1104,21 +1106,29 @@ def test_gpu_kernel_pairs_of_rows(kernel_calls, monkeypatch, kind, name, dtype, 
     check(got, expected, out_dtype, tol)
     assert kernel_calls == [f"segmented_{name}"]
     assert chosen == [pairs]
+    monkeypatch.setattr(_softmax_kernel, "PAIRS_MIN_ROWS", default_min_rows)  # (these segments: too short)
+    check(fn(name)(data, offsets=off, axis=axis, dtype=result), expected, out_dtype, tol)
+    assert chosen == [pairs, False]
 
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
 @pytest.mark.parametrize("name", FUNCTIONS)
-@pytest.mark.parametrize("features, batch", [(1, 1), (8, 1), (1, 3), (3, 1)])
-def test_gpu_kernel_workers_past_the_grid(kernel_calls, kind, name, features, batch):
+@pytest.mark.parametrize(
+    "features, batch, group",
+    [(1, 1, 32), (1, 1, 2), (1, 1, 1), (8, 1, 32), (8, 1, 8), (1, 3, 32), (1, 3, 4), (3, 1, 1)],
+)
+def test_gpu_kernel_workers_past_the_grid(kernel_calls, monkeypatch, kind, name, features, batch, group):
     """More workers than one stride of the grid: each worker takes two or three segments in turn
-    (reading the next one's bounds ahead for a warp), the last workers' loops ending at a partial
-    stride; a batch (axis=1) wraps the segment index.  Segments of 1 to 9 rows, float32."""
-    group = _softmax_kernel._workers(1, 1, features)[0]  # (32: a warp per segment; 1: a thread per feature)
+    (reading the next one's bounds ahead for a group of lanes), the last workers' loops ending at a
+    partial stride (groups of a warp past the last worker among them); a batch (axis=1) wraps the
+    segment index.  Segments of 1 to 9 rows, float32, a warp (32), groups of lanes and a thread
+    per segment or feature (1)."""
+    monkeypatch.setattr(_softmax_kernel, "GROUP", group)
     device = 0 if kind == "cupy" else torch.cuda.current_device()
     stride = (
         _softmax_kernel.BLOCKS_PER_SM * _softmax_kernel.multiprocessors(device) * (_softmax_kernel.THREADS // group)
     )
-    m = -(-(2 * stride + 123) // (batch * (1 if group == 32 else features)))
+    m = -(-(2 * stride + 123) // (batch * (features if group == 1 else 1)))
     rng = np.random.default_rng(features + batch)
     offsets = np.concatenate([[0], np.cumsum(rng.integers(1, 10, m))])
     n = int(offsets[-1])
@@ -1127,6 +1137,55 @@ def test_gpu_kernel_workers_past_the_grid(kernel_calls, kind, name, features, ba
     got = fn(name)(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind), axis=axis)
     check(got, _reduceat_reference(name, x, offsets, axis), "float32", 2e-5)
     assert kernel_calls == [f"segmented_{name}"]
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("group", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("features, dtype", [(1, "float32"), (1, "float64"), (1, "float16"), (2, "float32"),
+                                             (4, "float16")])  # fmt: skip
+def test_gpu_kernel_lane_group_steps(kernel_calls, monkeypatch, kind, name, group, features, dtype):
+    """Workers of fewer lanes than a warp (short segments share one): segment lengths crossing a
+    step of the group's lanes (G / D rows) and its loop step (its unrolled steps) at k * T - 1,
+    k * T and k * T + 1, empty ones, and a count of segments that leaves the last warp's groups
+    partly idle.  (G below D is D.)"""
+    monkeypatch.setattr(_softmax_kernel, "GROUP", group)
+    itemsize = np.dtype(dtype).itemsize
+    g, width, _ = _softmax_kernel._workers(1, 1, features, 1, itemsize)
+    assert g == max(group, features)
+    rs = g // width
+    step = _softmax_kernel.unroll(g, itemsize) * rs
+    lengths = [0, 1, *sorted({t + k for t in (rs, 2 * rs, step, 2 * step, 5 * step + rs) for k in (-1, 0, 1)}), 0, 3]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    n = int(offsets[-1])
+    rng = np.random.default_rng(group * 10 + features)
+    x = (rng.normal(size=(n, features)) * 3).astype(dtype)
+    got = fn(name)(_gpu_array(x if features > 1 else x[:, 0], kind), offsets=_gpu_array(offsets, kind))
+    expected = _fast_reference(name, x, offsets, 0)
+    tol = {"float64": 1e-12, "float32": 2e-5, "float16": 2e-3}[dtype]
+    check(got, expected if features > 1 else expected[..., 0], dtype, tol)
+    assert kernel_calls == [f"segmented_{name}"]
+
+
+def test_kernel_lane_groups_follow_the_mean_length(monkeypatch):
+    """The worker layout (no GPU needed): a warp for long segments, as few lanes as hold a segment of
+    the mean length in one loop step for short ones (a thread per segment of one feature at 4 rows
+    or fewer), at least D lanes for D features, a thread per feature where D is not a power of two
+    up to 32; GROUP forces the group."""
+    w = _softmax_kernel._workers
+    assert w(1, 1000, 1, 256_000) == (32, 1, 1000)
+    assert w(1, 1000, 1, 16_000) == (2, 1, 1000)  # 8 loads of 2 lanes: 16 rows a loop step
+    assert w(1, 1000, 1, 16_000, 8) == (4, 1, 1000)  # (8-byte data: 4 loads)
+    assert w(1, 1000, 1, 4_000) == (1, 1, 1000)
+    assert w(1, 1000, 1, 100_000) == (16, 1, 1000)
+    assert w(2, 1000, 8, 32_000) == (32, 8, 2000)
+    assert w(2, 1000, 8, 4_000) == (8, 8, 2000)
+    assert w(1, 1000, 3, 4_000) == (1, 1, 3000)
+    assert w(1, 1000, 1) == (32, 1, 1000)  # (no row count: a warp)
+    assert w(1, 0, 1, 0) == (32, 1, 0)
+    monkeypatch.setattr(_softmax_kernel, "GROUP", 4)
+    assert w(1, 1000, 1, 256_000) == (4, 1, 1000)
+    assert w(1, 1000, 8, 256_000) == (8, 8, 1000)
 
 
 def _reduceat_reference(name: str, x: np.ndarray, offsets: np.ndarray, axis: int) -> np.ndarray:

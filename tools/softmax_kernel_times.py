@@ -11,7 +11,8 @@ Cases: 64M x 1 values in segments of 1 .. 511 rows (``64Mx1 m256``), the same wi
 of about 86,000 rows (``64Mx1 m256 skew``), float16, bfloat16 and float64 variants (float16 also
 in segments of 1 .. 31 and 1 .. 8191 rows), and smaller calls (2M x 8, 4M x 1, 4M x 3, 500k x
 64), which a call's host time bounds.  ``--single-rows`` reads 16-bit data a row at a time
-instead of two (the kernel before pairs of rows).
+instead of two (the kernel before pairs of rows); ``--group G`` forces the lanes of a worker.
+Short segments (``m4`` to ``m64``, 8 features ``8Mx8``) compare the lanes per worker.
 
 ``--accuracy`` prints instead the relative error of the float32 results against float64 (the
 same data) for logsumexp, softmax, log_softmax, var and std on 4,000,000 values (and var and
@@ -43,6 +44,14 @@ CASES = {
     "64Mx1 m256 bf16": (1 << 26, 1, 256, "bfloat16", False),
     "64Mx1 m16 f16": (1 << 26, 1, 16, "float16", False),
     "64Mx1 m4096 f16": (1 << 26, 1, 4096, "float16", False),
+    "64Mx1 m1024 f16": (1 << 26, 1, 1024, "float16", False),
+    "64Mx1 m2048 f16": (1 << 26, 1, 2048, "float16", False),
+    "64Mx1 m4": (1 << 26, 1, 4, "float32", False),
+    "64Mx1 m16": (1 << 26, 1, 16, "float32", False),
+    "64Mx1 m64": (1 << 26, 1, 64, "float32", False),
+    "8Mx8 m16": (1 << 23, 8, 16, "float32", False),
+    "8Mx8 m64": (1 << 23, 8, 64, "float32", False),
+    "4Mx1 m20": (4_000_000, 1, 20, "float32", False),
     "32Mx1 m256 f64": (1 << 25, 1, 256, "float64", False),
     "2Mx8 m32": (2_000_000, 8, 32, "float32", False),
     "4Mx1 m64": (4_000_000, 1, 64, "float32", False),
@@ -139,14 +148,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("label", help="names this tree's lines")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--functions", nargs="+", default=list(FUNCTIONS), choices=CHOICES)
+    parser.add_argument("--group", type=int, help="lanes per worker (linred._softmax_kernel.GROUP)")
     parser.add_argument("--single-rows", action="store_true",
                         help="16-bit data read a row at a time (linred._softmax_kernel.PAIRS = False)")  # fmt: skip
     parser.add_argument("--accuracy", action="store_true", help="relative errors against float64 instead of times")
     args = parser.parse_args(argv)
-    if args.single_rows:
-        from linred import _softmax_kernel
+    from linred import _softmax_kernel
 
+    if args.single_rows:
         _softmax_kernel.PAIRS = False
+    if args.group:
+        _softmax_kernel.GROUP = args.group
     if args.accuracy:
         accuracy(args.label)
     else:

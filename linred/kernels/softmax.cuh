@@ -64,16 +64,17 @@ template <int G, int DW, int P> __device__ constexpr int softmax_rows_a_step() {
 
 enum { SOFTMAX_LOGSUMEXP = 0, SOFTMAX_SOFTMAX = 1, SOFTMAX_LOG_SOFTMAX = 2, SOFTMAX_VAR = 3, SOFTMAX_STD = 4 };
 
-// The maximum and the sum of the lanes that share a feature (lanes lane ^ o for o >= DW),
-// added by a fixed tree.
-template <int DW, class A> __device__ __forceinline__ A lanes_max(A v) {
+// The maximum and the sum of the lanes of a worker of G lanes that share a feature (lanes lane ^ o
+// for DW <= o < G), added by a fixed tree.  Every lane of the warp calls them (the groups of a
+// warp together).
+template <int G, int DW, class A> __device__ __forceinline__ A lanes_max(A v) {
 #pragma unroll
-    for (int o = 16; o >= DW; o /= 2) v = OpMax::combine(v, shfl_xor(v, o));
+    for (int o = G / 2; o >= DW; o /= 2) v = OpMax::combine(v, shfl_xor(v, o));
     return v;
 }
-template <int DW, class A> __device__ __forceinline__ A lanes_sum(A v) {
+template <int G, int DW, class A> __device__ __forceinline__ A lanes_sum(A v) {
 #pragma unroll
-    for (int o = 16; o >= DW; o /= 2) v += shfl_xor(v, o);
+    for (int o = G / 2; o >= DW; o /= 2) v += shfl_xor(v, o);
     return v;
 }
 
@@ -276,8 +277,8 @@ __device__ __forceinline__ void shifted_sums(const T* __restrict__ p, i64 begin,
         },
         rows, lane, begin - r0, n - r0);
     if (G > 1) {
-        s1 = lanes_sum<DW>(s1);
-        s2 = lanes_sum<DW>(s2);
+        s1 = lanes_sum<G, DW>(s1);
+        s2 = lanes_sum<G, DW>(s2);
     }
 }
 
@@ -293,7 +294,7 @@ __device__ __forceinline__ void variance_one_pass(const T* __restrict__ p, O* __
         kf = (float)((double)kf + s1 / (double)(end - begin));
         shifted_sums<T, G, DW, UNROLL, P>(p, begin, end, n, D, r0, kf, rows, lane, s1, s2);
     }
-    if (r0 == 0) {
+    if (q != nullptr && r0 == 0) {
         // var = (n S2 - S1^2) / (n (n - ddof)): one division (n (n - ddof) is within a rounding of
         // its value); NaN where n <= ddof, and where the data held an infinity or a NaN
         const double count = (double)(end - begin);
@@ -327,7 +328,7 @@ __device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict_
             for (int u = 0; u < UNROLL; ++u) s += v[u];
         },
         rows, lane, first, nlast);
-    if (G > 1) s = lanes_sum<DW>(s);
+    if (G > 1) s = lanes_sum<G, DW>(s);
     const A count = (A)(end - begin);
     const A mean = s / count;  // (0 / 0 for an empty segment: its result is NaN below anyway)
     A ss = 0;
@@ -344,8 +345,8 @@ __device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict_
             for (int u = 0; u < UNROLL; ++u) ss += (v[u] - mean) * (v[u] - mean);
         },
         (const T*)nullptr, 0, first, nlast);
-    if (G > 1) ss = lanes_sum<DW>(ss);
-    if (r0 == 0) {
+    if (G > 1) ss = lanes_sum<G, DW>(ss);
+    if (q != nullptr && r0 == 0) {
         A var = count > (A)ddof ? ss / (count - (A)ddof) : (A)__longlong_as_double(0x7ff8000000000000ll);
         if (MODE == SOFTMAX_STD) var = sqrt(var);
         *q = finish<O, false>(var, 1);
@@ -353,16 +354,19 @@ __device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict_
 }
 
 // x: (batch, n, D) C-contiguous; out: like x (softmax, log_softmax) or (batch, m, D) (logsumexp).
-// G = 32: a worker is a warp, DW = D (a power of two up to 32); G = 1: a worker is a thread and
-// one feature (DW = 1).  workers = batch * m (G = 32) or batch * m * D (G = 1).  Every lane of a
-// worker runs the same loops (the shuffles need them all).  bad: checked_bounds's word
-// (offsets.cuh), or nullptr where the offsets need no check.
-// A warp reads the bounds of its next segment before it reads the current one's rows, so that
+// G > 1: a worker is a group of G lanes of a warp (32, or fewer for short segments), DW = D (a
+// power of two up to G); G = 1: a worker is a thread and one feature (DW = 1).  workers = batch *
+// m (G > 1) or batch * m * D (G = 1).  Every lane of a warp runs the loop over workers the same
+// number of times (the shuffles need them all): a group past the last worker takes an empty
+// segment and writes nothing.  bad: checked_bounds's word (offsets.cuh), or nullptr where the
+// offsets need no check.
+// A group reads the bounds of its next segment before it reads the current one's rows, so that
 // their round trip to memory overlaps the current segment's (G = 1 reads them when it needs them).
 template <class T, class A, class O, int MODE, int G, int DW, int UNROLL, int P, class Off>
 __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __restrict__ out, Off off, int* bad, i64 n,
                                                i64 m, i64 D, i64 workers, double ddof) {
     static_assert(P == 1 || (P == 2 && G == 32 && DW == 1 && sizeof(T) == 2), "pairs of rows: 16-bit data, D = 1");
+    static_assert(G == 1 || (G <= 32 && DW <= G && 32 % G == 0), "a worker is a thread or a group of a warp's lanes");
     // rows a step of the lanes, rows a loop step (the same with pairs: half the steps of two rows)
     constexpr int RS = softmax_rows_a_step<G, DW, P>(), SR = UNROLL / P * RS;
     if (G > 1) D = DW;  // (the same value, known to the compiler: loads of a step share one address)
@@ -370,6 +374,10 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
     const int r0 = P * lane / DW;  // the lane's first row in a step
     const i64 stride = (i64)gridDim.x * (blockDim.x / G);
     i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / G;
+    // the group's place in its warp: the warp loops while its first group has a worker (a warp or
+    // a thread: while it has one)
+    constexpr bool GROUPS = G > 1 && G < 32;
+    const int place = GROUPS ? (int)((threadIdx.x & 31) / G) : 0;
     // the bounds of the worker's next segment (G > 1: worker w's segment is w % m)
     i64 next_begin = 0, next_end = 0;
     if (G > 1 && w < workers) {
@@ -378,14 +386,15 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
     }
     // (a batch of one row, the common case, needs no 64-bit division per segment: b = 0, s = bs)
     const bool one_row = G > 1 && workers == m;
-    for (; w < workers; w += stride) {
+    for (; w - place < workers; w += stride) {
+        const bool valid = !GROUPS || w < workers;  // (a group past the last worker reads nothing)
         const i64 d = G == 1 ? w % D : lane % DW;  // the lane's feature
         const i64 bs = G == 1 ? w / D : w;         // row of the batch * m + segment
         const i64 b = one_row ? 0 : bs / m, s = bs - b * m;
         i64 begin, end;
         if (G > 1) {
-            begin = next_begin;
-            end = next_end;
+            begin = valid ? next_begin : 0;
+            end = valid ? next_end : 0;
             if (w + stride < workers) {
                 const i64 sn = one_row ? w + stride : (w + stride) % m;
                 next_begin = off(sn);
@@ -395,13 +404,13 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
             begin = off(s);
             end = off(s + 1);
         }
-        checked_bounds(s, m, n, bad, begin, end);
+        if (valid) checked_bounds(s, m, n, bad, begin, end);
         const T* p = x + (b * n + r0) * D + d;  // the lane's first row (RS rows a step from it)
         const i64 last = end - r0;               // the segment's end, counted from that row
         const i64 first = begin - r0, nlast = n - r0;  // (pairs: the segment's start, the data's end)
         if constexpr (MODE == SOFTMAX_VAR || MODE == SOFTMAX_STD) {
-            variance<T, A, O, MODE, G, DW, UNROLL, P>(p, out + bs * D + d, begin, end, n, D, r0, ddof, x + b * n * D,
-                                                      lane);
+            variance<T, A, O, MODE, G, DW, UNROLL, P>(p, valid ? out + bs * D + d : nullptr, begin, end, n, D, r0, ddof,
+                                                      x + b * n * D, lane);
             continue;
         }
         // 1. the maximum (NaN if the segment holds one), and the shift
@@ -413,7 +422,7 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
                 for (int u = 0; u < UNROLL; ++u) mx = nan_max(mx, v[u]);
             },
             x + b * n * D, lane, first, nlast);
-        if (G > 1) mx = lanes_max<DW>(mx);
+        if (G > 1) mx = lanes_max<G, DW>(mx);
         const bool finite = mx - mx == (A)0;  // (false for +-inf and NaN)
         const A shift =
             MODE == SOFTMAX_LOGSUMEXP ? (finite ? mx : (A)0) : (mx == Limits<A>::lowest() ? (A)0 : mx);
@@ -428,10 +437,10 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
                 for (int u = 0; u < UNROLL; ++u) sum += sum_exp(v[u] - shift);
             },
             (const T*)nullptr, 0, first, nlast);
-        if (G > 1) sum = lanes_sum<DW>(sum);
+        if (G > 1) sum = lanes_sum<G, DW>(sum);
         // 3. the results
         if constexpr (MODE == SOFTMAX_LOGSUMEXP) {
-            if (r0 == 0) out[bs * D + d] = finish<O, false>(log(sum) + shift, 1);
+            if (valid && r0 == 0) out[bs * D + d] = finish<O, false>(log(sum) + shift, 1);
         } else {
             O* q = out + (b * n + r0) * D + d;
             // softmax multiplies exp(x - shift) (exp, not sum_exp: each result keeps exp's
