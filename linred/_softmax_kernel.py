@@ -37,7 +37,7 @@ import struct
 import threading
 from typing import Any
 
-from linred._dtypes import HALF, REAL, dtype_name
+from linred._dtypes import HALF, REAL, dtype_name, itemsize
 from linred.kernels.compiler import CTYPES
 from linred.kernels.launch import PackedLaunch, multiprocessors, thread_launch
 from linred.segments import FixedSegments, parse_lengths, parse_offsets, parse_segments, verify
@@ -105,7 +105,7 @@ def serves(
     if name in VARIANCE and in_name == "float64" and result != "float64":
         # (the composition computes in the narrower dtype, the kernel would read float64 values)
         return False
-    if not _enough_workers(x, axis, segments, adapter.device_of(x)):
+    if not _enough_workers(x, axis, segments, adapter.device_of(x), itemsize(in_name)):
         return False
     if "bfloat16" in (in_name, result):  # (bfloat16 conversions need compute capability 8.0, as nvrtc's kernels)
         from linred.backends.nvrtc import _compute_capability
@@ -114,11 +114,11 @@ def serves(
     return True
 
 
-def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int) -> bool:
+def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int, size: int) -> bool:
     """Whether a call's segments are, on average, short enough for the kernel
     (:data:`MAX_MEAN_ROWS`), and either make enough workers for the GPU or leave each lane few
     values (:data:`FEW_WORKERS_LANE_VALUES`); the count of segments is known without reading
-    them: a length, or the offsets' or the lengths' shape."""
+    them: a length, or the offsets' or the lengths' shape.  ``size``: the data's item size."""
     shape = tuple(x.shape)
     n, batch, features = shape[axis], math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
     length, offsets, lengths = segments.get("segment_length"), segments.get("offsets"), segments.get("lengths")
@@ -130,7 +130,7 @@ def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int) ->
             m = len(offsets) - 1 if offsets is not None else len(lengths)
     except TypeError:  # (not a length or an array: the composition raises its error)
         return True
-    group, _, workers = _workers(batch, m, features, n, x.dtype.itemsize)
+    group, _, workers = _workers(batch, m, features, n, size)
     if not workers:
         return True  # (nothing to read: the kernel is not even launched)
     if n > MAX_MEAN_ROWS * m:
