@@ -114,11 +114,13 @@ def serves(
     return True
 
 
-def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int, size: int) -> bool:
+def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int, size: int | None = None) -> bool:
     """Whether a call's segments are, on average, short enough for the kernel
     (:data:`MAX_MEAN_ROWS`), and either make enough workers for the GPU or leave each lane few
     values (:data:`FEW_WORKERS_LANE_VALUES`); the count of segments is known without reading
-    them: a length, or the offsets' or the lengths' shape.  ``size``: the data's item size."""
+    them: a length, or the offsets' or the lengths' shape.  ``size``: the data's item size, for
+    the forward kernel's lanes per worker (:func:`_workers`); None for the backward kernel's warp
+    per segment."""
     shape = tuple(x.shape)
     n, batch, features = shape[axis], math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
     length, offsets, lengths = segments.get("segment_length"), segments.get("offsets"), segments.get("lengths")
@@ -130,7 +132,7 @@ def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int, si
             m = len(offsets) - 1 if offsets is not None else len(lengths)
     except TypeError:  # (not a length or an array: the composition raises its error)
         return True
-    group, _, workers = _workers(batch, m, features, n, size)
+    group, _, workers = _workers(batch, m, features, None if size is None else n, size or 4)
     if not workers:
         return True  # (nothing to read: the kernel is not even launched)
     if n > MAX_MEAN_ROWS * m:
