@@ -37,7 +37,7 @@ import struct
 import threading
 from typing import Any
 
-from linred._dtypes import HALF, REAL, dtype_name, itemsize
+from linred._dtypes import HALF, REAL, dtype_name
 from linred.kernels.compiler import CTYPES
 from linred.kernels.launch import PackedLaunch, multiprocessors, thread_launch
 from linred.segments import FixedSegments, parse_lengths, parse_offsets, parse_segments, verify
@@ -77,6 +77,11 @@ PAIRS_MIN_ROWS = 1024
 #: a worker's lanes for one feature column or a power of two of them (None: chosen by the mean
 #: segment length, :func:`_workers`); a power of two up to 32 forces it (tests and benchmarks)
 GROUP: int | None = None
+#: the values of a segment each lane of a worker reads, about, by function: the lanes per worker
+#: that ran fastest on an H200 at mean lengths of 4, 16 and 64 rows of one feature and 16 and 64
+#: rows of 8 (64M and 8M x 8 float32 values; docs/performance.md, seventeenth run); softmax
+#: and log_softmax, which read a segment three times and write it, run faster with more lanes
+LANE_VALUES = {"segmented_softmax": 8, "segmented_log_softmax": 8}
 
 _DOUBLE, _DOUBLE_BITS = struct.Struct("<d"), struct.Struct("<q")
 _local = threading.local()  # this thread's launches (PackedLaunch slots are rewritten per call)
@@ -105,7 +110,7 @@ def serves(
     if name in VARIANCE and in_name == "float64" and result != "float64":
         # (the composition computes in the narrower dtype, the kernel would read float64 values)
         return False
-    if not _enough_workers(x, axis, segments, adapter.device_of(x), itemsize(in_name)):
+    if not _enough_workers(x, axis, segments, adapter.device_of(x), name):
         return False
     if "bfloat16" in (in_name, result):  # (bfloat16 conversions need compute capability 8.0, as nvrtc's kernels)
         from linred.backends.nvrtc import _compute_capability
@@ -114,13 +119,13 @@ def serves(
     return True
 
 
-def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int, size: int | None = None) -> bool:
+def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int, name: str | None = None) -> bool:
     """Whether a call's segments are, on average, short enough for the kernel
     (:data:`MAX_MEAN_ROWS`), and either make enough workers for the GPU or leave each lane few
     values (:data:`FEW_WORKERS_LANE_VALUES`); the count of segments is known without reading
-    them: a length, or the offsets' or the lengths' shape.  ``size``: the data's item size, for
-    the forward kernel's lanes per worker (:func:`_workers`); None for the backward kernel's warp
-    per segment."""
+    them: a length, or the offsets' or the lengths' shape.  ``name``: the function, for the
+    forward kernel's lanes per worker (:func:`_workers`); None for the backward kernel's warp per
+    segment."""
     shape = tuple(x.shape)
     n, batch, features = shape[axis], math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
     length, offsets, lengths = segments.get("segment_length"), segments.get("offsets"), segments.get("lengths")
@@ -132,7 +137,7 @@ def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int, si
             m = len(offsets) - 1 if offsets is not None else len(lengths)
     except TypeError:  # (not a length or an array: the composition raises its error)
         return True
-    group, _, workers = _workers(batch, m, features, None if size is None else n, size or 4)
+    group, _, workers = _workers(batch, m, features, None if name is None else n, name)
     if not workers:
         return True  # (nothing to read: the kernel is not even launched)
     if n > MAX_MEAN_ROWS * m:
@@ -143,24 +148,26 @@ def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int, si
     return batch * n * features <= FEW_WORKERS_LANE_VALUES * workers * group
 
 
-def _workers(batch: int, m: int, features: int, n: int | None = None, itemsize: int = 4) -> tuple[int, int, int]:
+def _workers(batch: int, m: int, features: int, n: int | None = None, name: str | None = None) -> tuple[int, int, int]:
     """The kernel's worker layout: lanes per worker (G), features per step of a worker (DW) and
     the count of workers.  Where the features are a power of two up to 32, G lanes per (row of the
     batch, segment), which cover G / D rows of D features a step (every load is G consecutive
-    elements): a warp (G = 32), or, given the rows ``n`` of each row of the batch, the fewest lanes
-    whose loop step (:func:`unroll` steps of G / D rows) holds a segment of the mean length, so
-    that short segments share a warp instead of leaving most of its lanes idle (D = 1: down to a
-    thread per segment); :data:`GROUP` forces G.  Else a thread per (row of the batch, segment,
-    feature)."""
+    elements): a warp (G = 32), or, given the rows ``n`` of each row of the batch and the function
+    ``name``, as many lanes as leave each about :data:`LANE_VALUES` of a segment of the mean length
+    (a power of two, at least D; a thread per segment of one feature of 8 values or fewer), so
+    that short segments share a warp instead of leaving most of its lanes idle; :data:`GROUP`
+    forces G.  Else a thread per (row of the batch, segment, feature)."""
     if features <= 32 and features & (features - 1) == 0:
         group = 32
         if GROUP is not None:
             group = max(GROUP, features)
         elif n is not None and m:
-            rows = n / m  # (rows a loop step of G lanes: unroll(G) * G / features)
-            group = features
-            while group < 32 and unroll(group, itemsize) * group < rows * features:
-                group *= 2
+            values = n / m * features  # (a segment's, on average)
+            if features == 1 and values <= 8:
+                group = 1
+            else:
+                lanes = values / LANE_VALUES.get(name, 16)
+                group = min(32, max(2, features, 2 ** round(math.log2(lanes)) if lanes > 0 else 1))
         return group, features, batch * m
     return 1, 1, batch * m * features
 
@@ -241,7 +248,7 @@ def run(
     m = seg.count
     out_shape = shape if name not in PER_SEGMENT else (*shape[:axis], m, *shape[axis + 1 :])
     out = adapter.allocator(result, device)(out_shape)
-    group, width, workers = _workers(batch, m, features, n, x.dtype.itemsize)
+    group, width, workers = _workers(batch, m, features, n, name)
     if workers and features:
         if isinstance(seg, FixedSegments):
             index_dtype, offsets_pointer, word, length = None, 0, 0, seg.length

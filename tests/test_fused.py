@@ -1153,7 +1153,7 @@ def test_gpu_kernel_lane_group_steps(kernel_calls, monkeypatch, kind, name, grou
     partly idle.  (G below D is D.)"""
     monkeypatch.setattr(_softmax_kernel, "GROUP", group)
     itemsize = np.dtype(dtype).itemsize
-    g, width, _ = _softmax_kernel._workers(1, 1, features, 1, itemsize)
+    g, width, _ = _softmax_kernel._workers(1, 1, features, 1)
     assert g == max(group, features)
     rs = g // width
     step = _softmax_kernel.unroll(g, itemsize) * rs
@@ -1170,21 +1170,26 @@ def test_gpu_kernel_lane_group_steps(kernel_calls, monkeypatch, kind, name, grou
 
 
 def test_kernel_lane_groups_follow_the_mean_length(monkeypatch):
-    """The worker layout (no GPU needed): a warp for long segments, as few lanes as hold a segment of
-    the mean length in one loop step for short ones (a thread per segment of one feature at 4 rows
-    or fewer), at least D lanes for D features, a thread per feature where D is not a power of two
-    up to 32; GROUP forces the group."""
+    """The worker layout (no GPU needed): lanes that leave each about 16 values of a segment of the
+    mean length (8 for softmax and log_softmax), a power of two from 2 (a thread for segments of one
+    feature of 8 values or fewer) or D to 32 (a warp); a warp without a row count; a thread per
+    feature where D is not a power of two up to 32; GROUP forces the group."""
     w = _softmax_kernel._workers
-    assert w(1, 1000, 1, 256_000) == (32, 1, 1000)
-    assert w(1, 1000, 1, 16_000) == (2, 1, 1000)  # 8 loads of 2 lanes: 16 rows a loop step
-    assert w(1, 1000, 1, 16_000, 8) == (4, 1, 1000)  # (8-byte data: 4 loads)
-    assert w(1, 1000, 1, 4_000) == (1, 1, 1000)
-    assert w(1, 1000, 1, 100_000) == (16, 1, 1000)
-    assert w(2, 1000, 8, 32_000) == (32, 8, 2000)
-    assert w(2, 1000, 8, 4_000) == (8, 8, 2000)
+    assert w(1, 1000, 1, 512_000) == (32, 1, 1000)
+    assert w(1, 1000, 1, 256_000) == (16, 1, 1000)
+    assert w(1, 1000, 1, 256_000, "segmented_softmax") == (32, 1, 1000)
+    assert w(1, 1000, 1, 100_000) == (8, 1, 1000)  # (6.25 lanes: 8)
+    assert w(1, 1000, 1, 16_000) == (2, 1, 1000)
+    assert w(1, 1000, 1, 16_000, "segmented_log_softmax") == (2, 1, 1000)
+    assert w(1, 1000, 1, 64_000, "segmented_softmax") == (8, 1, 1000)
+    assert w(1, 1000, 1, 8_000) == (1, 1, 1000)
+    assert w(2, 1000, 8, 16_000) == (8, 8, 2000)
+    assert w(2, 1000, 8, 4_000, "segmented_softmax") == (8, 8, 2000)
+    assert w(2, 1000, 8, 64_000) == (32, 8, 2000)
     assert w(1, 1000, 3, 4_000) == (1, 1, 3000)
     assert w(1, 1000, 1) == (32, 1, 1000)  # (no row count: a warp)
     assert w(1, 0, 1, 0) == (32, 1, 0)
+    assert w(1, 1000, 1, 0) == (1, 1, 1000)
     monkeypatch.setattr(_softmax_kernel, "GROUP", 4)
     assert w(1, 1000, 1, 256_000) == (4, 1, 1000)
     assert w(1, 1000, 8, 256_000) == (8, 8, 1000)

@@ -49,6 +49,7 @@ CASES = {
     "64Mx1 m4": (1 << 26, 1, 4, "float32", False),
     "64Mx1 m16": (1 << 26, 1, 16, "float32", False),
     "64Mx1 m64": (1 << 26, 1, 64, "float32", False),
+    "64Mx1 m128": (1 << 26, 1, 128, "float32", False),
     "8Mx8 m16": (1 << 23, 8, 16, "float32", False),
     "8Mx8 m64": (1 << 23, 8, 64, "float32", False),
     "4Mx1 m20": (4_000_000, 1, 20, "float32", False),
