@@ -77,11 +77,12 @@ PAIRS_MIN_ROWS = 1024
 #: a worker's lanes for one feature column or a power of two of them (None: chosen by the mean
 #: segment length, :func:`_workers`); a power of two up to 32 forces it (tests and benchmarks)
 GROUP: int | None = None
-#: the values of a segment each lane of a worker reads, about, by function: the lanes per worker
-#: that ran fastest on an H200 at mean lengths of 4, 16 and 64 rows of one feature and 16 and 64
-#: rows of 8 (64M and 8M x 8 float32 values; docs/performance.md, seventeenth run); softmax
-#: and log_softmax, which read a segment three times and write it, run faster with more lanes
-LANE_VALUES = {"segmented_softmax": 8, "segmented_log_softmax": 8}
+#: the values of a segment each lane of a worker reads, about, and the fewest lanes of a worker
+#: whose segments hold more than 8 values, by function (else 16 and 2): the lanes per worker that
+#: ran fastest on an H200 at mean lengths of 4 to 256 rows of one feature and 16 and 64 rows of 8
+#: (64M and 8M x 8 float32 values; docs/performance.md, seventeenth run); softmax and
+#: log_softmax, which read a segment three times and write it, run faster with more lanes
+LANES = {"segmented_softmax": (8, 4), "segmented_log_softmax": (8, 4)}
 
 _DOUBLE, _DOUBLE_BITS = struct.Struct("<d"), struct.Struct("<q")
 _local = threading.local()  # this thread's launches (PackedLaunch slots are rewritten per call)
@@ -153,10 +154,10 @@ def _workers(batch: int, m: int, features: int, n: int | None = None, name: str 
     the count of workers.  Where the features are a power of two up to 32, G lanes per (row of the
     batch, segment), which cover G / D rows of D features a step (every load is G consecutive
     elements): a warp (G = 32), or, given the rows ``n`` of each row of the batch and the function
-    ``name``, as many lanes as leave each about :data:`LANE_VALUES` of a segment of the mean length
-    (a power of two, at least D; a thread per segment of one feature of 8 values or fewer), so
-    that short segments share a warp instead of leaving most of its lanes idle; :data:`GROUP`
-    forces G.  Else a thread per (row of the batch, segment, feature)."""
+    ``name``, as many lanes as leave each about the values :data:`LANES` gives of a segment of the
+    mean length (a power of two, at least D and the fewest :data:`LANES` gives; a thread per
+    segment of one feature of 8 values or fewer), so that short segments share a warp instead of
+    leaving most of its lanes idle; :data:`GROUP` forces G.  Else a thread per (row of the batch, segment, feature)."""
     if features <= 32 and features & (features - 1) == 0:
         group = 32
         if GROUP is not None:
@@ -166,8 +167,9 @@ def _workers(batch: int, m: int, features: int, n: int | None = None, name: str 
             if features == 1 and values <= 8:
                 group = 1
             else:
-                lanes = values / LANE_VALUES.get(name, 16)
-                group = min(32, max(2, features, 2 ** round(math.log2(lanes)) if lanes > 0 else 1))
+                per_lane, fewest = LANES.get(name, (16, 2))
+                lanes = values / per_lane
+                group = min(32, max(fewest, features, 2 ** round(math.log2(lanes))))
         return group, features, batch * m
     return 1, 1, batch * m * features
 

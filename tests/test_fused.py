@@ -1067,12 +1067,14 @@ def test_gpu_kernel_pairs_of_rows(kernel_calls, monkeypatch, kind, name, dtype, 
     loop step (256) at k * T - 1, k * T and k * T + 1, the last segment ending at the data's end
     (n odd: its last pair is one row), empty segments; batches whose rows start at odd elements
     and data 2 bytes past an aligned address read a row at a time.  Against float64 NumPy of the
-    rounded data.  (Pairs serve segments of PAIRS_MIN_ROWS rows on average: here of any length.)"""
+    rounded data.  (Pairs serve a warp per segment, in segments of PAIRS_MIN_ROWS rows on average:
+    here a warp, and segments of any length.)"""
     if kind == "cupy" and dtype == "bfloat16":
         pytest.skip("CuPy has no bfloat16")
     shape, axis, start, pairs = PAIR_LAYOUTS[layout]
     default_min_rows = _softmax_kernel.PAIRS_MIN_ROWS
     monkeypatch.setattr(_softmax_kernel, "PAIRS_MIN_ROWS", 0)
+    monkeypatch.setattr(_softmax_kernel, "GROUP", 32)
     chosen = []
     real = _softmax_kernel._pairs
     monkeypatch.setattr(_softmax_kernel, "_pairs", lambda *a: chosen.append(real(*a)) or chosen[-1])
@@ -1171,16 +1173,17 @@ def test_gpu_kernel_lane_group_steps(kernel_calls, monkeypatch, kind, name, grou
 
 def test_kernel_lane_groups_follow_the_mean_length(monkeypatch):
     """The worker layout (no GPU needed): lanes that leave each about 16 values of a segment of the
-    mean length (8 for softmax and log_softmax), a power of two from 2 (a thread for segments of one
-    feature of 8 values or fewer) or D to 32 (a warp); a warp without a row count; a thread per
-    feature where D is not a power of two up to 32; GROUP forces the group."""
+    mean length (8 for softmax and log_softmax), a power of two from 2 (4 for softmax and
+    log_softmax; a thread for segments of one feature of 8 values or fewer) or D to 32 (a warp); a
+    warp without a row count; a thread per feature where D is not a power of two up to 32; GROUP
+    forces the group."""
     w = _softmax_kernel._workers
     assert w(1, 1000, 1, 512_000) == (32, 1, 1000)
     assert w(1, 1000, 1, 256_000) == (16, 1, 1000)
     assert w(1, 1000, 1, 256_000, "segmented_softmax") == (32, 1, 1000)
     assert w(1, 1000, 1, 100_000) == (8, 1, 1000)  # (6.25 lanes: 8)
     assert w(1, 1000, 1, 16_000) == (2, 1, 1000)
-    assert w(1, 1000, 1, 16_000, "segmented_log_softmax") == (2, 1, 1000)
+    assert w(1, 1000, 1, 16_000, "segmented_log_softmax") == (4, 1, 1000)
     assert w(1, 1000, 1, 64_000, "segmented_softmax") == (8, 1, 1000)
     assert w(1, 1000, 1, 8_000) == (1, 1, 1000)
     assert w(2, 1000, 8, 16_000) == (8, 8, 2000)
