@@ -125,8 +125,7 @@ def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int, na
     (:data:`MAX_MEAN_ROWS`), and either make enough workers for the GPU or leave each lane few
     values (:data:`FEW_WORKERS_LANE_VALUES`); the count of segments is known without reading
     them: a length, or the offsets' or the lengths' shape.  ``name``: the function, for the
-    forward kernel's lanes per worker (:func:`_workers`); None for the backward kernel's warp per
-    segment."""
+    kernels' lanes per worker (:func:`_workers`); None: a warp per segment."""
     shape = tuple(x.shape)
     n, batch, features = shape[axis], math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
     length, offsets, lengths = segments.get("segment_length"), segments.get("offsets"), segments.get("lengths")
@@ -315,7 +314,7 @@ def run_backward(
     valid (the forward checked them)."""
     n = shape[axis]
     batch, features = math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
-    group, width, workers = _workers(batch, m, features)
+    group, width, workers = _workers(batch, m, features, n, name)
     if not (workers and features and n):
         return
     a_dtype, result, dx_dtype, compute = dtypes

@@ -595,19 +595,23 @@ def _grad_case(rng: np.random.Generator, features: int, lengths: list[int], spec
 @pytest.mark.parametrize("features", [1, 2, 8, 32, 3, 64])
 @pytest.mark.parametrize("spec", ["offsets", "offsets32", "lengths", "fixed", "batch"])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
-def test_gpu_backward_kernel(name, features, spec, dtype, monkeypatch):
+@pytest.mark.parametrize("group", [None, 2, 8])
+def test_gpu_backward_kernel(name, features, spec, dtype, group, monkeypatch):
     """The backward's one kernel (softmax_grad.cuh), which every call here takes: against float64
     NumPy's derivative on finite data, and against the backward of PyTorch operations (the same
-    formulas) with NaN and infinities, for workers of a warp (1, 2, 8, 32 features) and of a
-    thread (3, 64), segments of 0, 1 and around multiples of a warp's rows a step, a batch with
-    the segments along axis 1."""
+    formulas) with NaN and infinities, for workers of a warp or of groups of 2 or 8 lanes (1, 2,
+    8, 32 features; chosen by the mean length where the group is None) and of a thread (3, 64),
+    segments of 0, 1 and around multiples of a worker's rows a step, a batch with the segments
+    along axis 1."""
     from linred import _fused_grad
 
     monkeypatch.setattr(_softmax_kernel, "MIN_WORKERS_PER_SM", 0)
+    monkeypatch.setattr(_softmax_kernel, "GROUP", group)
     runs = []
     run = _softmax_kernel.run_backward
     monkeypatch.setattr(_softmax_kernel, "run_backward", lambda *a: runs.append(a[0]) or run(*a))
-    step = 32 // features if features in (1, 2, 8, 32) else 1
+    lanes = 32 if group is None else max(group, features)
+    step = lanes // features if features in (1, 2, 8, 32) else 1
     lengths = [0, 1, step - 1 or 2, step, step + 1, 4 * step - 1, 4 * step + 1, 100, 0, 37]
     if spec == "fixed":
         lengths = [4 * step + 1] * 5

@@ -13,6 +13,8 @@ in segments of 1 .. 31 and 1 .. 8191 rows), and smaller calls (2M x 8, 4M x 1, 4
 64), which a call's host time bounds.  ``--single-rows`` reads 16-bit data a row at a time
 instead of two (the kernel before pairs of rows); ``--group G`` forces the lanes of a worker.
 Short segments (``m4`` to ``m64``, 8 features ``8Mx8``) compare the lanes per worker.
+``--backward`` times ``torch.autograd.grad`` of a result instead (the backward kernel, and
+autograd's own work per call).
 
 ``--accuracy`` prints instead the relative error of the float32 results against float64 (the
 same data) for logsumexp, softmax, log_softmax, var and std on 4,000,000 values (and var and
@@ -84,7 +86,7 @@ def offsets(n: int, mean: int, seed: int, skew: bool = False) -> np.ndarray:
     return off
 
 
-def times(label: str, cases: list[str], functions: list[str]) -> None:
+def times(label: str, cases: list[str], functions: list[str], backward: bool = False) -> None:
     import torch
 
     for case in cases:
@@ -101,7 +103,14 @@ def times(label: str, cases: list[str], functions: list[str]) -> None:
         for name in functions:
             f = getattr(linred, f"segmented_{name}")
             moved = nbytes + (nbytes if name in ("softmax", "log_softmax") else m * d * x.element_size())
-            med, lo, hi = _time(functools.partial(f, x, offsets=off, check=False))
+            call = functools.partial(f, x, offsets=off, check=False)
+            if backward:  # (the backward alone: it reads x or y and the gradient, and writes dx)
+                leaf = x.detach().requires_grad_()
+                y = f(leaf, offsets=off, check=False)
+                g = torch.randn_like(y)
+                moved = 2 * nbytes + g.numel() * g.element_size()
+                call = functools.partial(torch.autograd.grad, y, leaf, g, retain_graph=True)
+            med, lo, hi = _time(call)
             pct = 100 * (moved / med) / (2 * nbytes / copy)
             print(f"{label} | {case} (m={m}, longest {longest}) | {name} | {med:.1f} [{lo:.1f}, {hi:.1f}] us | "
                   f"{pct:.1f}% of copy ({copy:.1f} us)", flush=True)  # fmt: skip
@@ -150,6 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--functions", nargs="+", default=list(FUNCTIONS), choices=CHOICES)
     parser.add_argument("--group", type=int, help="lanes per worker (linred._softmax_kernel.GROUP)")
+    parser.add_argument("--backward", action="store_true", help="time the backward (autograd.grad) instead")
     parser.add_argument("--single-rows", action="store_true",
                         help="16-bit data read a row at a time (linred._softmax_kernel.PAIRS = False)")  # fmt: skip
     parser.add_argument("--accuracy", action="store_true", help="relative errors against float64 instead of times")
@@ -163,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.accuracy:
         accuracy(args.label)
     else:
-        times(args.label, args.cases, args.functions)
+        times(args.label, args.cases, args.functions, args.backward)
 
 
 if __name__ == "__main__":

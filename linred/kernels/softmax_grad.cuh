@@ -3,9 +3,10 @@
 //
 // Holds:
 //  - softmax_grad: each (row of the batch, segment) is one worker, as in softmax_family
-//    (softmax.cuh): a warp (G = 32) where the features D are a power of two up to 32 (lane l
-//    reads row l / D of each step of 32 / D rows, feature l % D), else one thread per (row of the
-//    batch, segment, feature) (G = 1).  With g the gradient of the result and, per segment, S a
+//    (softmax.cuh): G lanes of a warp (32, or fewer for short segments) where the features D are
+//    a power of two up to G (lane l reads row l / D of each step of G / D rows, feature l % D; the
+//    groups of a warp loop together, those past the last worker on an empty segment), else one
+//    thread per (row of the batch, segment, feature) (G = 1).  With g the gradient of the result and, per segment, S a
 //    sum over its rows (in double, the lanes added by a fixed shuffle tree: the same bits every
 //    run), a worker writes each element's derivative dx:
 //      logsumexp   (MODE 0)  dx = exp(x - r) * g                        r, g: the segment's
@@ -28,10 +29,11 @@
 
 enum { GRAD_LOGSUMEXP = 0, GRAD_SOFTMAX = 1, GRAD_LOG_SOFTMAX = 2, GRAD_VAR = 3, GRAD_STD = 4 };
 
-// The sum of the lanes that share a feature (lanes lane ^ o for o >= DW), added by a fixed tree.
-template <int DW> __device__ __forceinline__ double grad_lanes_sum(double v) {
+// The sum of the lanes of a worker of G lanes that share a feature (lanes lane ^ o for DW <= o <
+// G), added by a fixed tree.
+template <int G, int DW> __device__ __forceinline__ double grad_lanes_sum(double v) {
 #pragma unroll
-    for (int o = 16; o >= DW; o /= 2) v += shfl_xor(v, o);
+    for (int o = G / 2; o >= DW; o /= 2) v += shfl_xor(v, o);
     return v;
 }
 
@@ -47,12 +49,17 @@ __device__ __forceinline__ void softmax_grad(const TA* __restrict__ a, const R* 
     if (G > 1) D = DW;          // (the same value, known to the compiler)
     const int lane = G == 1 ? 0 : (int)(threadIdx.x % G);
     const int r0 = lane / DW;  // the lane's first row in a step
+    static_assert(G == 1 || (G <= 32 && DW <= G && 32 % G == 0), "a worker is a thread or a group of a warp's lanes");
     const i64 stride = (i64)gridDim.x * (blockDim.x / G);
-    for (i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / G; w < workers; w += stride) {
-        const i64 d = G == 1 ? w % D : lane % DW;  // the lane's feature
-        const i64 bs = G == 1 ? w / D : w;         // row of the batch * m + segment
+    // the group's place in its warp: the warp loops while its first group has a worker
+    constexpr bool GROUPS = G > 1 && G < 32;
+    const int place = GROUPS ? (int)((threadIdx.x & 31) / G) : 0;
+    for (i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / G; w - place < workers; w += stride) {
+        const bool valid = !GROUPS || w < workers;  // (a group past the last worker reads nothing)
+        const i64 d = G == 1 ? w % D : lane % DW;   // the lane's feature
+        const i64 bs = G == 1 ? w / D : w;          // row of the batch * m + segment
         const i64 b = bs / m, s = bs - b * m;
-        const i64 begin = off(s), end = off(s + 1);
+        const i64 begin = valid ? off(s) : 0, end = valid ? off(s + 1) : 0;
         const i64 base = b * n * D + d;  // element (row i, the lane's feature) of row b: base + i * D
         const i64 one = bs * D + d;      // the segment's value in g and res (MODE 0, 3, 4)
         double sum = 0;
@@ -68,7 +75,7 @@ __device__ __forceinline__ void softmax_grad(const TA* __restrict__ a, const R* 
                     sum += (double)to_acc<C>(a[e]);
                 }
             }
-            if (G > 1) sum = grad_lanes_sum<DW>(sum);
+            if (G > 1) sum = grad_lanes_sum<G, DW>(sum);
         }
         if constexpr (MODE == GRAD_SOFTMAX || MODE == GRAD_LOG_SOFTMAX) {
             const C S = (C)sum;
@@ -112,7 +119,7 @@ __device__ __forceinline__ void softmax_grad(const TA* __restrict__ a, const R* 
     extern "C" __global__ void __launch_bounds__(THREADS)                                                    \
         linred_softmax_grad(const TA* a, const R* g, const R* res, DX* dx, const I* offsets, long long L,     \
                             long long n, long long m, long long d, long long workers, long long ddof) {      \
-        static_assert(THREADS % 32 == 0, "a worker of G = 32 lanes is a whole warp of the block");          \
+        static_assert(THREADS % 32 == 0, "a block is whole warps");                                           \
         softmax_grad<TA, R, DX, C, MODE, G, DW>(a, g, res, dx, OFFSETS, n, m, d, workers,                     \
                                                  __longlong_as_double(ddof));                                 \
     }
