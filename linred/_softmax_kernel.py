@@ -72,8 +72,10 @@ MAX_MEAN_ROWS = 1 << 14
 PAIRS = True
 #: ... where the segments hold this many rows on average: a segment that starts at an odd row
 #: begins with a partial step, and a pair that straddles a bound is masked, which costs more than
-#: the loads save in short segments
-PAIRS_MIN_ROWS = 1024
+#: the loads save in short segments (H200, 64M float16 values: at mean 4,096 rows softmax 150 against
+#: 171 us, log_softmax 143 against 182, logsumexp 76 against 83; at 1,024 and 2,048 within the
+#: noise either way; at 256, 1.5x slower)
+PAIRS_MIN_ROWS = 4096
 #: a worker's lanes for one feature column or a power of two of them (None: chosen by the mean
 #: segment length, :func:`_workers`); a power of two up to 32 forces it (tests and benchmarks)
 GROUP: int | None = None
@@ -83,6 +85,10 @@ GROUP: int | None = None
 #: (64M and 8M x 8 float32 values; docs/performance.md, seventeenth run); softmax and
 #: log_softmax, which read a segment three times and write it, run faster with more lanes
 LANES = {"segmented_softmax": (8, 4), "segmented_log_softmax": (8, 4)}
+#: the values of a segment each lane of the backward kernel's workers reads, about, for every
+#: function (its passes are a lane's rows one at a time: at mean 256 rows, logsumexp's backward
+#: took 170 us with a warp per segment against 195 with 16 lanes; H200, seventeenth run)
+BACKWARD_LANE_VALUES = 8
 
 _DOUBLE, _DOUBLE_BITS = struct.Struct("<d"), struct.Struct("<q")
 _local = threading.local()  # this thread's launches (PackedLaunch slots are rewritten per call)
@@ -120,12 +126,15 @@ def serves(
     return True
 
 
-def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int, name: str | None = None) -> bool:
+def _enough_workers(
+    x: Any, axis: int, segments: dict[str, Any], device: int, name: str | None = None, backward: bool = False
+) -> bool:
     """Whether a call's segments are, on average, short enough for the kernel
     (:data:`MAX_MEAN_ROWS`), and either make enough workers for the GPU or leave each lane few
     values (:data:`FEW_WORKERS_LANE_VALUES`); the count of segments is known without reading
     them: a length, or the offsets' or the lengths' shape.  ``name``: the function, for the
-    kernels' lanes per worker (:func:`_workers`); None: a warp per segment."""
+    kernels' lanes per worker (:func:`_workers`; ``backward``: the backward kernel's); None: a warp
+    per segment."""
     shape = tuple(x.shape)
     n, batch, features = shape[axis], math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
     length, offsets, lengths = segments.get("segment_length"), segments.get("offsets"), segments.get("lengths")
@@ -137,7 +146,7 @@ def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int, na
             m = len(offsets) - 1 if offsets is not None else len(lengths)
     except TypeError:  # (not a length or an array: the composition raises its error)
         return True
-    group, _, workers = _workers(batch, m, features, None if name is None else n, name)
+    group, _, workers = _workers(batch, m, features, None if name is None else n, name, backward)
     if not workers:
         return True  # (nothing to read: the kernel is not even launched)
     if n > MAX_MEAN_ROWS * m:
@@ -148,7 +157,9 @@ def _enough_workers(x: Any, axis: int, segments: dict[str, Any], device: int, na
     return batch * n * features <= FEW_WORKERS_LANE_VALUES * workers * group
 
 
-def _workers(batch: int, m: int, features: int, n: int | None = None, name: str | None = None) -> tuple[int, int, int]:
+def _workers(
+    batch: int, m: int, features: int, n: int | None = None, name: str | None = None, backward: bool = False
+) -> tuple[int, int, int]:
     """The kernel's worker layout: lanes per worker (G), features per step of a worker (DW) and
     the count of workers.  Where the features are a power of two up to 32, G lanes per (row of the
     batch, segment), which cover G / D rows of D features a step (every load is G consecutive
@@ -156,7 +167,8 @@ def _workers(batch: int, m: int, features: int, n: int | None = None, name: str 
     ``name``, as many lanes as leave each about the values :data:`LANES` gives of a segment of the
     mean length (a power of two, at least D and the fewest :data:`LANES` gives; a thread per
     segment of one feature of 8 values or fewer), so that short segments share a warp instead of
-    leaving most of its lanes idle; :data:`GROUP` forces G.  Else a thread per (row of the batch, segment, feature)."""
+    leaving most of its lanes idle (the ``backward`` kernel's lanes: :data:`BACKWARD_LANE_VALUES`
+    each); :data:`GROUP` forces G.  Else a thread per (row of the batch, segment, feature)."""
     if features <= 32 and features & (features - 1) == 0:
         group = 32
         if GROUP is not None:
@@ -167,6 +179,7 @@ def _workers(batch: int, m: int, features: int, n: int | None = None, name: str 
                 group = 1
             else:
                 per_lane, fewest = LANES.get(name, (16, 2))
+                per_lane = BACKWARD_LANE_VALUES if backward else per_lane
                 lanes = values / per_lane
                 group = min(32, max(fewest, features, 2 ** round(math.log2(lanes))))
         return group, features, batch * m
@@ -314,7 +327,7 @@ def run_backward(
     valid (the forward checked them)."""
     n = shape[axis]
     batch, features = math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
-    group, width, workers = _workers(batch, m, features, n, name)
+    group, width, workers = _workers(batch, m, features, n, name, backward=True)
     if not (workers and features and n):
         return
     a_dtype, result, dx_dtype, compute = dtypes
