@@ -12,12 +12,14 @@ with a result of that width it reads each segment once, summing its deviations f
 value and their squares in float64, and for float64 it reads each segment for its mean, then
 again for the squared deviations from it.
 
-A worker is one warp (or one thread per feature), so a segment is read by one worker: the
-kernel serves only calls with enough workers to fill the GPU (:data:`MIN_WORKERS_PER_SM` per
-SM) and segments no longer than :data:`MAX_MEAN_ROWS` rows on average; fewer, longer segments
-go to the composition, whose reductions spread a segment over the whole GPU.  (One segment far
-longer than the others still keeps its worker busy alone: the call then takes the time one
-warp needs to read it.)
+A worker is a group of a warp's lanes (a warp for long segments, as few as 2 lanes for short
+ones, chosen by the mean length: :func:`_workers`) or one thread per feature, so a segment is
+read by one worker: the kernel serves only calls with enough workers to fill the GPU
+(:data:`MIN_WORKERS_PER_SM` per SM) and segments no longer than :data:`MAX_MEAN_ROWS` rows on
+average; fewer, longer segments go to the composition, whose reductions spread a segment over
+the whole GPU.  (One segment far longer than the others still keeps its worker busy alone: the
+call then takes the time one warp needs to read it.)  16-bit data of one feature in long
+segments is read two rows a load (:data:`PAIRS`).
 
 It serves what the composition would otherwise compute without a gradient to record:
 CuPy arrays and CUDA tensors (not requiring grad, or under ``torch.no_grad``), C-contiguous,

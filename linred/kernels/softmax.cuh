@@ -1,10 +1,13 @@
 // softmax_family: segmented logsumexp, softmax, log_softmax, var and std in one kernel.
 //
 // Holds:
-//  - softmax_family: each (row of the batch, segment) is one worker: a warp (G = 32) where the
-//    features D are a power of two up to 32 (the lanes cover 32 / D rows of D features: every
-//    load is 32 consecutive elements), else one thread per (row of the batch, segment,
-//    feature) (G = 1: neighbouring threads read neighbouring features of a row).  A worker
+//  - softmax_family: each (row of the batch, segment) is one worker: G lanes of a warp where
+//    the features D are a power of two up to G (the lanes cover G / D rows of D features: every
+//    load is G consecutive elements), G = 32 for long segments and as few as 2 (or a thread, for
+//    one feature) for short ones, so that a warp reads several short segments at once instead of
+//    leaving most of its lanes idle (64M float32 values in segments of mean 16 rows on an H200:
+//    logsumexp 1,180 us with a warp, 132 with 2 lanes); else one thread per (row of the batch,
+//    segment, feature) (G = 1: neighbouring threads read neighbouring features of a row).  A worker
 //    reads its segment for the maximum, again for the sum of exp(x - shift) and, for softmax
 //    and log_softmax, a third time to write each element (the later reads mostly from L1/L2:
 //    a single pass with a running maximum that rescales the sum was slower on an H100, its
@@ -16,7 +19,7 @@
 //    A worker's passes load UNROLL steps of its lanes at once (load_steps), so that a segment
 //    of a few hundred rows costs one or two round trips to memory: a warp takes whole steps
 //    without a test per row, then one partial step (each_step); softmax's writes end in single
-//    steps, so that no lane computes an exp past the segment's end; a warp reads its next
+//    steps, so that no lane computes an exp past the segment's end; a group reads its next
 //    segment's bounds before this one's rows, and its first pass over a long segment asks L2
 //    for the lines SOFTMAX_AHEAD steps ahead of its loads (prefetch_step).  On an H100 the
 //    kernel is bound by the instructions it issues (ncu), not by memory, so the per-element
@@ -27,10 +30,10 @@
 //    its deviations from a shift and of their squares, once, or twice for a segment of more
 //    than 2^20 rows, the second shifted by the first's mean);
 //  - load_steps: a lane's UNROLL steps, rows past the end read as a fill value; load_pairs: the
-//    same from pairs of rows; each_step: one pass over a segment in such steps; nan_max: NaN-propagating max (one instruction on
-//    sm_80+); sum_exp: exp of a term of the sum (ex2.approx for float: the kernel's work is
-//    mostly the instructions it issues per element);
-//  - lanes_max and lanes_sum: the maximum and the sum of the lanes that share a feature;
+//    same from pairs of rows; each_step: one pass over a segment in such steps; nan_max:
+//    NaN-propagating max (one instruction on sm_80+); sum_exp: exp of a term of the sum
+//    (ex2.approx for float: the kernel's work is mostly the instructions it issues per element);
+//  - lanes_max and lanes_sum: the maximum and the sum of a worker's lanes that share a feature;
 //  - its entry point: LINRED_SOFTMAX (linred_softmax).
 //
 // The results are those of linred's composition (linred/_fused.py), by the same formulas: the
