@@ -181,7 +181,7 @@ def _in_one_kernel(ctx: Any, g: torch.Tensor, offsets: Any, lengths: Any, saved:
         if offsets is None:
             offsets = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0))
         segments, m = {"offsets": offsets}, offsets.shape[0] - 1
-    if not _softmax_kernel._enough_workers(a, ctx.axis, segments, device, ctx.name, backward=True):
+    if not _softmax_kernel._enough_workers(a, ctx.axis, segments, device, ctx.name, True, a.element_size()):
         return None
     g = g.to(ctx.out_dtype).contiguous()
     res = saved[1].contiguous() if ctx.name in ("segmented_logsumexp", "segmented_std") else None

@@ -39,7 +39,7 @@ import struct
 import threading
 from typing import Any
 
-from linred._dtypes import HALF, REAL, dtype_name
+from linred._dtypes import HALF, REAL, dtype_name, itemsize
 from linred.kernels.compiler import CTYPES
 from linred.kernels.launch import PackedLaunch, multiprocessors, thread_launch
 from linred.segments import FixedSegments, parse_lengths, parse_offsets, parse_segments, verify
@@ -119,7 +119,7 @@ def serves(
     if name in VARIANCE and in_name == "float64" and result != "float64":
         # (the composition computes in the narrower dtype, the kernel would read float64 values)
         return False
-    if not _enough_workers(x, axis, segments, adapter.device_of(x), name):
+    if not _enough_workers(x, axis, segments, adapter.device_of(x), name, itemsize=itemsize(in_name)):
         return False
     if "bfloat16" in (in_name, result):  # (bfloat16 conversions need compute capability 8.0, as nvrtc's kernels)
         from linred.backends.nvrtc import _compute_capability
@@ -129,14 +129,20 @@ def serves(
 
 
 def _enough_workers(
-    x: Any, axis: int, segments: dict[str, Any], device: int, name: str | None = None, backward: bool = False
+    x: Any,
+    axis: int,
+    segments: dict[str, Any],
+    device: int,
+    name: str | None = None,
+    backward: bool = False,
+    itemsize: int = 4,
 ) -> bool:
     """Whether a call's segments are, on average, short enough for the kernel
     (:data:`MAX_MEAN_ROWS`), and either make enough workers for the GPU or leave each lane few
     values (:data:`FEW_WORKERS_LANE_VALUES`); the count of segments is known without reading
     them: a length, or the offsets' or the lengths' shape.  ``name``: the function, for the
-    kernels' lanes per worker (:func:`_workers`; ``backward``: the backward kernel's); None: a warp
-    per segment."""
+    kernels' lanes per worker (:func:`_workers`; ``backward``: the backward kernel's; ``itemsize``:
+    the data's); None: a warp per segment."""
     shape = tuple(x.shape)
     n, batch, features = shape[axis], math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
     length, offsets, lengths = segments.get("segment_length"), segments.get("offsets"), segments.get("lengths")
@@ -148,7 +154,7 @@ def _enough_workers(
             m = len(offsets) - 1 if offsets is not None else len(lengths)
     except TypeError:  # (not a length or an array: the composition raises its error)
         return True
-    group, _, workers = _workers(batch, m, features, None if name is None else n, name, backward)
+    group, _, workers = _workers(batch, m, features, None if name is None else n, name, backward, itemsize)
     if not workers:
         return True  # (nothing to read: the kernel is not even launched)
     if n > MAX_MEAN_ROWS * m:
@@ -160,7 +166,13 @@ def _enough_workers(
 
 
 def _workers(
-    batch: int, m: int, features: int, n: int | None = None, name: str | None = None, backward: bool = False
+    batch: int,
+    m: int,
+    features: int,
+    n: int | None = None,
+    name: str | None = None,
+    backward: bool = False,
+    itemsize: int = 4,
 ) -> tuple[int, int, int]:
     """The kernel's worker layout: lanes per worker (G), features per step of a worker (DW) and
     the count of workers.  Where the features are a power of two up to 32, G lanes per (row of the
@@ -168,8 +180,9 @@ def _workers(
     elements): a warp (G = 32), or, given the rows ``n`` of each row of the batch and the function
     ``name``, as many lanes as leave each about the values :data:`LANES` gives of a segment of the
     mean length (a power of two, at least D and the fewest :data:`LANES` gives; a thread per
-    segment of one feature of 8 values or fewer), so that short segments share a warp instead of
-    leaving most of its lanes idle (the ``backward`` kernel's lanes: :data:`BACKWARD_LANE_VALUES`
+    segment of one feature of 8 values or fewer, of data of ``itemsize`` 4 or 8: the thread's
+    kernel for 16-bit data takes about 110 registers), so that short segments share a warp instead
+    of leaving most of its lanes idle (the ``backward`` kernel's lanes: :data:`BACKWARD_LANE_VALUES`
     each); :data:`GROUP` forces G.  Else a thread per (row of the batch, segment, feature)."""
     if features <= 32 and features & (features - 1) == 0:
         group = 32
@@ -177,13 +190,15 @@ def _workers(
             group = max(GROUP, features)
         elif n is not None and m:
             values = n / m * features  # (a segment's, on average)
-            if features == 1 and values <= 8:
+            if features == 1 and values <= 8 and itemsize >= 4:
                 group = 1
+            elif values <= 0:  # (no data: the kernel is not launched)
+                group = 32
             else:
                 per_lane, fewest = LANES.get(name, (16, 2))
                 per_lane = BACKWARD_LANE_VALUES if backward else per_lane
                 lanes = values / per_lane
-                group = min(32, max(fewest, features, 2 ** round(math.log2(lanes))))
+                group = min(32, max(fewest, features, 2 ** round(math.log2(max(lanes, 1)))))
         return group, features, batch * m
     return 1, 1, batch * m * features
 
@@ -264,7 +279,7 @@ def run(
     m = seg.count
     out_shape = shape if name not in PER_SEGMENT else (*shape[:axis], m, *shape[axis + 1 :])
     out = adapter.allocator(result, device)(out_shape)
-    group, width, workers = _workers(batch, m, features, n, name)
+    group, width, workers = _workers(batch, m, features, n, name, itemsize=x.dtype.itemsize)
     if workers and features:
         if isinstance(seg, FixedSegments):
             index_dtype, offsets_pointer, word, length = None, 0, 0, seg.length
@@ -329,10 +344,10 @@ def run_backward(
     valid (the forward checked them)."""
     n = shape[axis]
     batch, features = math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
-    group, width, workers = _workers(batch, m, features, n, name, backward=True)
+    a_dtype, result, dx_dtype, compute = dtypes
+    group, width, workers = _workers(batch, m, features, n, name, True, itemsize(a_dtype))
     if not (workers and features and n):
         return
-    a_dtype, result, dx_dtype, compute = dtypes
     key = (device, name, a_dtype, result, dx_dtype, compute, group, width, index_dtype)
     launch = getattr(_local, "launches", _NONE).get(key)
     if launch is None:

@@ -1175,6 +1175,44 @@ def test_gpu_kernel_lane_group_steps(kernel_calls, monkeypatch, kind, name, grou
     assert kernel_calls == [f"segmented_{name}"]
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("group", [1, 2, 8])
+@pytest.mark.parametrize("features, dtype", [(1, "float32"), (1, "float64"), (1, "float16"), (8, "float32")])
+def test_gpu_kernel_long_segments_among_short_ones(kernel_calls, monkeypatch, name, group, features, dtype):
+    """A worker of a few lanes (or a thread, for one feature) hands a segment longer than a warp's
+    loop step to its whole warp (softmax.cuh, softmax_grad.cuh): lengths at that step - 1, the step
+    and + 1 (rows: 8 or, for 8-byte data, 4 steps of 32 / D in the forward, 8 in the backward),
+    much longer ones, two long ones side by side (one warp hands both over), among segments of 0
+    to 9 rows; the forward and the backward against float64 NumPy."""
+    monkeypatch.setattr(_softmax_kernel, "GROUP", group)
+    monkeypatch.setattr(_softmax_kernel, "MIN_WORKERS_PER_SM", 0)
+    warp_rows = (4 if dtype == "float64" else 8) * 32 // features
+    rng = np.random.default_rng(group + features)
+    lengths = rng.integers(0, 10, 300).tolist()
+    for at, length in ((7, warp_rows - 1), (20, warp_rows), (21, warp_rows + 1), (40, 256 // features + 1),
+                       (41, 5_000), (42, 3_001), (200, 257), (299, 2 * warp_rows + 3)):  # fmt: skip
+        lengths[at] = length
+    bounds = np.r_[0, np.cumsum(lengths)]
+    xv = (rng.normal(size=(int(bounds[-1]), features)) * 3).astype(dtype)
+    x = torch.tensor(xv if features > 1 else xv[:, 0], device="cuda", requires_grad=True)
+    y = fn(name)(x, offsets=torch.tensor(bounds, device="cuda"))
+    xs = xv.astype(np.float64)
+    expected = _fast_reference(name, xs, bounds, 0)
+    tol = {"float64": 1e-10, "float32": 2e-5, "float16": 2e-3}[dtype]
+    check(y.detach(), expected if features > 1 else expected[..., 0], dtype, tol)
+    assert kernel_calls == [f"segmented_{name}"]
+    g = rng.standard_normal(tuple(y.shape))
+    (gx,) = torch.autograd.grad(y, x, torch.tensor(g, dtype=y.dtype, device="cuda"))
+    gs = g.astype(y.detach().cpu().numpy().dtype).astype(np.float64)  # (the gradient as rounded to y's dtype)
+    ref = _reference_gradient(name, xs, bounds.tolist(), gs if features > 1 else gs[..., None], 0)
+    ref = ref if features > 1 else ref[:, 0]
+    gtol = {"float64": 1e-9, "float32": 1e-4, "float16": 2e-2}[dtype]
+    got = gx.double().cpu().numpy()
+    np.testing.assert_allclose(got, ref, rtol=gtol, atol=gtol * (1 + np.abs(ref).max()))
+
+
 def test_kernel_lane_groups_follow_the_mean_length(monkeypatch):
     """The worker layout (no GPU needed): lanes that leave each about 16 values of a segment of the
     mean length (8 for softmax and log_softmax), a power of two from 2 (4 for softmax and
@@ -1190,6 +1228,9 @@ def test_kernel_lane_groups_follow_the_mean_length(monkeypatch):
     assert w(1, 1000, 1, 16_000, "segmented_log_softmax") == (4, 1, 1000)
     assert w(1, 1000, 1, 64_000, "segmented_softmax") == (8, 1, 1000)
     assert w(1, 1000, 1, 8_000) == (1, 1, 1000)
+    assert w(1, 1000, 1, 8_000, itemsize=2) == (2, 1, 1000)  # (16-bit data: no thread per segment)
+    assert w(1, 1, 0, 0, "segmented_softmax") == (32, 0, 1)  # (no data)
+    assert w(1, 1, 4, 0) == (32, 4, 1)
     assert w(1, 1000, 1, 256_000, "segmented_logsumexp", backward=True) == (32, 1, 1000)  # (8 values a lane)
     assert w(1, 1000, 1, 16_000, "segmented_var", backward=True) == (2, 1, 1000)
     assert w(1, 1000, 1, 16_000, "segmented_softmax", backward=True) == (4, 1, 1000)

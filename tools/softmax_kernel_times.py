@@ -8,7 +8,8 @@ a device-to-device copy of the data measured the same way (the data read once an
 written once).  CUDA torch tensors, ``check=False``.
 
 Cases: 64M x 1 values in segments of 1 .. 511 rows (``64Mx1 m256``), the same with one segment
-of about 86,000 rows (``64Mx1 m256 skew``), float16, bfloat16 and float64 variants (float16 also
+of about 86,000 rows (``64Mx1 m256 skew``), segments of mean 16 with one of about 640,000 rows
+(``64Mx1 m16 huge``), float16, bfloat16 and float64 variants (float16 also
 in segments of 1 .. 31 and 1 .. 8191 rows), and smaller calls (2M x 8, 4M x 1, 4M x 3, 500k x
 64), which a call's host time bounds.  ``--single-rows`` reads 16-bit data a row at a time
 instead of two (the kernel before pairs of rows); ``--group G`` forces the lanes of a worker.
@@ -55,6 +56,7 @@ CASES = {
     "8Mx8 m16": (1 << 23, 8, 16, "float32", False),
     "8Mx8 m64": (1 << 23, 8, 64, "float32", False),
     "4Mx1 m20": (4_000_000, 1, 20, "float32", False),
+    "64Mx1 m16 huge": (1 << 26, 1, 16, "float32", 40_000),
     "32Mx1 m256 f64": (1 << 25, 1, 256, "float64", False),
     "2Mx8 m32": (2_000_000, 8, 32, "float32", False),
     "4Mx1 m64": (4_000_000, 1, 64, "float32", False),
@@ -72,15 +74,16 @@ def _time(fn: Callable[[], Any]) -> tuple[float, float, float]:
     return 1e6 * statistics.median(seconds), 1e6 * min(seconds), 1e6 * max(seconds)
 
 
-def offsets(n: int, mean: int, seed: int, skew: bool = False) -> np.ndarray:
+def offsets(n: int, mean: int, seed: int, skew: bool | int = False) -> np.ndarray:
     """Offsets of segments of 1 .. 2 * mean - 1 rows over ``n`` rows; with ``skew``, the last
-    segment takes the rows of the last 330 (about 86,000 rows for 64M rows of mean 256)."""
+    segment takes the rows of the last 330 (about 86,000 rows for 64M rows of mean 256), or of
+    the last ``skew`` where that is a count."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 2 * mean, n // mean + 2 * int(np.sqrt(n)) + 64)
     off = np.concatenate([[0], np.cumsum(lengths)])
     off = off[off <= n]
-    if skew:
-        off = off[: len(off) - 330]
+    if skew:  # (True: the last 330 segments as one; a count: that many)
+        off = off[: len(off) - (330 if skew is True else int(skew))]
     if off[-1] != n:
         off = np.append(off, n)
     return off

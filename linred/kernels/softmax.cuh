@@ -33,6 +33,7 @@
 //    same from pairs of rows; each_step: one pass over a segment in such steps; nan_max:
 //    NaN-propagating max (one instruction on sm_80+); sum_exp: exp of a term of the sum
 //    (ex2.approx for float: the kernel's work is mostly the instructions it issues per element);
+//  - family_segment: one worker's segment (its passes and results);
 //  - lanes_max and lanes_sum: the maximum and the sum of a worker's lanes that share a feature;
 //  - its entry point: LINRED_SOFTMAX (linred_softmax).
 //
@@ -293,7 +294,11 @@ __device__ __forceinline__ void variance_one_pass(const T* __restrict__ p, O* __
     float kf = begin < end ? to_acc<float>(p[(begin - r0) * D]) : 0.0f;
     double s1, s2;
     shifted_sums<T, G, DW, UNROLL, P>(p, begin, end, n, D, r0, kf, rows, lane, s1, s2);
-    if (end - begin > (1 << 20)) {  // long: again, shifted by the mean
+    bool again = end - begin > (1 << 20);  // long: again, shifted by the mean
+    // (the groups of a warp together: the shuffles of the sums need every lane of the warp; a
+    // group's segment is shifted by its mean then, which changes nothing but its rounding)
+    if constexpr (G > 1 && G < 32) again = __any_sync(0xffffffffu, again);
+    if (again) {
         kf = (float)((double)kf + s1 / (double)(end - begin));
         shifted_sums<T, G, DW, UNROLL, P>(p, begin, end, n, D, r0, kf, rows, lane, s1, s2);
     }
@@ -356,13 +361,122 @@ __device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict_
     }
 }
 
+// One worker's segment [begin, end) of row b of the batch (bs: row of the batch * m + segment; d:
+// a thread's feature where G = 1): its passes and its results, written only where `write` (a
+// worker past the last one writes nothing).  Every lane of the worker calls it (the shuffles need
+// them all).  G, DW, P: as softmax_family's.
+template <class T, class A, class O, int MODE, int G, int DW, int UNROLL, int P>
+__device__ __forceinline__ void family_segment(const T* __restrict__ x, O* __restrict__ out, i64 n, i64 D, i64 b,
+                                               i64 bs, i64 d, i64 begin, i64 end, bool write, double ddof) {
+    // rows a step of the lanes, rows a loop step (the same with pairs: half the steps of two rows)
+    constexpr int RS = softmax_rows_a_step<G, DW, P>(), SR = UNROLL / P * RS;
+    if (G > 1) D = DW;  // (the same value, known to the compiler: loads of a step share one address)
+    const int lane = G == 1 ? 0 : (int)(threadIdx.x % G);
+    const int r0 = P * lane / DW;  // the lane's first row in a step
+    if (G > 1) d = lane % DW;      // the lane's feature
+    const T* p = x + (b * n + r0) * D + d;  // the lane's first row (RS rows a step from it)
+    const i64 last = end - r0;               // the segment's end, counted from that row
+    const i64 first = begin - r0, nlast = n - r0;  // (pairs: the segment's start, the data's end)
+    if constexpr (MODE == SOFTMAX_VAR || MODE == SOFTMAX_STD) {
+        variance<T, A, O, MODE, G, DW, UNROLL, P>(p, write ? out + bs * D + d : nullptr, begin, end, n, D, r0, ddof,
+                                                  x + b * n * D, lane);
+        return;
+    }
+    // 1. the maximum (NaN if the segment holds one), and the shift
+    A mx = Limits<A>::lowest();
+    each_step<UNROLL, RS, G, SOFTMAX_AHEAD, P>(
+        p, begin, end, last, D, Limits<A>::lowest(),
+        [&](A(&v)[UNROLL]) {
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) mx = nan_max(mx, v[u]);
+        },
+        x + b * n * D, lane, first, nlast);
+    if (G > 1) mx = lanes_max<G, DW>(mx);
+    const bool finite = mx - mx == (A)0;  // (false for +-inf and NaN)
+    const A shift =
+        MODE == SOFTMAX_LOGSUMEXP ? (finite ? mx : (A)0) : (mx == Limits<A>::lowest() ? (A)0 : mx);
+    // 2. the sum of exp(x - shift) (these reads mostly hit L1/L2: the segment was just read);
+    // rows past the end read as -inf add exp(-inf - shift) = 0 where the shift is finite, and
+    // where it is not (+inf or NaN), the segment's own rows make the sum NaN whatever they add
+    A sum = 0;
+    each_step<UNROLL, RS, G, 0, P>(
+        p, begin, end, last, D, Limits<A>::lowest(),
+        [&](A(&v)[UNROLL]) {
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) sum += sum_exp(v[u] - shift);
+        },
+        (const T*)nullptr, 0, first, nlast);
+    if (G > 1) sum = lanes_sum<G, DW>(sum);
+    // 3. the results
+    if constexpr (MODE == SOFTMAX_LOGSUMEXP) {
+        if (write && r0 == 0) out[bs * D + d] = finish<O, false>(log(sum) + shift, 1);
+    } else {
+        O* q = out + (b * n + r0) * D + d;
+        // softmax multiplies exp(x - shift) (exp, not sum_exp: each result keeps exp's
+        // accuracy) by 1 / sum (within an ulp of the composition's division; 0/0 and x/0
+        // still come out NaN and inf as there: 1 / 0 is inf, 0 * inf NaN).  Whole steps,
+        // then single steps, so that no lane computes an exp past the segment's end.
+        const A scale = MODE == SOFTMAX_SOFTMAX ? (A)1 / sum : log(sum);
+        auto result = [&](A v) { return MODE == SOFTMAX_SOFTMAX ? exp(v - shift) * scale : (v - shift) - scale; };
+        if constexpr (P == 2) {
+            // Pairs of rows: one store of two results per whole pair; a pair that straddles the
+            // segment's bounds (a partial step) writes its rows in the segment one at a time.
+            typedef typename Pair<O>::type Q2;
+            auto single = [&](i64 i) {  // one masked step of RS rows
+                A v[2];
+                load_pairs<2, RS, true>(p, i, first, last, nlast, (A)0, v);
+                if (i >= first && i < last) q[i] = finish<O, false>(result(v[0]), 1);
+                if (i + 1 >= first && i + 1 < last) q[i + 1] = finish<O, false>(result(v[1]), 1);
+            };
+            i64 i = begin & ~(i64)1;
+            if (i < begin) {
+                single(i);
+                i += RS;
+            }
+            for (; i + SR <= end; i += SR) {
+                A v[UNROLL];
+                load_pairs<UNROLL, RS, false>(p, i, first, last, nlast, (A)0, v);
+#pragma unroll
+                for (int u = 0; u < UNROLL / 2; ++u) {
+                    Q2 y;
+                    y.a = finish<O, false>(result(v[2 * u]), 1);
+                    y.b = finish<O, false>(result(v[2 * u + 1]), 1);
+                    *reinterpret_cast<Q2*>(q + i + (i64)u * RS) = y;
+                }
+            }
+            for (; i < end; i += RS) single(i);
+            return;
+        }
+        i64 i = begin;
+        for (; i + SR <= end; i += SR) {
+            A v[UNROLL];
+            load_steps<UNROLL, RS, true>(p, i, last, D, (A)0, v);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const A y = MODE == SOFTMAX_SOFTMAX ? exp(v[u] - shift) * scale : (v[u] - shift) - scale;
+                q[(i + (i64)u * RS) * D] = finish<O, false>(y, 1);
+            }
+        }
+        for (; i < end; i += RS) {
+            if (i < last) {
+                const A v = to_acc<A>(p[i * D]);
+                const A y = MODE == SOFTMAX_SOFTMAX ? exp(v - shift) * scale : (v - shift) - scale;
+                q[i * D] = finish<O, false>(y, 1);
+            }
+        }
+    }
+}
+
 // x: (batch, n, D) C-contiguous; out: like x (softmax, log_softmax) or (batch, m, D) (logsumexp).
 // G > 1: a worker is a group of G lanes of a warp (32, or fewer for short segments), DW = D (a
 // power of two up to G); G = 1: a worker is a thread and one feature (DW = 1).  workers = batch *
 // m (G > 1) or batch * m * D (G = 1).  Every lane of a warp runs the loop over workers the same
-// number of times (the shuffles need them all): a group past the last worker takes an empty
-// segment and writes nothing.  bad: checked_bounds's word (offsets.cuh), or nullptr where the
-// offsets need no check.
+// number of times (the shuffles need them all): a worker past the last one takes an empty
+// segment and writes nothing.  A group's (or, for one feature, a thread's) segment longer than a
+// warp's loop step is read by the whole warp instead, after the groups' own (family_segment with
+// G = 32, one such segment at a time): a few lanes would otherwise read it alone, for as long as
+// one long segment among short ones takes them.  bad: checked_bounds's word (offsets.cuh), or
+// nullptr where the offsets need no check.
 // A group reads the bounds of its next segment before it reads the current one's rows, so that
 // their round trip to memory overlaps the current segment's (G = 1 reads them when it needs them).
 template <class T, class A, class O, int MODE, int G, int DW, int UNROLL, int P, class Off>
@@ -370,17 +484,16 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
                                                i64 m, i64 D, i64 workers, double ddof) {
     static_assert(P == 1 || (P == 2 && G == 32 && DW == 1 && sizeof(T) == 2), "pairs of rows: 16-bit data, D = 1");
     static_assert(G == 1 || (G <= 32 && DW <= G && 32 % G == 0), "a worker is a thread or a group of a warp's lanes");
-    // rows a step of the lanes, rows a loop step (the same with pairs: half the steps of two rows)
-    constexpr int RS = softmax_rows_a_step<G, DW, P>(), SR = UNROLL / P * RS;
-    if (G > 1) D = DW;  // (the same value, known to the compiler: loads of a step share one address)
-    const int lane = G == 1 ? 0 : (int)(threadIdx.x % G);
-    const int r0 = P * lane / DW;  // the lane's first row in a step
     const i64 stride = (i64)gridDim.x * (blockDim.x / G);
     i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / G;
-    // the group's place in its warp: the warp loops while its first group has a worker (a warp or
-    // a thread: while it has one)
-    constexpr bool GROUPS = G > 1 && G < 32;
+    // the worker's place in its warp: the warp loops while its first worker has a segment (a warp:
+    // while it has one)
+    constexpr bool GROUPS = G < 32;
     const int place = GROUPS ? (int)((threadIdx.x & 31) / G) : 0;
+    // the rows above which a worker's segment goes to its whole warp (a warp's loop step); never
+    // for a thread per feature of several (the warp's layout needs a power of two of them)
+    constexpr int WARP_UNROLL = softmax_unroll<T, 32>();
+    const i64 longest = G == 1 && D != 1 ? Limits<i64>::highest() : (i64)(WARP_UNROLL * 32 / DW);
     // the bounds of the worker's next segment (G > 1: worker w's segment is w % m)
     i64 next_begin = 0, next_end = 0;
     if (G > 1 && w < workers) {
@@ -390,11 +503,10 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
     // (a batch of one row, the common case, needs no 64-bit division per segment: b = 0, s = bs)
     const bool one_row = G > 1 && workers == m;
     for (; w - place < workers; w += stride) {
-        const bool valid = !GROUPS || w < workers;  // (a group past the last worker reads nothing)
-        const i64 d = G == 1 ? w % D : lane % DW;  // the lane's feature
-        const i64 bs = G == 1 ? w / D : w;         // row of the batch * m + segment
+        const bool valid = !GROUPS || w < workers;  // (a worker past the last one reads nothing)
+        const i64 bs = G == 1 ? w / D : w;          // row of the batch * m + segment
         const i64 b = one_row ? 0 : bs / m, s = bs - b * m;
-        i64 begin, end;
+        i64 begin = 0, end = 0;
         if (G > 1) {
             begin = valid ? next_begin : 0;
             end = valid ? next_end : 0;
@@ -403,100 +515,25 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
                 next_begin = off(sn);
                 next_end = off(sn + 1);
             }
-        } else {
+        } else if (valid) {
             begin = off(s);
             end = off(s + 1);
         }
         if (valid) checked_bounds(s, m, n, bad, begin, end);
-        const T* p = x + (b * n + r0) * D + d;  // the lane's first row (RS rows a step from it)
-        const i64 last = end - r0;               // the segment's end, counted from that row
-        const i64 first = begin - r0, nlast = n - r0;  // (pairs: the segment's start, the data's end)
-        if constexpr (MODE == SOFTMAX_VAR || MODE == SOFTMAX_STD) {
-            variance<T, A, O, MODE, G, DW, UNROLL, P>(p, valid ? out + bs * D + d : nullptr, begin, end, n, D, r0, ddof,
-                                                      x + b * n * D, lane);
-            continue;
-        }
-        // 1. the maximum (NaN if the segment holds one), and the shift
-        A mx = Limits<A>::lowest();
-        each_step<UNROLL, RS, G, SOFTMAX_AHEAD, P>(
-            p, begin, end, last, D, Limits<A>::lowest(),
-            [&](A(&v)[UNROLL]) {
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) mx = nan_max(mx, v[u]);
-            },
-            x + b * n * D, lane, first, nlast);
-        if (G > 1) mx = lanes_max<G, DW>(mx);
-        const bool finite = mx - mx == (A)0;  // (false for +-inf and NaN)
-        const A shift =
-            MODE == SOFTMAX_LOGSUMEXP ? (finite ? mx : (A)0) : (mx == Limits<A>::lowest() ? (A)0 : mx);
-        // 2. the sum of exp(x - shift) (these reads mostly hit L1/L2: the segment was just read);
-        // rows past the end read as -inf add exp(-inf - shift) = 0 where the shift is finite, and
-        // where it is not (+inf or NaN), the segment's own rows make the sum NaN whatever they add
-        A sum = 0;
-        each_step<UNROLL, RS, G, 0, P>(
-            p, begin, end, last, D, Limits<A>::lowest(),
-            [&](A(&v)[UNROLL]) {
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) sum += sum_exp(v[u] - shift);
-            },
-            (const T*)nullptr, 0, first, nlast);
-        if (G > 1) sum = lanes_sum<G, DW>(sum);
-        // 3. the results
-        if constexpr (MODE == SOFTMAX_LOGSUMEXP) {
-            if (valid && r0 == 0) out[bs * D + d] = finish<O, false>(log(sum) + shift, 1);
-        } else {
-            O* q = out + (b * n + r0) * D + d;
-            // softmax multiplies exp(x - shift) (exp, not sum_exp: each result keeps exp's
-            // accuracy) by 1 / sum (within an ulp of the composition's division; 0/0 and x/0
-            // still come out NaN and inf as there: 1 / 0 is inf, 0 * inf NaN).  Whole steps,
-            // then single steps, so that no lane computes an exp past the segment's end.
-            const A scale = MODE == SOFTMAX_SOFTMAX ? (A)1 / sum : log(sum);
-            auto result = [&](A v) { return MODE == SOFTMAX_SOFTMAX ? exp(v - shift) * scale : (v - shift) - scale; };
-            if constexpr (P == 2) {
-                // Pairs of rows: one store of two results per whole pair; a pair that straddles the
-                // segment's bounds (a partial step) writes its rows in the segment one at a time.
-                typedef typename Pair<O>::type Q2;
-                auto single = [&](i64 i) {  // one masked step of RS rows
-                    A v[2];
-                    load_pairs<2, RS, true>(p, i, first, last, nlast, (A)0, v);
-                    if (i >= first && i < last) q[i] = finish<O, false>(result(v[0]), 1);
-                    if (i + 1 >= first && i + 1 < last) q[i + 1] = finish<O, false>(result(v[1]), 1);
-                };
-                i64 i = begin & ~(i64)1;
-                if (i < begin) {
-                    single(i);
-                    i += RS;
-                }
-                for (; i + SR <= end; i += SR) {
-                    A v[UNROLL];
-                    load_pairs<UNROLL, RS, false>(p, i, first, last, nlast, (A)0, v);
-#pragma unroll
-                    for (int u = 0; u < UNROLL / 2; ++u) {
-                        Q2 y;
-                        y.a = finish<O, false>(result(v[2 * u]), 1);
-                        y.b = finish<O, false>(result(v[2 * u + 1]), 1);
-                        *reinterpret_cast<Q2*>(q + i + (i64)u * RS) = y;
-                    }
-                }
-                for (; i < end; i += RS) single(i);
-                continue;
-            }
-            i64 i = begin;
-            for (; i + SR <= end; i += SR) {
-                A v[UNROLL];
-                load_steps<UNROLL, RS, true>(p, i, last, D, (A)0, v);
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) {
-                    const A y = MODE == SOFTMAX_SOFTMAX ? exp(v[u] - shift) * scale : (v[u] - shift) - scale;
-                    q[(i + (i64)u * RS) * D] = finish<O, false>(y, 1);
-                }
-            }
-            for (; i < end; i += RS) {
-                if (i < last) {
-                    const A v = to_acc<A>(p[i * D]);
-                    const A y = MODE == SOFTMAX_SOFTMAX ? exp(v - shift) * scale : (v - shift) - scale;
-                    q[i * D] = finish<O, false>(y, 1);
-                }
+        const bool whole = GROUPS && end - begin > longest;  // (read by the whole warp, below)
+        family_segment<T, A, O, MODE, G, DW, UNROLL, P>(x, out, n, D, b, bs, G == 1 ? w % D : 0, whole ? 0 : begin,
+                                                        whole ? 0 : end, valid && !whole, ddof);
+        if constexpr (GROUPS) {
+            // the workers of this warp whose segments are long, one at a time by the whole warp
+            // (each named by its first lane)
+            unsigned long_ones = __ballot_sync(0xffffffffu, whole && threadIdx.x % G == 0);
+            while (long_ones) {
+                const int src = __ffs(long_ones) - 1;
+                long_ones &= long_ones - 1;
+                const i64 wb = __shfl_sync(0xffffffffu, b, src), wbs = __shfl_sync(0xffffffffu, bs, src);
+                const i64 wbegin = __shfl_sync(0xffffffffu, begin, src), wend = __shfl_sync(0xffffffffu, end, src);
+                family_segment<T, A, O, MODE, 32, DW, WARP_UNROLL, 1>(x, out, n, D, wb, wbs, 0, wbegin, wend, true,
+                                                                      ddof);
             }
         }
     }

@@ -20,6 +20,7 @@
 //    torch.std's for var and std).  Reads each segment once (logsumexp) or twice (the second
 //    mostly from L1/L2), writes it once; every element belongs to one segment, so dx is written
 //    whole.  The offsets are not checked: the forward checked them;
+//  - grad_segment: one worker's segment;
 //  - grad_lanes_sum: the sum of the lanes that share a feature;
 //  - its entry point: LINRED_SOFTMAX_GRAD (linred_softmax_grad).
 
@@ -37,76 +38,102 @@ template <int G, int DW> __device__ __forceinline__ double grad_lanes_sum(double
     return v;
 }
 
-// a: the data x (MODE 0, 3, 4) or the result y (1, 2), (batch, n, D) C-contiguous; g: the
-// result's gradient, like y (1, 2) or one value per (row of the batch, segment, feature) (0, 3,
-// 4), as res, the segment's result (0: logsumexp, 4: std; unused otherwise); dx: like x.  C: the
-// type the elementwise steps compute in (float, or double for float64).
-template <class TA, class R, class DX, class C, int MODE, int G, int DW, class Off>
-__device__ __forceinline__ void softmax_grad(const TA* __restrict__ a, const R* __restrict__ g,
-                                             const R* __restrict__ res, DX* __restrict__ dx, Off off, i64 n, i64 m,
-                                             i64 D, i64 workers, double ddof) {
+// One worker's segment [begin, end) of row b of the batch (bs: row of the batch * m + segment; d:
+// a thread's feature where G = 1): its derivatives (an empty segment reads and writes nothing).
+// Every lane of the worker calls it (the shuffles need them all).
+template <class TA, class R, class DX, class C, int MODE, int G, int DW>
+__device__ __forceinline__ void grad_segment(const TA* __restrict__ a, const R* __restrict__ g,
+                                             const R* __restrict__ res, DX* __restrict__ dx, i64 n, i64 D, i64 b,
+                                             i64 bs, i64 d, i64 begin, i64 end, double ddof) {
     constexpr int RS = G / DW;  // rows a step of the worker's lanes
     if (G > 1) D = DW;          // (the same value, known to the compiler)
     const int lane = G == 1 ? 0 : (int)(threadIdx.x % G);
     const int r0 = lane / DW;  // the lane's first row in a step
+    if (G > 1) d = lane % DW;  // the lane's feature
+    const i64 base = b * n * D + d;  // element (row i, the lane's feature) of row b: base + i * D
+    const i64 one = bs * D + d;      // the segment's value in g and res (MODE 0, 3, 4)
+    double sum = 0;
+    if constexpr (MODE != GRAD_LOGSUMEXP) {
+#pragma unroll 4
+        for (i64 i = begin + r0; i < end; i += RS) {
+            const i64 e = base + i * D;
+            if constexpr (MODE == GRAD_SOFTMAX) {
+                sum += (double)to_acc<C>(g[e]) * (double)to_acc<C>(a[e]);
+            } else if constexpr (MODE == GRAD_LOG_SOFTMAX) {
+                sum += (double)to_acc<C>(g[e]);
+            } else {
+                sum += (double)to_acc<C>(a[e]);
+            }
+        }
+        if (G > 1) sum = grad_lanes_sum<G, DW>(sum);
+    }
+    if constexpr (MODE == GRAD_SOFTMAX || MODE == GRAD_LOG_SOFTMAX) {
+        const C S = (C)sum;
+#pragma unroll 4
+        for (i64 i = begin + r0; i < end; i += RS) {
+            const i64 e = base + i * D;
+            const C y = to_acc<C>(a[e]), ge = to_acc<C>(g[e]);
+            const C v = MODE == GRAD_SOFTMAX ? y * (ge - S) : ge - exp(y) * S;
+            dx[e] = Store<DX>::from(v);
+        }
+    } else if (begin < end) {
+        const C ge = to_acc<C>(g[one]);
+        C shift, scale;  // dx = f(x - shift) * scale
+        if constexpr (MODE == GRAD_LOGSUMEXP) {
+            shift = to_acc<C>(res[one]);
+            scale = ge;
+        } else {
+            const double count = (double)(end - begin), free = count - ddof;
+            shift = (C)(sum / count);
+            if constexpr (MODE == GRAD_VAR) {
+                scale = free > 0 ? (C)(2.0 * (double)ge / free) : (C)0;
+            } else {
+                const double sd = (double)to_acc<C>(res[one]);
+                scale = free > 0 && sd != 0 ? (C)((double)ge / (free * sd)) : (C)0;
+            }
+        }
+#pragma unroll 4
+        for (i64 i = begin + r0; i < end; i += RS) {
+            const i64 e = base + i * D;
+            const C t = to_acc<C>(a[e]) - shift;
+            dx[e] = Store<DX>::from(MODE == GRAD_LOGSUMEXP ? exp(t) * scale : t * scale);
+        }
+    }
+}
+
+// a: the data x (MODE 0, 3, 4) or the result y (1, 2), (batch, n, D) C-contiguous; g: the
+// result's gradient, like y (1, 2) or one value per (row of the batch, segment, feature) (0, 3,
+// 4), as res, the segment's result (0: logsumexp, 4: std; unused otherwise); dx: like x.  C: the
+// type the elementwise steps compute in (float, or double for float64).  Workers as
+// softmax_family's (softmax.cuh): the warp loops over its workers together, and a group's (or,
+// for one feature, a thread's) segment longer than a warp's loop step of rows (8 steps of 32 /
+// D) is read by the whole warp instead.
+template <class TA, class R, class DX, class C, int MODE, int G, int DW, class Off>
+__device__ __forceinline__ void softmax_grad(const TA* __restrict__ a, const R* __restrict__ g,
+                                             const R* __restrict__ res, DX* __restrict__ dx, Off off, i64 n, i64 m,
+                                             i64 D, i64 workers, double ddof) {
     static_assert(G == 1 || (G <= 32 && DW <= G && 32 % G == 0), "a worker is a thread or a group of a warp's lanes");
     const i64 stride = (i64)gridDim.x * (blockDim.x / G);
-    // the group's place in its warp: the warp loops while its first group has a worker
-    constexpr bool GROUPS = G > 1 && G < 32;
+    // the worker's place in its warp: the warp loops while its first worker has a segment
+    constexpr bool GROUPS = G < 32;
     const int place = GROUPS ? (int)((threadIdx.x & 31) / G) : 0;
+    const i64 longest = G == 1 && D != 1 ? Limits<i64>::highest() : (i64)(8 * 32 / DW);
     for (i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / G; w - place < workers; w += stride) {
-        const bool valid = !GROUPS || w < workers;  // (a group past the last worker reads nothing)
-        const i64 d = G == 1 ? w % D : lane % DW;   // the lane's feature
+        const bool valid = !GROUPS || w < workers;  // (a worker past the last one reads nothing)
         const i64 bs = G == 1 ? w / D : w;          // row of the batch * m + segment
         const i64 b = bs / m, s = bs - b * m;
         const i64 begin = valid ? off(s) : 0, end = valid ? off(s + 1) : 0;
-        const i64 base = b * n * D + d;  // element (row i, the lane's feature) of row b: base + i * D
-        const i64 one = bs * D + d;      // the segment's value in g and res (MODE 0, 3, 4)
-        double sum = 0;
-        if constexpr (MODE != GRAD_LOGSUMEXP) {
-#pragma unroll 4
-            for (i64 i = begin + r0; i < end; i += RS) {
-                const i64 e = base + i * D;
-                if constexpr (MODE == GRAD_SOFTMAX) {
-                    sum += (double)to_acc<C>(g[e]) * (double)to_acc<C>(a[e]);
-                } else if constexpr (MODE == GRAD_LOG_SOFTMAX) {
-                    sum += (double)to_acc<C>(g[e]);
-                } else {
-                    sum += (double)to_acc<C>(a[e]);
-                }
-            }
-            if (G > 1) sum = grad_lanes_sum<G, DW>(sum);
-        }
-        if constexpr (MODE == GRAD_SOFTMAX || MODE == GRAD_LOG_SOFTMAX) {
-            const C S = (C)sum;
-#pragma unroll 4
-            for (i64 i = begin + r0; i < end; i += RS) {
-                const i64 e = base + i * D;
-                const C y = to_acc<C>(a[e]), ge = to_acc<C>(g[e]);
-                const C v = MODE == GRAD_SOFTMAX ? y * (ge - S) : ge - exp(y) * S;
-                dx[e] = Store<DX>::from(v);
-            }
-        } else if (begin < end) {
-            const C ge = to_acc<C>(g[one]);
-            C shift, scale;  // dx = f(x - shift) * scale
-            if constexpr (MODE == GRAD_LOGSUMEXP) {
-                shift = to_acc<C>(res[one]);
-                scale = ge;
-            } else {
-                const double count = (double)(end - begin), free = count - ddof;
-                shift = (C)(sum / count);
-                if constexpr (MODE == GRAD_VAR) {
-                    scale = free > 0 ? (C)(2.0 * (double)ge / free) : (C)0;
-                } else {
-                    const double sd = (double)to_acc<C>(res[one]);
-                    scale = free > 0 && sd != 0 ? (C)((double)ge / (free * sd)) : (C)0;
-                }
-            }
-#pragma unroll 4
-            for (i64 i = begin + r0; i < end; i += RS) {
-                const i64 e = base + i * D;
-                const C t = to_acc<C>(a[e]) - shift;
-                dx[e] = Store<DX>::from(MODE == GRAD_LOGSUMEXP ? exp(t) * scale : t * scale);
+        const bool whole = GROUPS && end - begin > longest;  // (read by the whole warp, below)
+        grad_segment<TA, R, DX, C, MODE, G, DW>(a, g, res, dx, n, D, b, bs, G == 1 ? w % D : 0, whole ? 0 : begin,
+                                                whole ? 0 : end, ddof);
+        if constexpr (GROUPS) {
+            unsigned long_ones = __ballot_sync(0xffffffffu, whole && threadIdx.x % G == 0);
+            while (long_ones) {
+                const int src = __ffs(long_ones) - 1;
+                long_ones &= long_ones - 1;
+                const i64 wb = __shfl_sync(0xffffffffu, b, src), wbs = __shfl_sync(0xffffffffu, bs, src);
+                const i64 wbegin = __shfl_sync(0xffffffffu, begin, src), wend = __shfl_sync(0xffffffffu, end, src);
+                grad_segment<TA, R, DX, C, MODE, 32, DW>(a, g, res, dx, n, D, wb, wbs, 0, wbegin, wend, ddof);
             }
         }
     }
