@@ -91,6 +91,12 @@ LANES = {"segmented_softmax": (8, 4), "segmented_log_softmax": (8, 4)}
 #: function (its passes are a lane's rows one at a time: at mean 256 rows, logsumexp's backward
 #: took 170 us with a warp per segment against 195 with 16 lanes; H200, seventeenth run)
 BACKWARD_LANE_VALUES = 8
+#: the longest mean segment, as a share of a warp's loop step of rows (8 steps of 32 / D; 4 for
+#: 8-byte data in the forward), that workers of fewer lanes than a warp serve: the kernels hand a
+#: segment longer than that step to the whole warp, and where many are, that costs more than the
+#: groups save (H200, seventeenth run: mean 256 rows, logsumexp 130 us with 16 lanes against 100
+#: with a warp; at means of 16 and 64 rows the groups were 2.1-8x faster than a warp)
+WHOLE_WARP_SHARE = 0.75
 
 _DOUBLE, _DOUBLE_BITS = struct.Struct("<d"), struct.Struct("<q")
 _local = threading.local()  # this thread's launches (PackedLaunch slots are rewritten per call)
@@ -183,17 +189,20 @@ def _workers(
     segment of one feature of 8 values or fewer, of data of ``itemsize`` 4 or 8: the thread's
     kernel for 16-bit data takes about 110 registers), so that short segments share a warp instead
     of leaving most of its lanes idle (the ``backward`` kernel's lanes: :data:`BACKWARD_LANE_VALUES`
-    each); :data:`GROUP` forces G.  Else a thread per (row of the batch, segment, feature)."""
+    each), but a warp where the mean length passes :data:`WHOLE_WARP_SHARE` of a warp's loop step;
+    :data:`GROUP` forces G.  Else a thread per (row of the batch, segment, feature)."""
     if features <= 32 and features & (features - 1) == 0:
         group = 32
         if GROUP is not None:
             group = max(GROUP, features)
         elif n is not None and m:
             values = n / m * features  # (a segment's, on average)
-            if features == 1 and values <= 8 and itemsize >= 4:
-                group = 1
-            elif values <= 0:  # (no data: the kernel is not launched)
+            # (the kernels hand a segment longer than a warp's loop step to the whole warp)
+            warp_rows = (8 if backward or itemsize <= 4 else 4) * 32 // max(features, 1)
+            if values <= 0 or n / m > WHOLE_WARP_SHARE * warp_rows:  # (no data: no launch either)
                 group = 32
+            elif features == 1 and values <= 8 and itemsize >= 4:
+                group = 1
             else:
                 per_lane, fewest = LANES.get(name, (16, 2))
                 per_lane = BACKWARD_LANE_VALUES if backward else per_lane

@@ -1217,12 +1217,15 @@ def test_kernel_lane_groups_follow_the_mean_length(monkeypatch):
     """The worker layout (no GPU needed): lanes that leave each about 16 values of a segment of the
     mean length (8 for softmax and log_softmax), a power of two from 2 (4 for softmax and
     log_softmax; a thread for segments of one feature of 8 values or fewer) or D to 32 (a warp); a
-    warp without a row count; a thread per feature where D is not a power of two up to 32; GROUP
-    forces the group."""
+    warp where the mean passes 3/4 of a warp's loop step, and without a row count; a thread per
+    feature where D is not a power of two up to 32; GROUP forces the group."""
     w = _softmax_kernel._workers
     assert w(1, 1000, 1, 512_000) == (32, 1, 1000)
-    assert w(1, 1000, 1, 256_000) == (16, 1, 1000)
-    assert w(1, 1000, 1, 256_000, "segmented_softmax") == (32, 1, 1000)
+    assert w(1, 1000, 1, 192_000) == (16, 1, 1000)  # (3/4 of a warp's loop step of 256 rows)
+    assert w(1, 1000, 1, 193_000) == (32, 1, 1000)
+    assert w(1, 1000, 1, 96_000, itemsize=8) == (8, 1, 1000)  # (8-byte data: loop steps of 128 rows)
+    assert w(1, 1000, 1, 97_000, itemsize=8) == (32, 1, 1000)
+    assert w(1, 1000, 1, 128_000, "segmented_softmax") == (16, 1, 1000)
     assert w(1, 1000, 1, 100_000) == (8, 1, 1000)  # (6.25 lanes: 8)
     assert w(1, 1000, 1, 16_000) == (2, 1, 1000)
     assert w(1, 1000, 1, 16_000, "segmented_log_softmax") == (4, 1, 1000)
@@ -1240,7 +1243,7 @@ def test_kernel_lane_groups_follow_the_mean_length(monkeypatch):
     assert w(1, 1000, 3, 4_000) == (1, 1, 3000)
     assert w(1, 1000, 1) == (32, 1, 1000)  # (no row count: a warp)
     assert w(1, 0, 1, 0) == (32, 1, 0)
-    assert w(1, 1000, 1, 0) == (1, 1, 1000)
+    assert w(1, 1000, 1, 0) == (32, 1, 1000)  # (empty segments: nothing to launch)
     monkeypatch.setattr(_softmax_kernel, "GROUP", 4)
     assert w(1, 1000, 1, 256_000) == (4, 1, 1000)
     assert w(1, 1000, 8, 256_000) == (8, 8, 1000)
