@@ -95,7 +95,7 @@ BACKWARD_LANE_VALUES = 8
 #: 8-byte data in the forward), that workers of fewer lanes than a warp serve: the kernels hand a
 #: segment longer than that step to the whole warp, and where many are, that costs more than the
 #: groups save (H200, seventeenth run: mean 256 rows, logsumexp 130 us with 16 lanes against 100
-#: with a warp; at means of 16 and 64 rows the groups were 2.1-8x faster than a warp)
+#: with a warp; at means of 16 and 64 rows the groups were 1.7-7.8x faster than a warp)
 WHOLE_WARP_SHARE = 0.75
 
 _DOUBLE, _DOUBLE_BITS = struct.Struct("<d"), struct.Struct("<q")
