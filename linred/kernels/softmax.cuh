@@ -420,7 +420,8 @@ __device__ __forceinline__ void family_segment(const T* __restrict__ x, O* __res
         auto result = [&](A v) { return MODE == SOFTMAX_SOFTMAX ? exp(v - shift) * scale : (v - shift) - scale; };
         if constexpr (P == 2) {
             // Pairs of rows: one store of two results per whole pair; a pair that straddles the
-            // segment's bounds (a partial step) writes its rows in the segment one at a time.
+            // segment's bounds (a partial step) writes its rows in the segment one at a time (the
+            // result of a row outside it is computed from the fill value and dropped).
             typedef typename Pair<O>::type Q2;
             auto single = [&](i64 i) {  // one masked step of RS rows
                 A v[2];
