@@ -9,7 +9,8 @@
 //  - Limits, and the operations OpSum, OpProd, OpMax and OpMin (NaN-propagating), with the
 //    identity of the result dtype;
 //  - finish: a segment's result (a mean divides by the length, NaN when empty);
-//  - shfl_xor, VecOf (16-byte vectors);
+//  - shfl_xor, VecOf (16-byte vectors); warp_takes_long_segments (a warp's workers of fewer
+//    lanes hand it their long segments: softmax.cuh, softmax_grad.cuh);
 //  - building blocks of several families: block_combine (a fixed tree over a block),
 //    combine_registers and marked_pieces (a thread's elements in registers), and
 //    warp_flag_scan (a segmented scan over the lanes).
@@ -176,6 +177,21 @@ template <class O, bool MEAN, class A> __device__ __forceinline__ O finish(A acc
 
 // Shuffles move 32- or 64-bit words; narrow accumulators never occur (Promote).
 template <class A> __device__ __forceinline__ A shfl_xor(A v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+
+// Workers of G lanes that share a warp (G < 32) and hand their long segments to it: for each
+// worker whose `whole` is set (by its first lane, lane % G == 0), one at a time, every lane of the
+// warp calls f(b, bs, begin, end) with that worker's values (row of the batch, row of the batch *
+// m + segment, bounds).  Every lane of the warp calls it.
+template <int G, class F>
+__device__ __forceinline__ void warp_takes_long_segments(bool whole, i64 b, i64 bs, i64 begin, i64 end, F f) {
+    unsigned long_ones = __ballot_sync(0xffffffffu, whole && threadIdx.x % G == 0);
+    while (long_ones) {
+        const int src = __ffs(long_ones) - 1;
+        long_ones &= long_ones - 1;
+        f(__shfl_sync(0xffffffffu, b, src), __shfl_sync(0xffffffffu, bs, src), __shfl_sync(0xffffffffu, begin, src),
+          __shfl_sync(0xffffffffu, end, src));
+    }
+}
 
 // 16-byte vectors of T: the unit of every coalesced load.
 template <class T> struct VecOf {

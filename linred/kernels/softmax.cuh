@@ -524,18 +524,11 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
         const bool whole = GROUPS && end - begin > longest;  // (read by the whole warp, below)
         family_segment<T, A, O, MODE, G, DW, UNROLL, P>(x, out, n, D, b, bs, G == 1 ? w % D : 0, whole ? 0 : begin,
                                                         whole ? 0 : end, valid && !whole, ddof);
-        if constexpr (GROUPS) {
-            // the workers of this warp whose segments are long, one at a time by the whole warp
-            // (each named by its first lane)
-            unsigned long_ones = __ballot_sync(0xffffffffu, whole && threadIdx.x % G == 0);
-            while (long_ones) {
-                const int src = __ffs(long_ones) - 1;
-                long_ones &= long_ones - 1;
-                const i64 wb = __shfl_sync(0xffffffffu, b, src), wbs = __shfl_sync(0xffffffffu, bs, src);
-                const i64 wbegin = __shfl_sync(0xffffffffu, begin, src), wend = __shfl_sync(0xffffffffu, end, src);
+        if constexpr (GROUPS) {  // the long segments of this warp's workers, by the whole warp
+            warp_takes_long_segments<G>(whole, b, bs, begin, end, [&](i64 wb, i64 wbs, i64 wbegin, i64 wend) {
                 family_segment<T, A, O, MODE, 32, DW, WARP_UNROLL, 1>(x, out, n, D, wb, wbs, 0, wbegin, wend, true,
                                                                       ddof);
-            }
+            });
         }
     }
 }

@@ -126,15 +126,10 @@ __device__ __forceinline__ void softmax_grad(const TA* __restrict__ a, const R* 
         const bool whole = GROUPS && end - begin > longest;  // (read by the whole warp, below)
         grad_segment<TA, R, DX, C, MODE, G, DW>(a, g, res, dx, n, D, b, bs, G == 1 ? w % D : 0, whole ? 0 : begin,
                                                 whole ? 0 : end, ddof);
-        if constexpr (GROUPS) {
-            unsigned long_ones = __ballot_sync(0xffffffffu, whole && threadIdx.x % G == 0);
-            while (long_ones) {
-                const int src = __ffs(long_ones) - 1;
-                long_ones &= long_ones - 1;
-                const i64 wb = __shfl_sync(0xffffffffu, b, src), wbs = __shfl_sync(0xffffffffu, bs, src);
-                const i64 wbegin = __shfl_sync(0xffffffffu, begin, src), wend = __shfl_sync(0xffffffffu, end, src);
+        if constexpr (GROUPS) {  // the long segments of this warp's workers, by the whole warp
+            warp_takes_long_segments<G>(whole, b, bs, begin, end, [&](i64 wb, i64 wbs, i64 wbegin, i64 wend) {
                 grad_segment<TA, R, DX, C, MODE, 32, DW>(a, g, res, dx, n, D, wb, wbs, 0, wbegin, wend, ddof);
-            }
+            });
         }
     }
 }
