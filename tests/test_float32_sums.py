@@ -48,3 +48,35 @@ def test_a_strided_axis_of_constant_data(length):
     for value in CONSTANTS:
         x = np.asfortranarray(np.full((2, 3 * length), value, np.float32))
         assert _worst(linred.segmented_sum(x, length, axis=1), value, length) <= BOUND, value
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("segments", [1, 2, 3])
+@pytest.mark.parametrize("length", [129, 256, 1000, 4096, (1 << 16) + 37])
+def test_fixed_lengths_of_constant_data_by_columns(kind, segments, length, monkeypatch):
+    """Long segments of one column summed by columns (numpy backend: K rows of q columns, each sum
+    adding K values q apart; from 2^20 values a segment, here from 129): within the same bound."""
+    from linred.backends import numpy as numpy_backend
+
+    monkeypatch.setattr(numpy_backend, "COLUMNS_MIN_LENGTH", 129)
+    for value in CONSTANTS:
+        x = to_kind(np.full(segments * length, value, np.float32), kind)
+        assert _worst(linred.segmented_sum(x, length), value, length) <= BOUND, value
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("length", [1 << 20, (1 << 20) + 37])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_long_segments_by_columns_against_float64(kind, length, batch):
+    """Segments of 2^20 values and more (summed by columns, the remainder past K * q apart) in a
+    batch along axis 1: within 1e-6 of float64, and a NaN or an infinity gives NaN or inf."""
+    rng = np.random.default_rng(length + batch)
+    x = (rng.standard_normal((batch, 3 * length)) + 1).astype(np.float32)
+    x[0, 5] = np.nan
+    x[batch - 1, length + 7] = np.inf
+    expected = x.astype(np.float64).reshape(batch, 3, length).sum(axis=2)
+    got = to_numpy(linred.segmented_sum(to_kind(x, kind), length, axis=1)).astype(np.float64)
+    assert np.isnan(got[0, 0]) and got[batch - 1, 1] == np.inf
+    finite = np.isfinite(expected)
+    assert np.array_equal(np.isfinite(got), finite)
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-6)
