@@ -6,6 +6,7 @@ covers the same families over whole shape spaces.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 
@@ -179,6 +180,43 @@ def test_offsets_that_wrap_are_refused(array_kind, kwargs, match):
     kwargs = {k: to_kind(np.asarray(v), array_kind) if array_kind != "numpy" else v for k, v in kwargs.items()}
     with pytest.raises(ValueError, match=match):
         linred.segmented_sum(to_kind(np.arange(12.0), array_kind), **kwargs)
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32", "uint64", "int16"])
+def test_the_host_summary_of_offsets_is_the_comparisons(dtype):
+    """The NumPy adapter's summary of offsets (first, last, the first decrease, the shortest and
+    longest segment) takes the differences where they cannot have wrapped around and compares the
+    offsets otherwise: the same summary as comparing them, on random offsets, decreasing ones and
+    offsets near the dtype's limits whose differences wrap."""
+    from linred.arrays._numpy import NUMPY
+
+    def compared(c: np.ndarray) -> tuple[int, int, int, int, int]:
+        first, last = int(c[0]), int(c[-1])
+        if c.shape[0] < 2:
+            return first, last, -1, 0, 0
+        down = c[1:] < c[:-1]
+        if down.any():
+            return first, last, int(np.argmax(down)), 0, 0
+        steps = [int(b) - int(a) for a, b in itertools.pairwise(c.tolist())]
+        return first, last, -1, min(steps), max(steps)
+
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(len(dtype))
+    top, bottom = int(info.max), int(info.min)
+    fixed = [[0], [0, 3, 3, 7], [0, 5, 3, 7], [5, 7, 9], [0, top, bottom, 0], [0, top // 2, top, bottom, 4]]
+    fixed += [[0, top // 4, top // 2, bottom // 2 if bottom else 1, 0, 9]]
+    cases = [np.array(values, dtype) for values in fixed]
+    for _ in range(300):
+        scale = int(rng.choice([10, 1000, int(info.max) // 3]))
+        values = [0]
+        for _ in range(int(rng.integers(0, 11))):  # (steps up to a third of the range: some wrap)
+            values.append(min(int(info.max), values[-1] + int(rng.random() * scale)))
+        if rng.random() < 0.4 and len(values) > 1:  # (a decrease somewhere)
+            i = int(rng.integers(1, len(values)))
+            values[i] = max(int(info.min), values[i - 1] - 1)
+        cases.append(np.array(values, dtype))
+    for c in cases:
+        assert NUMPY.offsets_summary(c) == compared(c), c
 
 
 @pytest.mark.parametrize(

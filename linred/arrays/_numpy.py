@@ -87,6 +87,10 @@ def _lengths_to_offsets(xp: Any, lengths: Any) -> Any:
 
 
 _count_nonzero = getattr(np.count_nonzero, "_implementation", np.count_nonzero)
+# (the ufuncs themselves: ndarray.min and max go through Python wrappers, a microsecond a call)
+_subtract, _minimum, _maximum = np.subtract, np.minimum.reduce, np.maximum.reduce
+#: the largest value of each integer dtype (np.iinfo takes a microsecond a call)
+_INT_MAX = {np.dtype(t): int(np.iinfo(t).max) for t in np.typecodes["AllInteger"]}
 
 #: index dtypes used as they are (native byte order)
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
@@ -172,20 +176,32 @@ class NumpyAdapter(ArrayAdapter):
 
     def offsets_summary(self, offsets: np.ndarray) -> tuple[int, int, int, int, int]:
         first, last = int(offsets[0]), int(offsets[-1])
-        if offsets.shape[0] < 2:
+        count = offsets.shape[0] - 1
+        if count < 1:
             return first, last, -1, 0, 0
-        down = offsets[1:] < offsets[:-1]  # compared, not subtracted: differences may wrap
+        # The differences, which may wrap around, are the true ones where none is negative and
+        # first + count * the largest stays within the dtype: then no offset can have wrapped
+        # (each is at most first + its index times the largest difference).  Else the offsets
+        # are compared, which cannot wrap.  (Three passes for valid offsets, not five.)
+        steps = _subtract(offsets[1:], offsets[:-1])
+        lo, hi = int(_minimum(steps)), int(_maximum(steps))
+        if first >= 0 and lo >= 0 and first + count * hi <= _INT_MAX.get(offsets.dtype, -1):
+            return first, last, -1, lo, hi
+        down = offsets[1:] < offsets[:-1]
         if _count_nonzero(down):
             return first, last, int(np.argmax(down)), 0, 0
-        steps = np.diff(offsets)
+        steps = np.diff(offsets)  # (not decreasing: these do not wrap)
         return first, last, -1, int(steps.min()), int(steps.max())
 
     def lengths_summary(self, lengths: np.ndarray, offsets: np.ndarray) -> tuple[int, int, int, bool, int]:
         if lengths.shape[0] == 0:
             return 0, 0, 0, False, 0
-        lo, hi = int(lengths.min()), int(lengths.max())
+        lo, hi = int(_minimum(lengths)), int(_maximum(lengths))
         at = int(np.argmin(lengths)) if lo < 0 else 0
-        wrapped = bool(_count_nonzero(offsets[1:] < offsets[:-1]))
+        # (the int64 cumulative sums of lengths of at most hi, none negative, cannot wrap around
+        # where count * hi fits in int64; else the offsets are compared)
+        bounded = lo >= 0 and lengths.shape[0] * hi <= _INT_MAX[np.dtype(np.int64)] and offsets.dtype == np.int64
+        wrapped = False if bounded else bool(_count_nonzero(offsets[1:] < offsets[:-1]))
         return lo, at, hi, wrapped, int(offsets[-1])
 
     def lengths_to_offsets(self, lengths: np.ndarray) -> np.ndarray:
