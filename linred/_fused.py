@@ -40,6 +40,7 @@ from linred._frontend import normalize_axis
 from linred._functions import _remainder, segmented_max, segmented_mean, segmented_sum
 from linred._jax import _as_local, call_jax, is_jax
 from linred.arrays import as_array, namespace
+from linred.arrays.views import numpy_views
 from linred.backends import BackendName
 
 __all__ = [
@@ -339,9 +340,10 @@ def _compute(
     ``index_select`` on the host made the composition of 20,000 values 2.6x slower than
     NumPy's ``repeat``)."""
     if adapter.kind == "torch" and device is None and not grad and backend in ("auto", "numpy"):
-        views = _numpy_views(x, segments, result)
+        names = tuple(k for k in ("offsets", "lengths", "segment_ids") if segments.get(k) is not None)
+        views = None if result == "bfloat16" else numpy_views(x, *(segments[k] for k in names))
         if views is not None:
-            xn, host_segments = views
+            xn, host_segments = views[0], {**segments, **dict(zip(names, views[1:], strict=True))}
             xn, host = as_array(xn)
             r = _compute(name, body, xn, host, np, axis, in_name, compute, result, False, backend, check,
                          host_segments, None, None, shape, options)  # fmt: skip
@@ -352,21 +354,6 @@ def _compute(
     c = _Call(name, None, adapter, xp, axis, compute, result, grad, backend, check, segments, device, shape=shape)
     c.x = _astype(c, x, compute)
     return body(c, **options)
-
-
-def _numpy_views(x: Any, segments: dict[str, Any], result: str) -> tuple[Any, dict[str, Any]] | None:
-    """A CPU tensor and its segment tensors as the NumPy views of their memory, or None where
-    NumPy cannot view one (bfloat16, a conjugate or negative bit) or the result would be
-    bfloat16."""
-    if result == "bfloat16":
-        return None
-    try:
-        xn = x.numpy()
-        host = {k: (v.numpy() if k in ("offsets", "lengths", "segment_ids") and v is not None else v)
-                for k, v in segments.items()}  # fmt: skip
-    except (RuntimeError, TypeError):
-        return None
-    return xn, host
 
 
 def _torch_transformed() -> bool:

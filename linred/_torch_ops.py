@@ -36,6 +36,7 @@ from linred import _plan_cache
 from linred._arg import first_positions
 from linred._dtypes import dtype_name, resolve
 from linred._frontend import normalize_axis
+from linred.arrays.views import numpy_views
 
 __all__ = ["run", "segmented_reduce"]
 
@@ -70,7 +71,14 @@ def _call(
     with a stream or another backend take the tensor's own route.
     """
     if type(x) is Tensor and x.is_cpu and stream is None and type(backend) is str and backend in _HOST_BACKENDS:
-        views = _numpy_views(x, offsets, lengths, out)
+        # (a CUDA segment tensor is refused by the tensor's route with its own message, and an out
+        # that requires grad refused or detached there: those calls take it; so do outs that are
+        # not tensors)
+        views = (
+            None
+            if out is not None and type(out) is not Tensor
+            else numpy_views(x.detach() if x.requires_grad else x, offsets, lengths, out)
+        )
         if views is not None:
             xn, offs, lens, outn = views
             result = _plan_cache.call(reduction, xn, segment_length, offs, lens, axis, dtype, outn, backend, None,
@@ -83,29 +91,6 @@ def _call(
                 return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16)
             return torch.from_numpy(result)
     return _plan_cache.call(reduction, x, segment_length, offsets, lengths, axis, dtype, out, backend, stream, check)
-
-
-def _numpy_views(x: Tensor, offsets: Any, lengths: Any, out: Any) -> tuple | None:
-    """``(x, offsets, lengths, out)`` with each CPU tensor as its NumPy view (arguments that are
-    not tensors as they are), or None where one cannot be viewed: a CUDA tensor among them
-    (refused with the tensor's own message), or a tensor NumPy cannot view."""
-    try:
-        xn = (x.detach() if x.requires_grad else x).numpy()
-        if type(offsets) is Tensor:
-            if not offsets.is_cpu:
-                return None
-            offsets = offsets.numpy()
-        if type(lengths) is Tensor:
-            if not lengths.is_cpu:
-                return None
-            lengths = lengths.numpy()
-        if out is not None:
-            if type(out) is not Tensor or not out.is_cpu:
-                return None
-            out = out.numpy()  # (one that requires grad raises here: the tensor's route refuses or detaches it)
-    except (RuntimeError, TypeError):  # a conjugate or negative bit, a dtype NumPy lacks, a grad
-        return None
-    return xn, offsets, lengths, out
 
 
 _call._torchdynamo_disable = True  # type: ignore[attr-defined]  (as the plan cache: run eagerly)

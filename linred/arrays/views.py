@@ -3,13 +3,15 @@
 - :func:`host_view`: a NumPy view of a NumPy array or a CPU PyTorch tensor
   (bfloat16 included);
 - :func:`physical`: a PyTorch tensor without its lazy conjugate and negative bits,
-  for libraries that read the memory rather than the bits.
+  for libraries that read the memory rather than the bits;
+- :func:`numpy_views`: a call's CPU tensors as NumPy views, or None where one cannot be.
 
 Nothing here imports an array library beyond NumPy unless it is handed a tensor.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -43,3 +45,22 @@ def physical(x: Any) -> tuple[Any, bool]:
     if x.is_conj():
         return x.conj(), True
     return x, False
+
+
+def numpy_views(*values: Any) -> tuple[Any, ...] | None:
+    """``values`` with each PyTorch tensor among them as the NumPy view of its memory (no copy;
+    other values as they are), or None where one cannot be viewed: a tensor on another device
+    than the CPU, one that requires grad, with a conjugate or negative bit, or of a dtype NumPy
+    lacks (bfloat16).  For the calls on CPU tensors that NumPy's arrays serve."""
+    torch = sys.modules.get("torch")  # (no tensor without it)
+    views = []
+    for v in values:
+        if torch is not None and isinstance(v, torch.Tensor):
+            if not v.is_cpu:
+                return None
+            try:
+                v = v.numpy()
+            except (RuntimeError, TypeError):
+                return None
+        views.append(v)
+    return tuple(views)
