@@ -55,7 +55,7 @@ def test_a_strided_axis_of_constant_data(length):
 @pytest.mark.parametrize("length", [129, 256, 1000, 4096, (1 << 16) + 37])
 def test_fixed_lengths_of_constant_data_by_columns(kind, segments, length, monkeypatch):
     """Long segments of one column summed by columns (numpy backend: K rows of q columns, each sum
-    adding K values q apart; from 2^20 values a segment, here from 129): within the same bound."""
+    adding K values q apart; from 2^19 values a segment, here from 129): within the same bound."""
     from linred.backends import numpy as numpy_backend
 
     monkeypatch.setattr(numpy_backend, "COLUMNS_MIN_LENGTH", 129)
