@@ -611,7 +611,7 @@ ROWS_LOOP_MIN_ROWS = 16
 ROWS_LOOP_MIN_ELEMENTS = 512
 #: rows of one tile of the interval products (:func:`_tile_rows`).  Each partial sum adds at most
 #: this many rows in the data's dtype, in float64 afterwards (float32 positive data: 2e-7 to 6e-7
-#: off float64, as the 256-row blocks of the loop); a tile's 0/1 matrix is a gather from a table
+#: off float64, as the 128-row blocks of the loop); a tile's 0/1 matrix is a gather from a table
 #: of every interval ``[lo, hi)`` of a tile: (T + 1)(T + 2)/2 rows of T, 4.3 MB in float32
 TILE_ROWS = 128
 #: the tiles need more segments than this, and at least TILE_MIN_ELEMENTS of data: their set-up
