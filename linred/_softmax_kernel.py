@@ -198,7 +198,7 @@ def _workers(
         elif n is not None and m:
             values = n / m * features  # (a segment's, on average)
             # (the kernels hand a segment longer than a warp's loop step to the whole warp)
-            warp_rows = (8 if backward or itemsize <= 4 else 4) * 32 // max(features, 1)
+            warp_rows = (8 if backward else unroll(32, itemsize)) * 32 // max(features, 1)
             if values <= 0 or n / m > WHOLE_WARP_SHARE * warp_rows:  # (no data: no launch either)
                 group = 32
             elif features == 1 and values <= 8 and itemsize >= 4:

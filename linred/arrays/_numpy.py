@@ -91,6 +91,7 @@ _count_nonzero = getattr(np.count_nonzero, "_implementation", np.count_nonzero)
 _subtract, _minimum, _maximum = np.subtract, np.minimum.reduce, np.maximum.reduce
 #: the largest value of each integer dtype (np.iinfo takes a microsecond a call)
 _INT_MAX = {np.dtype(t): int(np.iinfo(t).max) for t in np.typecodes["AllInteger"]}
+_INT64, _INT64_MAX = np.dtype(np.int64), int(np.iinfo(np.int64).max)
 
 #: index dtypes used as they are (native byte order)
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
@@ -200,7 +201,7 @@ class NumpyAdapter(ArrayAdapter):
         at = int(np.argmin(lengths)) if lo < 0 else 0
         # (the int64 cumulative sums of lengths of at most hi, none negative, cannot wrap around
         # where count * hi fits in int64; else the offsets are compared)
-        bounded = lo >= 0 and lengths.shape[0] * hi <= _INT_MAX[np.dtype(np.int64)] and offsets.dtype == np.int64
+        bounded = lo >= 0 and lengths.shape[0] * hi <= _INT64_MAX and offsets.dtype == _INT64
         wrapped = False if bounded else bool(_count_nonzero(offsets[1:] < offsets[:-1]))
         return lo, at, hi, wrapped, int(offsets[-1])
 

@@ -453,17 +453,10 @@ __device__ __forceinline__ void family_segment(const T* __restrict__ x, O* __res
             A v[UNROLL];
             load_steps<UNROLL, RS, true>(p, i, last, D, (A)0, v);
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const A y = MODE == SOFTMAX_SOFTMAX ? exp(v[u] - shift) * scale : (v[u] - shift) - scale;
-                q[(i + (i64)u * RS) * D] = finish<O, false>(y, 1);
-            }
+            for (int u = 0; u < UNROLL; ++u) q[(i + (i64)u * RS) * D] = finish<O, false>(result(v[u]), 1);
         }
         for (; i < end; i += RS) {
-            if (i < last) {
-                const A v = to_acc<A>(p[i * D]);
-                const A y = MODE == SOFTMAX_SOFTMAX ? exp(v - shift) * scale : (v - shift) - scale;
-                q[i * D] = finish<O, false>(y, 1);
-            }
+            if (i < last) q[i * D] = finish<O, false>(result(to_acc<A>(p[i * D])), 1);
         }
     }
 }
