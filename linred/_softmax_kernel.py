@@ -40,6 +40,7 @@ import threading
 from typing import Any
 
 from linred._dtypes import HALF, REAL, dtype_name, itemsize
+from linred.backends.base import INT32_MAX
 from linred.kernels.compiler import CTYPES
 from linred.kernels.launch import PackedLaunch, multiprocessors, thread_launch
 from linred.segments import FixedSegments, parse_lengths, parse_offsets, parse_segments, verify
@@ -79,7 +80,8 @@ PAIRS = True
 #: noise either way; at 256, 1.5x slower)
 PAIRS_MIN_ROWS = 4096
 #: a worker's lanes for one feature column or a power of two of them (None: chosen by the mean
-#: segment length, :func:`_workers`); a power of two up to 32 forces it (tests and benchmarks)
+#: segment length, :func:`_workers`); a power of two up to 32 forces it, and the workers' kernel
+#: for logsumexp too (:data:`LSE_RUNS`; tests and benchmarks)
 GROUP: int | None = None
 #: the values of a segment each lane of a worker reads, about, and the fewest lanes of a worker
 #: whose segments hold more than 8 values, by function (else 16 and 2): the lanes per worker that
@@ -91,6 +93,10 @@ LANES = {"segmented_softmax": (8, 4), "segmented_log_softmax": (8, 4)}
 #: function (its passes are a lane's rows one at a time: at mean 256 rows, logsumexp's backward
 #: took 170 us with a warp per segment against 195 with 16 lanes; H200, seventeenth run)
 BACKWARD_LANE_VALUES = 8
+#: whether logsumexp of one feature column, computed in float32, is read by ``warp_reduce`` where
+#: its rows are 16-byte aligned (:func:`_by_runs`); False gives every call workers per segment, as
+#: :data:`GROUP` set does (tests and benchmarks compare the two)
+LSE_RUNS = True
 #: the longest mean segment, as a share of a warp's loop step of rows (8 steps of 32 / D; 4 for
 #: 8-byte data in the forward), that workers of fewer lanes than a warp serve: the kernels hand a
 #: segment longer than that step to the whole warp, and where many are, that costs more than the
@@ -125,13 +131,66 @@ def serves(
     if name in VARIANCE and in_name == "float64" and result != "float64":
         # (the composition computes in the narrower dtype, the kernel would read float64 values)
         return False
-    if not _enough_workers(x, axis, segments, adapter.device_of(x), name, itemsize=itemsize(in_name)):
+    runs = _by_runs(name, x, adapter, result, axis)  # (any lengths: a segment's tiles are shared out)
+    if not runs and not _enough_workers(x, axis, segments, adapter.device_of(x), name, itemsize=itemsize(in_name)):
         return False
     if "bfloat16" in (in_name, result):  # (bfloat16 conversions need compute capability 8.0, as nvrtc's kernels)
         from linred.backends.nvrtc import _compute_capability
 
         return _compute_capability(adapter.device_of(x)) >= (8, 0)
     return True
+
+
+def _by_runs(name: str, x: Any, adapter: Any, result: str, axis: int) -> bool:
+    """Whether ``name`` of ``x`` along ``axis`` is read by ``warp_reduce`` (:data:`LSE_RUNS`):
+    logsumexp of one feature column (C-contiguous ``x``), computed in float32 (a result other
+    than float64), every row of the batch 16-byte aligned.
+
+    ``warp_reduce`` (``linred/kernels/warp.cuh``) gives every lane its own consecutive values,
+    joins the pieces that cross lanes, warps and runs of tiles (``tile_fixup``), and so reads
+    segments of any lengths at the bandwidth of linred's sums; with ``lse.cuh``'s accumulator (a
+    piece's maximum and its sum of exps) it computes logsumexp in one read.  A worker per segment
+    runs its warp's loop as long as the warp's longest segment, and reads a long one alone.
+    float64 keeps the workers: its 16-byte accumulator makes ``warp_reduce`` spill."""
+    if not (LSE_RUNS and GROUP is None and name == "segmented_logsumexp" and result != "float64"):
+        return False
+    shape = tuple(x.shape)
+    if math.prod(shape[axis + 1 :]) != 1:
+        return False
+    row_bytes = shape[axis] * x.dtype.itemsize if axis else 0  # (rows of the batch: one after another)
+    return adapter.pointer(x) % 16 == 0 and row_bytes % 16 == 0
+
+
+#: per thread: the warp_reduce executors of logsumexp by their problem and the nvrtc options
+#: (each holds its partials; the least recently used beyond this many are dropped, not freed:
+#: another thread's call may be running one, as the plan cache's evicted plans)
+RUNS_CACHE_SIZE = 32
+
+
+def _runs(x: Any, out: Any, seg: Any, adapter: Any, device: int, stream: int, batch: int, n: int, m: int,
+          result: str) -> None:  # fmt: skip
+    """logsumexp of ``x`` (``batch`` rows of ``n`` values, one feature) into ``out`` by
+    ``warp_reduce`` with ``lse.cuh``'s accumulator and the nvrtc backend's executor, its
+    partials and fix-up (the offsets checked as they are read where ``seg`` has a check word)."""
+    from linred.backends.nvrtc import BACKEND
+    from linred.backends.nvrtc.executors import _WarpExecutor
+    from linred.problem import Problem
+
+    length, index = (seg.length, None) if isinstance(seg, FixedSegments) else (None, dtype_name(seg.offsets.dtype))
+    problem = Problem("logsumexp", adapter.kind, device, dtype_name(x.dtype), "float32", result, batch, n, 1,
+                      (n, 1, 1), m, length, index)  # fmt: skip
+    options = BACKEND.options
+    cache = getattr(_local, "runs", None)
+    if cache is None:
+        cache = _local.runs = {}
+    key = (problem, options)
+    executor = cache.pop(key, None)  # (put back last: the dict's order is the use order)
+    if executor is None:
+        executor = _WarpExecutor(problem, options)
+        while len(cache) >= RUNS_CACHE_SIZE:
+            del cache[next(iter(cache))]
+    cache[key] = executor
+    executor(x, out, seg, stream)
 
 
 def _enough_workers(
@@ -289,7 +348,9 @@ def run(
     out_shape = shape if name not in PER_SEGMENT else (*shape[:axis], m, *shape[axis + 1 :])
     out = adapter.allocator(result, device)(out_shape)
     group, width, workers = _workers(batch, m, features, n, name, itemsize=x.dtype.itemsize)
-    if workers and features:
+    if workers and n and m <= INT32_MAX and _by_runs(name, x, adapter, result, axis):
+        _runs(x, out, seg, adapter, device, stream, batch, n, m, result)
+    elif workers and features:
         if isinstance(seg, FixedSegments):
             index_dtype, offsets_pointer, word, length = None, 0, 0, seg.length
         else:

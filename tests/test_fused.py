@@ -1411,3 +1411,276 @@ def test_what_the_gpu_kernel_serves(monkeypatch):
     assert not serves_var("float64", "float32") and not serves_var("float64", "float16")
     monkeypatch.setattr(linred.backends, "unavailable", lambda name: "no GPU")
     assert not serves(offsets)
+
+
+# --- logsumexp of one column by warp_reduce (linred/kernels/lse.cuh) ---
+
+
+def _lse_reference(x: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """logsumexp of the rows of ``x`` (batch, n) in the segments of ``offsets``, float64, by the
+    composition's formula: the shift is the segment's maximum, 0 where that is not finite (so
+    NaN gives NaN, +inf +inf, all -inf and empty -inf)."""
+    lengths = np.diff(offsets)
+    full = lengths > 0
+    starts = offsets[:-1][full]
+    out = np.full((x.shape[0], len(lengths)), -np.inf)
+    for b, row in enumerate(x.astype(np.float64)):
+        if not starts.size:
+            continue
+        mx = np.maximum.reduceat(row, starts)
+        shift = np.where(np.isfinite(mx), mx, 0.0)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            total = np.add.reduceat(np.exp(row - np.repeat(shift, lengths[full])), starts)
+            out[b, full] = np.log(total) + shift
+    return out
+
+
+def _lse_cuts(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Offsets over ``n`` rows that cross every boundary of warp_reduce's tiling at k * T - 1,
+    k * T and k * T + 1: its tiles (256 values), runs of 2 to 16 tiles, blocks of 8 runs; with
+    empty segments, short ones (0 to 40 values) and one spanning thousands of tiles."""
+    cuts = set()
+    for t in (256, 512, 1024, 2048, 4096, 8192, 32_768):
+        for k in rng.integers(1, max(2, n // t), 3):
+            cuts.update(int(k) * t + d for d in (-1, 0, 1))
+    cuts.update(range(0, 2_000, 7))
+    cuts.update(int(v) for v in np.cumsum(rng.integers(0, 41, n // 20)) + n // 2)
+    long_start, long_end = n // 8, n // 8 + 100_003
+    cuts = {c for c in cuts if 0 < c < n and not long_start < c < long_end} | {long_start, long_end}
+    inner = np.sort(np.array([*sorted(cuts), 2_000, 2_000, 2_000]))  # (repeats: empty segments)
+    return np.concatenate([[0], inner, [n]]).astype(np.int64)
+
+
+def _lse_specials(x: np.ndarray, offsets: np.ndarray) -> None:
+    """NaN, infinities and all -inf segments in ``x`` (its last axis), some in segments that span
+    tiles and runs: a NaN in the long segment, a +inf in another that spans a run, a segment of
+    -inf that spans a tile, +inf with -inf, and lone ones among short segments."""
+    lengths = np.diff(offsets)
+    order = np.argsort(-lengths)
+    long0, long1, long2 = (int(i) for i in order[:3])
+    x[..., offsets[long0] + lengths[long0] // 2] = np.nan
+    x[..., offsets[long1] + 3] = np.inf
+    x[..., offsets[long2] : offsets[long2 + 1]] = -np.inf
+    short = [int(i) for i in np.flatnonzero((lengths > 2) & (lengths < 30))[:6]]
+    x[..., offsets[short[0]]] = np.inf
+    x[..., offsets[short[1]] : offsets[short[1] + 1]] = -np.inf
+    x[..., offsets[short[2]]] = np.inf
+    x[..., offsets[short[2]] + 1] = -np.inf
+    x[..., offsets[short[3]] + 1] = np.nan
+    x[..., offsets[short[4]]] = -np.inf
+
+
+@pytest.fixture
+def lse_runs(monkeypatch):
+    """Records the calls logsumexp's warp_reduce route served (linred._softmax_kernel._runs)."""
+    calls = []
+    real = _softmax_kernel._runs
+    monkeypatch.setattr(_softmax_kernel, "_runs", lambda *a, **k: calls.append(a[6:9]) or real(*a, **k))
+    return calls
+
+
+LSE_TOLERANCE = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("spec", ["offsets", "offsets32", "lengths"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_gpu_lse_runs_tiling(lse_runs, kind, dtype, spec, batch):
+    """Offsets crossing warp_reduce's tiles, runs and blocks (each at k * T - 1, k * T, k * T + 1),
+    a segment of 100,003 values spanning runs, empty and short segments, NaN and infinities in
+    segments within and across tiles; one row or a batch (axis 1), a fused fix-up (small rows) and
+    a fix-up of its own (many runs); against float64 NumPy, and the same NaN and infinities as
+    the workers' kernel."""
+    if kind == "cupy" and dtype == "bfloat16":
+        pytest.skip("CuPy has no bfloat16")
+    rng = np.random.default_rng(batch + len(spec))
+    for n in (300_000, 4_000_000):
+        offsets = _lse_cuts(n, rng)
+        x = (rng.normal(size=(batch, n)) * 4).astype(np.float32)
+        _lse_specials(x, offsets)
+        xd = x.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+        expected = _lse_reference(xd.astype(np.float64), offsets)
+        data = _gpu_array(xd if batch > 1 else xd[0], kind, dtype if dtype == "bfloat16" else None)
+        if dtype == "bfloat16":
+            data = torch.as_tensor(x if batch > 1 else x[0], device="cuda").bfloat16()
+        seg = offsets.astype(np.int32) if spec == "offsets32" else offsets
+        kwargs = {"lengths": _gpu_array(np.diff(offsets), kind)} if spec == "lengths" else {
+            "offsets": _gpu_array(seg, kind)}  # fmt: skip
+        got = linred.segmented_logsumexp(data, axis=batch > 1, **kwargs)
+        got64 = to_numpy(got.float() if dtype == "bfloat16" else got).astype(np.float64).reshape(batch, -1)
+        np.testing.assert_array_equal(np.isnan(got64), np.isnan(expected))
+        np.testing.assert_array_equal(np.isposinf(got64), np.isposinf(expected))
+        np.testing.assert_array_equal(np.isneginf(got64), np.isneginf(expected))
+        finite = np.isfinite(expected)
+        tol = LSE_TOLERANCE[dtype]
+        np.testing.assert_allclose(got64[finite], expected[finite], rtol=tol, atol=tol)
+    assert [c[1:] for c in lse_runs] == [(batch, 300_000), (batch, 4_000_000)]
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("length", [1, 3, 255, 256, 257, 4_097, 100_003])
+def test_gpu_lse_runs_fixed_lengths(lse_runs, kind, length):
+    """A fixed length (FixedOffsets), from one value to segments that span runs, float32 and
+    float16 data with a float32 result (dtype=), against float64 NumPy."""
+    rng = np.random.default_rng(length)
+    m = max(2, 400_000 // length)
+    n = m * length
+    x = (rng.normal(size=n) * 4).astype(np.float32)
+    offsets = np.arange(m + 1, dtype=np.int64) * length
+    got = linred.segmented_logsumexp(_gpu_array(x, kind), length)
+    check(got, _lse_reference(x[None], offsets)[0], "float32", 2e-5)
+    h = x.astype(np.float16)
+    got = linred.segmented_logsumexp(_gpu_array(h, kind), length, dtype="float32")
+    check(got, _lse_reference(h[None].astype(np.float64), offsets)[0], "float32", 2e-5)
+    assert len(lse_runs) == 2
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+def test_gpu_lse_runs_only_where_rows_are_aligned(lse_runs, kind, monkeypatch):
+    """warp_reduce reads 16-byte aligned rows: data 4 bytes past an aligned address, and a batch
+    whose rows are not whole 16-byte vectors, go to the workers' kernel, as do float64 results,
+    feature rows, and every call with LSE_RUNS off or GROUP set; each right."""
+    monkeypatch.setattr(_softmax_kernel, "MIN_WORKERS_PER_SM", 0)
+    rng = np.random.default_rng(5)
+    offsets = np.array([0, 3, 3, 700, 1_001, 2_002])
+    base = (rng.normal(size=2_003) * 4).astype(np.float32)
+    whole = _gpu_array(base, kind)
+    expected = _lse_reference(base[None, 1:], offsets)[0]
+    got = linred.segmented_logsumexp(whole[1:], offsets=_gpu_array(offsets, kind))  # (4 bytes off)
+    check(got, expected, "float32", 2e-5)
+    assert lse_runs == []
+    odd = (rng.normal(size=(2, 1_001)) * 4).astype(np.float32)  # (rows of 4,004 bytes)
+    off2 = _gpu_array(offsets[:-1], kind)
+    check(linred.segmented_logsumexp(_gpu_array(odd, kind), offsets=off2, axis=1), _lse_reference(odd, offsets[:-1]),
+          "float32", 2e-5)  # fmt: skip
+    assert lse_runs == []
+    even = odd[:, :1_000].copy()  # (rows of 4,000 bytes)
+    check(linred.segmented_logsumexp(_gpu_array(even, kind), offsets=_gpu_array(offsets[:-2], kind), axis=1),
+          _lse_reference(even, offsets[:-2]), "float32", 2e-5)  # fmt: skip
+    assert len(lse_runs) == 1
+    x = base[:2_002]
+    linred.segmented_logsumexp(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind), dtype="float64")
+    linred.segmented_logsumexp(_gpu_array(np.stack([x, x], 1), kind), offsets=_gpu_array(offsets, kind))
+    monkeypatch.setattr(_softmax_kernel, "GROUP", 4)
+    check(linred.segmented_logsumexp(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind)),
+          _lse_reference(x[None], offsets)[0], "float32", 2e-5)  # fmt: skip
+    monkeypatch.setattr(_softmax_kernel, "GROUP", None)
+    monkeypatch.setattr(_softmax_kernel, "LSE_RUNS", False)
+    linred.segmented_logsumexp(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind))
+    assert len(lse_runs) == 1
+    monkeypatch.setattr(_softmax_kernel, "LSE_RUNS", True)
+    linred.segmented_logsumexp(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind))
+    assert len(lse_runs) == 2
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+def test_gpu_lse_runs_checks_the_offsets(lse_runs, kind):
+    """check=True: warp_reduce checks the offsets as it reads them (its CHECKED variant and the
+    fix-up's test of the runs' walks): broken offsets raise the host's message, small calls (the
+    fix-up in the last block) and large ones (a fix-up of its own); valid calls after them are
+    right, with check=True and False."""
+    rng = np.random.default_rng(9)
+    for n in (5_000, 3_000_000):
+        x = (rng.normal(size=n) * 4).astype(np.float32)
+        good = np.array([0, 10, 10, n // 3, n // 2, n])
+        bads = ([1, 10, 10, n // 3, n // 2, n], [0, 10, 5, n // 3, n // 2, n], [0, 10, 10, n // 3, n // 2, n - 1],
+                [0, -4, 10, n // 3, n // 2, n], [0, 10, 10, 2**40, n // 2, n], [0, 10, 10, n // 2, n // 3, n],
+                [0, 10, 10, n // 3, n // 2, n + 1])  # fmt: skip
+        for bad in bads:
+            try:
+                linred.segmented_logsumexp(x, offsets=np.array(bad))
+                raise AssertionError(f"the host accepts {bad}")
+            except ValueError as e:
+                expected = str(e)
+            with pytest.raises(ValueError, match=re.escape(expected)):
+                linred.segmented_logsumexp(_gpu_array(x, kind), offsets=_gpu_array(np.array(bad), kind))
+        for check_ in (True, False):
+            got = linred.segmented_logsumexp(_gpu_array(x, kind), offsets=_gpu_array(good, kind), check=check_)
+            check(got, _lse_reference(x[None], good)[0], "float32", 2e-5)
+    assert len(lse_runs) == 2 * (len(bads) + 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs PyTorch with CUDA")
+def test_gpu_lse_runs_on_streams_and_with_autograd(lse_runs):
+    """Calls on a side stream and the current one in turn (the executor's partials ordered between
+    them), and a tensor that requires grad (the forward of the recorded Function), each right."""
+    rng = np.random.default_rng(11)
+    n = 2_000_000
+    offsets = np.unique(np.r_[0, rng.integers(0, n, 50_000), n])
+    x = (rng.normal(size=n) * 4).astype(np.float32)
+    expected = _lse_reference(x[None], offsets)[0]
+    t, off = torch.as_tensor(x, device="cuda"), torch.as_tensor(offsets, device="cuda")
+    side = torch.cuda.Stream()
+    for _ in range(3):
+        with torch.cuda.stream(side):
+            a = linred.segmented_logsumexp(t, offsets=off)
+        b = linred.segmented_logsumexp(t, offsets=off, stream=side)
+        side.synchronize()
+        c = linred.segmented_logsumexp(t, offsets=off)
+        for r in (a, b, c):
+            check(r, expected, "float32", 2e-5)
+    tg = t.clone().requires_grad_()
+    y = linred.segmented_logsumexp(tg, offsets=off)
+    check(y.detach(), expected, "float32", 2e-5)
+    (g,) = torch.autograd.grad(y.sum(), tg)
+    softmax = np.exp(x - np.repeat(expected, np.diff(offsets)))
+    np.testing.assert_allclose(g.cpu().numpy(), softmax, rtol=1e-4, atol=1e-6)
+    assert len(lse_runs) == 10
+
+
+def test_lse_runs_route(monkeypatch):
+    """(No GPU needed.) Which logsumexp calls warp_reduce serves: one feature column, a float32
+    computation, rows 16-byte aligned, LSE_RUNS on and GROUP unset; and serves() then takes any
+    mean length (a segment's tiles are shared out), where the workers stop at MAX_MEAN_ROWS."""
+
+    class Adapter:
+        kind = "cupy"
+
+        def __init__(self, address):
+            self.address = address
+
+        def pointer(self, x):
+            return self.address
+
+        def device_of(self, x):
+            return 0
+
+        def is_c_contiguous(self, x):
+            return True
+
+    def x(*shape, itemsize=4):
+        return type("X", (), {"shape": shape, "dtype": np.dtype(f"f{itemsize}")})()
+
+    by_runs = _softmax_kernel._by_runs
+    lse = "segmented_logsumexp"
+    assert by_runs(lse, x(1_000), Adapter(256), "float32", 0)
+    assert by_runs(lse, x(1_000, itemsize=2), Adapter(256), "float16", 0)
+    assert by_runs(lse, x(1_000, 1), Adapter(256), "float32", 0)  # (a feature axis of 1)
+    assert by_runs(lse, x(3, 1_000), Adapter(256), "float32", 1)  # (rows of 4,000 bytes)
+    assert not by_runs(lse, x(3, 1_001), Adapter(256), "float32", 1)  # (rows of 4,004 bytes)
+    assert not by_runs(lse, x(3, 1_004, itemsize=2), Adapter(256), "float16", 1)  # (2,008 bytes)
+    assert by_runs(lse, x(3, 1_008, itemsize=2), Adapter(256), "float16", 1)
+    assert not by_runs(lse, x(1_000), Adapter(260), "float32", 0)
+    assert not by_runs(lse, x(1_000, 2), Adapter(256), "float32", 0)
+    assert not by_runs(lse, x(1_000), Adapter(256), "float64", 0)
+    assert by_runs(lse, x(1_000, itemsize=8), Adapter(256), "float32", 0)  # (float64 data, dtype=float32)
+    assert not by_runs("segmented_softmax", x(1_000), Adapter(256), "float32", 0)
+    monkeypatch.setattr(_softmax_kernel, "GROUP", 2)
+    assert not by_runs(lse, x(1_000), Adapter(256), "float32", 0)
+    monkeypatch.setattr(_softmax_kernel, "GROUP", None)
+    monkeypatch.setattr(_softmax_kernel, "LSE_RUNS", False)
+    assert not by_runs(lse, x(1_000), Adapter(256), "float32", 0)
+    monkeypatch.setattr(_softmax_kernel, "LSE_RUNS", True)
+
+    from linred.backends import nvrtc
+
+    monkeypatch.setattr(linred.backends, "unavailable", lambda name: None)
+    monkeypatch.setattr(nvrtc, "_compute_capability", lambda device: (9, 0))
+    monkeypatch.setattr(_softmax_kernel, "multiprocessors", lambda device: 132)
+    rows = _softmax_kernel.MAX_MEAN_ROWS
+    one = {"offsets": np.array([0, 4 * rows])}
+    for name, result, served in ((lse, "float32", True), (lse, "float64", False), ("segmented_var", "float32", False)):
+        assert _softmax_kernel.serves(name, x(4 * rows), Adapter(256), "float32", result, one, "auto", False,
+                                      True) is served, name  # fmt: skip

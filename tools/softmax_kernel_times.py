@@ -15,7 +15,9 @@ in segments of 1 .. 31 and 1 .. 8191 rows), and smaller calls (2M x 8, 4M x 1, 4
 instead of two (the kernel before pairs of rows); ``--group G`` forces the lanes of a worker.
 Short segments (``m4`` to ``m64``, 8 features ``8Mx8``) compare the lanes per worker.
 ``--backward`` times ``torch.autograd.grad`` of a result instead (the backward kernel, and
-autograd's own work per call).
+autograd's own work per call).  ``--workers`` gives logsumexp of one column workers per segment
+(``linred._softmax_kernel.LSE_RUNS = False``) where ``warp_reduce`` reads it by default (longer
+means than ``MAX_MEAN_ROWS``, ``64Mx1 m1M``, then go to the composition).
 
 ``--accuracy`` prints instead the relative error of the float32 results against float64 (the
 same data) for logsumexp, softmax, log_softmax, var and std on 4,000,000 values (and var and
@@ -57,6 +59,10 @@ CASES = {
     "8Mx8 m64": (1 << 23, 8, 64, "float32", False),
     "4Mx1 m20": (4_000_000, 1, 20, "float32", False),
     "64Mx1 m16 huge": (1 << 26, 1, 16, "float32", 40_000),
+    "64Mx1 m1024": (1 << 26, 1, 1024, "float32", False),
+    "64Mx1 m16384": (1 << 26, 1, 16384, "float32", False),
+    "64Mx1 m1M": (1 << 26, 1, 1 << 20, "float32", False),
+    "64Mx1 m4 f16": (1 << 26, 1, 4, "float16", False),
     "32Mx1 m256 f64": (1 << 25, 1, 256, "float64", False),
     "2Mx8 m32": (2_000_000, 8, 32, "float32", False),
     "4Mx1 m64": (4_000_000, 1, 64, "float32", False),
@@ -166,6 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--single-rows", action="store_true",
                         help="16-bit data read a row at a time (linred._softmax_kernel.PAIRS = False)")  # fmt: skip
     parser.add_argument("--accuracy", action="store_true", help="relative errors against float64 instead of times")
+    parser.add_argument("--workers", action="store_true",
+                        help="logsumexp of a column by workers (linred._softmax_kernel.LSE_RUNS = False)")  # fmt: skip
     args = parser.parse_args(argv)
     from linred import _softmax_kernel
 
@@ -173,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
         _softmax_kernel.PAIRS = False
     if args.group:
         _softmax_kernel.GROUP = args.group
+    if args.workers:
+        _softmax_kernel.LSE_RUNS = False
     if args.accuracy:
         accuracy(args.label)
     else:

@@ -175,8 +175,24 @@ template <class O, bool MEAN, class A> __device__ __forceinline__ O finish(A acc
     }
 }
 
-// Shuffles move 32- or 64-bit words; narrow accumulators never occur (Promote).
+// Shuffles of an accumulator: 32- or 64-bit words (narrow accumulators never occur: Promote), or a
+// struct of them with overloads of its own (lse.cuh).
 template <class A> __device__ __forceinline__ A shfl_xor(A v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+template <class A> __device__ __forceinline__ A shfl_up(A v, int d) { return __shfl_up_sync(0xffffffffu, v, d); }
+template <class A> __device__ __forceinline__ A shfl_idx(A v, int src) { return __shfl_sync(0xffffffffu, v, src); }
+
+// exp(t) for a term of a sum of exps whose largest term is 1 (t = x - the segment's maximum;
+// softmax.cuh, lse.cuh):
+// float: 2^(t log2 e) by ex2.approx.ftz (2 instructions in place of about 8 for expf; within
+// 2 + 1.2 |t| ulp of exp(t) (the error of __expf), so a term's error is at most about 0.5 ulp of
+// the largest term, and a term below 2^-126 counts as 0, far below an ulp of the sum);
+// double: exp.
+__device__ __forceinline__ float sum_exp(float t) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t * 1.4426950408889634f));
+    return r;
+}
+__device__ __forceinline__ double sum_exp(double t) { return exp(t); }
 
 // Workers of G lanes that share a warp (G < 32) and hand their long segments to it: for each
 // worker whose `whole` is set (by its first lane, lane % G == 0), one at a time, every lane of the
@@ -259,7 +275,7 @@ template <class A, class OP> __device__ __forceinline__ A warp_flag_scan(A value
     const int lo = upto ? 31 - __clz(upto) : 0;  // the lowest lane this one may take from
 #pragma unroll
     for (int d = 1; d < 32; d *= 2) {
-        const A v_up = __shfl_up_sync(0xffffffffu, value, d);
+        const A v_up = shfl_up(value, d);
         if (lane - d >= lo) value = OP::combine(v_up, value);
     }
     return value;

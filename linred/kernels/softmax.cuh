@@ -225,18 +225,6 @@ template <> __device__ __forceinline__ float nan_max(float a, float b) {
 }
 #endif
 
-// exp(t) for a term of a sum of exps whose largest term is 1 (t = x - the segment's maximum):
-// float: 2^(t log2 e) by ex2.approx.ftz (2 instructions in place of about 8 for expf; within
-// 2 + 1.2 |t| ulp of exp(t) (the error of __expf), so a term's error is at most about 0.5 ulp of
-// the largest term, and a term below 2^-126 counts as 0, far below an ulp of the sum);
-// double: exp.
-__device__ __forceinline__ float sum_exp(float t) {
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t * 1.4426950408889634f));
-    return r;
-}
-__device__ __forceinline__ double sum_exp(double t) { return exp(t); }
-
 // float16, bfloat16 and float32: the data variance_one_pass serves (exact in double, and so are
 // their differences but for values 2^29 times apart).
 template <class T> struct IsNarrowFloat { static constexpr bool value = false; };

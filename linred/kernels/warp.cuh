@@ -263,9 +263,9 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
             // (where a lane at or before this one has a mark) or since t0.
             const unsigned starts = __ballot_sync(0xffffffffu, mask != 0);
             acc = warp_flag_scan<A, OP>(acc, starts, lane);
-            A before = __shfl_up_sync(0xffffffffu, acc, 1);
+            A before = shfl_up(acc, 1);
             if (lane == 0) before = identity;
-            const A total = __shfl_sync(0xffffffffu, acc, 31);
+            const A total = shfl_idx(acc, 31);
             if (mask) {
                 const int p = r0 + __ffs(mask) - 1;
                 // The segment open at r0 ends at the lane's first mark p.

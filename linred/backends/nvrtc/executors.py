@@ -28,6 +28,7 @@ from linred.backends.nvrtc.kernels import (
     FEATURE_TILE_ROWS,
     FUSED_FIXUP_PASSES,
     acc_dtype,
+    acc_words,
     feature_partial_dtype,
     features_long_chunks,
     features_long_rows,
@@ -268,12 +269,12 @@ class _Runs:
         self._runs_per_row = -(-self._tiles_per_row // k)
         self._runs = b * self._runs_per_row
         self._grid = -(-self._runs // per_block)
-        acc = acc_dtype(problem)
-        self._head = launch.empty(self._runs, acc)
-        self._tail = launch.empty(self._runs, acc)
+        acc, words = acc_dtype(problem), acc_words(problem)
+        self._head = launch.empty(self._runs * words, acc)
+        self._tail = launch.empty(self._runs * words, acc)
         self._tail_seg = launch.empty(self._runs, "int64")
         # The heads of each block's runs, joined (where a block holds several runs).
-        self._group_head = launch.empty(self._grid, acc) if per_block > 1 else None
+        self._group_head = launch.empty(self._grid * words, acc) if per_block > 1 else None
         self._order = launch.stream_order()  # the partials (and bounds) serve one stream at a time
         # Offsets: the first segment of every tile, found once per call by linred_bounds.
         count = self._tiles_per_row + 1
@@ -435,6 +436,8 @@ class _WarpExecutor(_Runs):
         # Whole 16-byte vectors of every row (and segment indices that fit the int of its
         # per-tile table), else tile_reduce.
         if not self._rows_aligned(xp) or problem.num_segments > INT32_MAX:
+            if problem.reduction == "logsumexp":  # (tile_reduce has no LseAcc: the caller checks both)
+                raise ValueError("warp_reduce's logsumexp needs 16-byte aligned rows and at most 2^31 - 1 segments")
             if word and not self._checked_first(segments, stream):
                 return  # (the word is set: the caller raises)
             if self._tiles is None:

@@ -64,6 +64,17 @@ def acc_dtype(problem: Problem) -> str:
     return max((compare, _COMPARE_IN.get(out, out)), key=itemsize)
 
 
+def acc_words(problem: Problem) -> int:
+    """Words of :func:`acc_dtype` in an accumulator of the kernels: 2 for logsumexp (``LseAcc``:
+    a piece's maximum and its sum of exps, lse.cuh), else 1."""
+    return 2 if problem.reduction == "logsumexp" else 1
+
+
+def acc_bytes(problem: Problem) -> int:
+    """Bytes of an accumulator of the kernels (``sizeof(A)``)."""
+    return itemsize(acc_dtype(problem)) * acc_words(problem)
+
+
 def vec(problem: Problem) -> int:
     return 16 // itemsize(problem.dtype)
 
@@ -154,12 +165,12 @@ def long_unroll(problem: Problem, tuning: NvrtcOptions) -> int:
 
 def warp_items(problem: Problem) -> int:
     """Elements per lane of warp_reduce: WarpShared::ITEMS in warp.cuh."""
-    return max(vec(problem), 8 if itemsize(acc_dtype(problem)) == 8 else 16)
+    return max(vec(problem), 8 if acc_bytes(problem) == 8 else 16)
 
 
 def warp_shared_bytes(problem: Problem, tuning: NvrtcOptions) -> int:
     """Dynamic shared memory of linred_warp: WarpShared::WARP_BYTES per warp of a block (warp.cuh)."""
-    acc = itemsize(acc_dtype(problem))
+    acc = acc_bytes(problem)
     wt = 32 * warp_items(problem)
     pieces = -(-(wt + wt // 16 * max(1, 16 // acc)) * acc // 16) * 16
     return tuning.threads // 32 * (pieces + -(-wt // 32) * 4 + 48)  # 48: WarpState
@@ -177,13 +188,18 @@ def tile_shared_bytes(problem: Problem, vecload: bool, tuning: NvrtcOptions) -> 
 
 # --- the programs: a kernel family's header and its entry points -------------------
 
-_OPS = {"sum": "OpSum", "mean": "OpSum", "max": "OpMax", "min": "OpMin", "prod": "OpProd"}
+#: the operation of each reduction; "logsumexp" is served by warp_reduce alone (lse.cuh), for the
+#: softmax family's kernel (linred._softmax_kernel), not as a reduction of the public functions
+_OPS = {"sum": "OpSum", "mean": "OpSum", "max": "OpMax", "min": "OpMin", "prod": "OpProd", "logsumexp": "OpLse"}
 
 
 def kernel_types(problem: Problem) -> tuple[str, str, str, str, str]:
     """C types of the data, result and accumulator, the operation, and MEAN."""
     mean = "true" if problem.reduction == "mean" else "false"
-    return CTYPES[problem.dtype], CTYPES[problem.out_dtype], CTYPES[acc_dtype(problem)], _OPS[problem.reduction], mean
+    acc = CTYPES[acc_dtype(problem)]
+    if problem.reduction == "logsumexp":
+        acc = f"LseAcc<{acc}>"
+    return CTYPES[problem.dtype], CTYPES[problem.out_dtype], acc, _OPS[problem.reduction], mean
 
 
 def _offsets(problem: Problem, index_ctype: str) -> str:
@@ -244,8 +260,9 @@ def warp_wrapper(
     wt, group = 32 * warp_items(problem), threads // 32
     smem = warp_shared_bytes(problem, tuning)
     ch, fu = ("true" if flag else "false" for flag in (checked, fused))
+    lse = '#include "lse.cuh"\n' if problem.reduction == "logsumexp" else ""  # (before the templates it overloads for)
     return (
-        '#include "warp.cuh"\n#include "fixup.cuh"\n'
+        f'{lse}#include "warp.cuh"\n#include "fixup.cuh"\n'
         f"LINRED_WARP({t}, {a}, {o}, {op}, {mean}, {threads}, {min_blocks}, {k}, {index_ctype}, {offsets}, {wt}, "
         f"{smem}, {ch}, {fu}, {group})\n"
         f"LINRED_FIXUP({t}, {a}, {o}, {op}, {mean}, {threads}, {wt}, {group}, {index_ctype}, {offsets}, {ch})\n"

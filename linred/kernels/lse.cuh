@@ -1,0 +1,83 @@
+// logsumexp as a reduction: the accumulator and operation warp_reduce and tile_fixup take to
+// compute a segmented logsumexp of one feature column in one read of the data.
+//
+// Holds:
+//  - LseAcc<F>: a piece of a segment as (m, s), its maximum and the sum of exp(x - m) over its
+//    values, so that its logsumexp is m + log(s); a value x is the piece (x, 1), nothing is
+//    (-inf, 0);
+//  - OpLse: its identity and combine, which rescales the sum of the piece with the smaller
+//    maximum (one exp per combine: exp(-|m1 - m2|));
+//  - the overloads of shfl_xor, shfl_up, shfl_idx (common.cuh) and load (fixup.cuh) that move an
+//    LseAcc as its two words.
+//
+// warp_reduce (warp.cuh) reads any segments of aligned contiguous rows at the bandwidth of its
+// sums whatever their lengths: every lane reads its own consecutive values and the pieces that
+// cross lanes, warps and runs are joined by the segmented scan and the fix-up, so a long segment
+// among short ones is read by as many warps as its tiles, and short segments leave no lane idle
+// (softmax.cuh gives each segment a worker of 1 to 32 lanes, whose loop runs as long as its
+// warp's longest segment).  Include this header before warp.cuh and fixup.cuh: the overloads
+// must be declared before the templates that call them.
+//
+// The results are those of softmax.cuh's logsumexp (the composition's formula, the shift being
+// the segment's maximum, or 0 where that is not finite) for every value: a segment holding NaN
+// gives NaN (a NaN value makes s NaN, and every combine keeps it), one holding +inf (and no NaN)
+// gives +inf, an all -inf or empty one gives -inf (-inf + log(s), s = 0 for an empty one), and
+// the others m + log(s) with m their maximum, as the composition's log(sum) + shift.  The exps
+// are sum_exp's: the terms of a sum whose largest is 1.  The pieces are joined in a fixed order
+// (the lanes' scan, the runs' fix-up): the same bits every run.
+
+#pragma once
+
+#include "common.cuh"
+
+template <class F> struct LseAcc {
+    typedef F type;
+    F m;  // the piece's maximum (-inf: no value; NaN: a NaN value)
+    F s;  // the sum of exp(x - m) over its values (NaN where one is NaN)
+    LseAcc() = default;
+    __device__ __forceinline__ LseAcc(F max, F sum) : m(max), s(sum) {}
+    // One value (to_acc: (A)promote(v)).
+    __device__ __forceinline__ LseAcc(F x) : m(x), s(F(1)) {}
+    // The piece's logsumexp (finish, Store: (O)acc); explicit, so that no arithmetic takes an
+    // LseAcc for a number.
+    __device__ __forceinline__ explicit operator float() const { return (float)(m + log(s)); }
+    __device__ __forceinline__ explicit operator double() const { return (double)(m + log(s)); }
+};
+
+struct OpLse {
+    template <class T, class A> static __device__ __forceinline__ A identity() {
+        typedef typename A::type F;
+        return A(Limits<F>::lowest(), F(0));
+    }
+    // The piece of the larger maximum keeps it; the other's sum is scaled by exp(-|m1 - m2|).
+    // Equal maxima (infinite ones too, whose difference would be NaN) add their sums; a NaN
+    // maximum makes the difference NaN, so the scale and the sum are NaN.  An empty piece
+    // (-inf, 0) adds 0 * exp(-inf) = 0, or its 0 to an all -inf one's sum.
+    template <class A> static __device__ __forceinline__ A combine(A a, A b) {
+        typedef typename A::type F;
+        const F d = a.m == b.m ? F(0) : a.m - b.m;
+        const F e = sum_exp(-fabs(d));
+        const bool first = d > F(0);
+        return A(first ? a.m : b.m, first ? fma(b.s, e, a.s) : fma(a.s, e, b.s));
+    }
+};
+
+template <class F> __device__ __forceinline__ LseAcc<F> shfl_xor(LseAcc<F> v, int mask) {
+    return LseAcc<F>(__shfl_xor_sync(0xffffffffu, v.m, mask), __shfl_xor_sync(0xffffffffu, v.s, mask));
+}
+template <class F> __device__ __forceinline__ LseAcc<F> shfl_up(LseAcc<F> v, int d) {
+    return LseAcc<F>(__shfl_up_sync(0xffffffffu, v.m, d), __shfl_up_sync(0xffffffffu, v.s, d));
+}
+template <class F> __device__ __forceinline__ LseAcc<F> shfl_idx(LseAcc<F> v, int src) {
+    return LseAcc<F>(__shfl_sync(0xffffffffu, v.m, src), __shfl_sync(0xffffffffu, v.s, src));
+}
+// A partial written by other blocks of the same launch (COHERENT), read past the non-coherent
+// caches a word at a time (fixup.cuh's load, for an LseAcc).
+template <bool COHERENT, class F> __device__ __forceinline__ LseAcc<F> load(const LseAcc<F>* p) {
+    if constexpr (COHERENT) {
+        const volatile F* w = reinterpret_cast<const volatile F*>(p);
+        return LseAcc<F>(w[0], w[1]);
+    } else {
+        return *p;
+    }
+}
