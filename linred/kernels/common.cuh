@@ -234,9 +234,15 @@ __device__ __forceinline__ A block_combine(A acc, A identity, A* shared) {
     return acc;
 }
 
+// Whether an operation combines a thread's elements in registers itself (OP::registers and
+// OP::marked, for combine_registers and marked_pieces): where a combine is a chain of several
+// dependent instructions (lse.cuh's, an exp), a value at a time would make the thread wait on it.
+template <class OP> struct OwnsRegisters { enum { value = 0 }; };
+
 // The combination of a thread's N vectors of elements held in registers.
 template <class A, class O, class OP, int N, class V>
 __device__ __forceinline__ A combine_registers(const V (&vbuf)[N]) {
+    if constexpr (OwnsRegisters<OP>::value) return OP::template registers<A>(vbuf);
     A acc = OP::template identity<O, A>();
 #pragma unroll
     for (int k = 0; k < N; ++k) {
@@ -255,6 +261,7 @@ __device__ __forceinline__ A combine_registers(const V (&vbuf)[N]) {
 // returned.  A select per element: no lane waits on another's branch.
 template <class A, class O, class OP, int ITEMS, int VEC, int PAD, class V, int N>
 __device__ __forceinline__ A marked_pieces(const V (&vbuf)[N], unsigned mask, A* mine) {
+    if constexpr (OwnsRegisters<OP>::value) return OP::template marked<A, ITEMS, VEC, PAD>(vbuf, mask, mine);
     A acc = OP::template identity<O, A>();
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {

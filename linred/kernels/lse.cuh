@@ -60,7 +60,59 @@ struct OpLse {
         const bool first = d > F(0);
         return A(first ? a.m : b.m, first ? fma(b.s, e, a.s) : fma(a.s, e, b.s));
     }
+    template <class A, int N, class V> static __device__ __forceinline__ A registers(const V (&vbuf)[N]);
+    template <class A, int ITEMS, int VEC, int PAD, class V, int N>
+    static __device__ __forceinline__ A marked(const V (&vbuf)[N], unsigned mask, A* mine);
 };
+
+// A thread's values in registers (combine_registers, marked_pieces: OwnsRegisters), as pieces of
+// one pass over the maxima and one over the exps, whose exps are independent of each other: a
+// combine per value would chain them (each waits for the previous one's exp).  A value equal to
+// its piece's maximum adds exactly 1 (infinite maxima too: no inf - inf); a NaN maximum, or a
+// NaN value, makes the sum NaN; an all -inf piece is (-inf, count).
+template <> struct OwnsRegisters<OpLse> { enum { value = 1 }; };
+
+template <class F> __device__ __forceinline__ F lse_term(F x, F m) { return x == m ? F(1) : sum_exp(x - m); }
+
+// The piece of all of a thread's N vectors of values.
+template <class A, int N, class V> __device__ __forceinline__ A OpLse::registers(const V (&vbuf)[N]) {
+    typedef typename A::type F;
+    constexpr int VEC = (int)(sizeof(vbuf[0].v) / sizeof(vbuf[0].v[0]));
+    F m = (F)promote(vbuf[0].v[0]);
+#pragma unroll
+    for (int i = 1; i < N * VEC; ++i) m = OpMax::combine(m, (F)promote(vbuf[i / VEC].v[i % VEC]));
+    F s[4] = {F(0), F(0), F(0), F(0)};  // (four chains of adds)
+#pragma unroll
+    for (int i = 0; i < N * VEC; ++i) s[i % 4] += lse_term((F)promote(vbuf[i / VEC].v[i % VEC]), m);
+    return A(m, (s[0] + s[1]) + (s[2] + s[3]));
+}
+
+// marked_pieces: the thread's ITEMS values cut at the marks of mask (bit i: a segment starts at
+// value i); the piece ending before each mark i is stored at mine[i + (i / 16) * PAD] (the empty
+// piece at a mark on the first value), the piece open at the end returned.
+template <class A, int ITEMS, int VEC, int PAD, class V, int N>
+__device__ __forceinline__ A OpLse::marked(const V (&vbuf)[N], unsigned mask, A* mine) {
+    typedef typename A::type F;
+    F top[ITEMS];  // each value's piece's maximum: a running maximum, then spread back
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const F x = (F)promote(vbuf[i / VEC].v[i % VEC]);
+        top[i] = i == 0 || ((mask >> i) & 1u) ? x : OpMax::combine(top[i - 1], x);
+    }
+#pragma unroll
+    for (int i = ITEMS - 2; i >= 0; --i)
+        if (!((mask >> (i + 1)) & 1u)) top[i] = top[i + 1];
+    F s = F(0);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        if ((mask >> i) & 1u) {
+            mine[i + (i >> 4) * PAD] = i == 0 ? identity<F, A>() : A(top[i - 1], s);
+            s = F(0);
+        }
+        s += lse_term((F)promote(vbuf[i / VEC].v[i % VEC]), top[i]);
+    }
+    return A(top[ITEMS - 1], s);
+}
 
 template <class F> __device__ __forceinline__ LseAcc<F> shfl_xor(LseAcc<F> v, int mask) {
     return LseAcc<F>(__shfl_xor_sync(0xffffffffu, v.m, mask), __shfl_xor_sync(0xffffffffu, v.s, mask));
