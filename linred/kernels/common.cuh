@@ -181,6 +181,16 @@ template <class A> __device__ __forceinline__ A shfl_xor(A v, int mask) { return
 template <class A> __device__ __forceinline__ A shfl_up(A v, int d) { return __shfl_up_sync(0xffffffffu, v, d); }
 template <class A> __device__ __forceinline__ A shfl_idx(A v, int src) { return __shfl_sync(0xffffffffu, v, src); }
 
+// The larger of a and b, NaN if either is (OpMax::combine in one instruction where the GPU has it).
+template <class A> __device__ __forceinline__ A nan_max(A a, A b) { return OpMax::combine(a, b); }
+#if __CUDA_ARCH__ >= 800
+template <> __device__ __forceinline__ float nan_max(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+#endif
+
 // exp(t) for a term of a sum of exps whose largest term is 1 (t = x - the segment's maximum;
 // softmax.cuh, lse.cuh):
 // float: 2^(t log2 e) by ex2.approx.ftz (2 instructions in place of about 8 for expf; within
@@ -215,6 +225,21 @@ template <class T> struct VecOf {
     struct __align__(16) type { T v[16 / sizeof(T)]; };
 };
 
+// Whether an operation combines values in registers itself (OP::registers, OP::marked and
+// OP::warp_all, for combine_registers, marked_pieces and warp_all): where a combine is a chain of
+// several dependent instructions (lse.cuh's, an exp), a value at a time would make the thread
+// wait on it.
+template <class OP> struct OwnsRegisters { enum { value = 0 }; };
+
+// The combination of the 32 lanes' values, in every lane (a butterfly of shuffles; an operation
+// that combines registers itself, OwnsRegisters, has its own: lse.cuh's).
+template <class A, class OP> __device__ __forceinline__ A warp_all(A v) {
+    if constexpr (OwnsRegisters<OP>::value) return OP::warp_all(v);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) v = OP::combine(v, shfl_xor(v, o));
+    return v;
+}
+
 // Combine one value per thread across the block; the result is valid in thread 0.
 // A fixed tree (lanes, then warps in order): the same bits every run.  WAIT = false
 // where the caller's previous use of shared is already behind a barrier.
@@ -233,11 +258,6 @@ __device__ __forceinline__ A block_combine(A acc, A identity, A* shared) {
     }
     return acc;
 }
-
-// Whether an operation combines a thread's elements in registers itself (OP::registers and
-// OP::marked, for combine_registers and marked_pieces): where a combine is a chain of several
-// dependent instructions (lse.cuh's, an exp), a value at a time would make the thread wait on it.
-template <class OP> struct OwnsRegisters { enum { value = 0 }; };
 
 // The combination of a thread's N vectors of elements held in registers.
 template <class A, class O, class OP, int N, class V>

@@ -100,8 +100,7 @@ __device__ __forceinline__ void tile_fixup(i64 b, O* __restrict__ out, Off off, 
         } else {
             part = warp_range<A, O, OP, COHERENT>(head, l, h, lane);
         }
-#pragma unroll
-        for (int o = 16; o > 0; o /= 2) part = OP::combine(part, shfl_xor(part, o));
+        part = warp_all<A, OP>(part);
         if (lane == src) out[at] = finish<O, MEAN>(OP::combine(acc, part), len);
     }
 }

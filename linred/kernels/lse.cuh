@@ -63,27 +63,33 @@ struct OpLse {
     template <class A, int N, class V> static __device__ __forceinline__ A registers(const V (&vbuf)[N]);
     template <class A, int ITEMS, int VEC, int PAD, class V, int N>
     static __device__ __forceinline__ A marked(const V (&vbuf)[N], unsigned mask, A* mine);
+    template <class A> static __device__ __forceinline__ A warp_all(A v);
 };
 
 // A thread's values in registers (combine_registers, marked_pieces: OwnsRegisters), as pieces of
-// one pass over the maxima and one over the exps, whose exps are independent of each other: a
-// combine per value would chain them (each waits for the previous one's exp).  A value equal to
-// its piece's maximum adds exactly 1 (infinite maxima too: no inf - inf); a NaN maximum, or a
-// NaN value, makes the sum NaN; an all -inf piece is (-inf, count).
+// one pass over the maxima and one over the exps, whose exps are independent of each other (a
+// combine per value would chain them, each waiting for the previous one's exp); and the lanes'
+// pieces (warp_all) as the maximum of their maxima, then the sum of their sums rescaled to it.
 template <> struct OwnsRegisters<OpLse> { enum { value = 1 }; };
 
+// exp(x - m) for a value x of a piece of maximum m: exactly 1 where x is m (infinite maxima too:
+// no inf - inf), NaN where m is.
 template <class F> __device__ __forceinline__ F lse_term(F x, F m) { return x == m ? F(1) : sum_exp(x - m); }
 
-// The piece of all of a thread's N vectors of values.
+// The piece of all of a thread's N vectors of values: its maximum m, and the sum of exp(x - shift)
+// with the shift m where that is finite, else 0 (the composition's shift).  So an all -inf piece
+// is (-inf, 0), one holding +inf (+inf, +inf) and one holding NaN (NaN, NaN): combine and finish
+// read the sum only beside a finite maximum, and keep +inf, -inf and NaN as they are.
 template <class A, int N, class V> __device__ __forceinline__ A OpLse::registers(const V (&vbuf)[N]) {
     typedef typename A::type F;
     constexpr int VEC = (int)(sizeof(vbuf[0].v) / sizeof(vbuf[0].v[0]));
     F m = (F)promote(vbuf[0].v[0]);
 #pragma unroll
-    for (int i = 1; i < N * VEC; ++i) m = OpMax::combine(m, (F)promote(vbuf[i / VEC].v[i % VEC]));
+    for (int i = 1; i < N * VEC; ++i) m = nan_max(m, (F)promote(vbuf[i / VEC].v[i % VEC]));
+    const F shift = m - m == F(0) ? m : F(0);  // (inf - inf and NaN - NaN are NaN)
     F s[4] = {F(0), F(0), F(0), F(0)};  // (four chains of adds)
 #pragma unroll
-    for (int i = 0; i < N * VEC; ++i) s[i % 4] += lse_term((F)promote(vbuf[i / VEC].v[i % VEC]), m);
+    for (int i = 0; i < N * VEC; ++i) s[i % 4] += sum_exp((F)promote(vbuf[i / VEC].v[i % VEC]) - shift);
     return A(m, (s[0] + s[1]) + (s[2] + s[3]));
 }
 
@@ -97,7 +103,7 @@ __device__ __forceinline__ A OpLse::marked(const V (&vbuf)[N], unsigned mask, A*
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
         const F x = (F)promote(vbuf[i / VEC].v[i % VEC]);
-        top[i] = i == 0 || ((mask >> i) & 1u) ? x : OpMax::combine(top[i - 1], x);
+        top[i] = i == 0 || ((mask >> i) & 1u) ? x : nan_max(top[i - 1], x);
     }
 #pragma unroll
     for (int i = ITEMS - 2; i >= 0; --i)
@@ -112,6 +118,21 @@ __device__ __forceinline__ A OpLse::marked(const V (&vbuf)[N], unsigned mask, A*
         s += lse_term((F)promote(vbuf[i / VEC].v[i % VEC]), top[i]);
     }
     return A(top[ITEMS - 1], s);
+}
+
+// The lanes' pieces joined, in every lane: the maximum M of their maxima, then the sum of their
+// sums times exp(m - M) (1 where m is M; NaN where M is; 0 beside a larger one).  Shuffles of one
+// word each, and one exp: a butterfly of combines would take five.  Every lane adds the same
+// values in the same tree: the same bits in every lane and every run.
+template <class A> __device__ __forceinline__ A OpLse::warp_all(A v) {
+    typedef typename A::type F;
+    F top = v.m;
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) top = nan_max(top, __shfl_xor_sync(0xffffffffu, top, o));
+    F s = v.s * lse_term(v.m, top);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return A(top, s);
 }
 
 template <class F> __device__ __forceinline__ LseAcc<F> shfl_xor(LseAcc<F> v, int mask) {

@@ -30,9 +30,9 @@
 //    its deviations from a shift and of their squares, once, or twice for a segment of more
 //    than 2^20 rows, the second shifted by the first's mean);
 //  - load_steps: a lane's UNROLL steps, rows past the end read as a fill value; load_pairs: the
-//    same from pairs of rows; each_step: one pass over a segment in such steps; nan_max:
-//    NaN-propagating max (one instruction on sm_80+); sum_exp: exp of a term of the sum
-//    (ex2.approx for float: the kernel's work is mostly the instructions it issues per element);
+//    same from pairs of rows; each_step: one pass over a segment in such steps (nan_max and
+//    sum_exp, which it takes from common.cuh, keep the instructions per element few: the kernel's
+//    work is mostly the instructions it issues);
 //  - family_segment: one worker's segment (its passes and results);
 //  - lanes_max and lanes_sum: the maximum and the sum of a worker's lanes that share a feature;
 //  - its entry point: LINRED_SOFTMAX (linred_softmax).
@@ -214,16 +214,6 @@ __device__ __forceinline__ void each_step(const T* __restrict__ p, i64 begin, i6
         }
     }
 }
-
-// The larger of a and b, NaN if either is (OpMax::combine in one instruction where the GPU has it).
-template <class A> __device__ __forceinline__ A nan_max(A a, A b) { return OpMax::combine(a, b); }
-#if __CUDA_ARCH__ >= 800
-template <> __device__ __forceinline__ float nan_max(float a, float b) {
-    float r;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-#endif
 
 // float16, bfloat16 and float32: the data variance_one_pass serves (exact in double, and so are
 // their differences but for values 2^29 times apart).

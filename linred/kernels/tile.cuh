@@ -312,8 +312,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                 const int lo = (int)(max(off(s), t0) - t0), hi = (int)(min(off(s + 1), t1) - t0);
                 for (int i = lo + part * 32 + lane; i < hi; i += per * 32) acc = OP::combine(acc, sh[at(i)]);
             }
-#pragma unroll
-            for (int o = 16; o > 0; o /= 2) acc = OP::combine(acc, shfl_xor(acc, o));
+            acc = warp_all<A, OP>(acc);
             if (lane == 0) red[warp] = acc;
             __syncthreads();
             if (tid < items) {

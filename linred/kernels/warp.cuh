@@ -250,8 +250,7 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
             // Inside one segment: the lanes' sums join the carried one.
             A acc = combine_registers<A, O, OP>(vbuf);
             if (jt + 1 < tiles) fetch(j + 1);  // the registers are free again
-#pragma unroll
-            for (int o = 16; o > 0; o /= 2) acc = OP::combine(acc, shfl_xor(acc, o));
+            acc = warp_all<A, OP>(acc);
             carry = OP::combine(carry, acc);
             if (mode == CARRY_NONE) mode = CARRY_FROM_BEFORE;
         } else {
