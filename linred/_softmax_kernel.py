@@ -94,9 +94,17 @@ LANES = {"segmented_softmax": (8, 4), "segmented_log_softmax": (8, 4)}
 #: took 170 us with a warp per segment against 195 with 16 lanes; H200, seventeenth run)
 BACKWARD_LANE_VALUES = 8
 #: whether logsumexp of one feature column, computed in float32, is read by ``warp_reduce`` where
-#: its rows are 16-byte aligned (:func:`_by_runs`); False gives every call workers per segment, as
-#: :data:`GROUP` set does (tests and benchmarks compare the two)
+#: its rows are 16-byte aligned and its segments long on average (:func:`_by_runs`); False gives
+#: every call workers per segment, as :data:`GROUP` set does (tests and benchmarks compare the two)
 LSE_RUNS = True
+#: ... from this many rows a segment on average.  H200, 64M float32 values (device us, workers ->
+#: warp_reduce; docs/performance.md, eighteenth run): mean 1,024 rows 89 -> 128, 2,048 129 -> 133,
+#: 4,096 154 -> 133, 8,192 174 -> 125, 16,384 938 -> 139, 2^20 3,775 -> 114 (the composition served
+#: means past MAX_MEAN_ROWS); mean 16 153 -> 216, but 16 with one segment of 641,841 rows 1,899 ->
+#: 212: warp_reduce issues 2.4 times the instructions of its sums per value (ncu) and is bound by
+#: them, where the workers' kernel reads a segment's rows in whole steps, but one worker reads a
+#: long segment alone
+LSE_RUNS_MIN_MEAN = 2048
 #: the longest mean segment, as a share of a warp's loop step of rows (8 steps of 32 / D; 4 for
 #: 8-byte data in the forward), that workers of fewer lanes than a warp serve: the kernels hand a
 #: segment longer than that step to the whole warp, and where many are, that costs more than the
@@ -131,7 +139,7 @@ def serves(
     if name in VARIANCE and in_name == "float64" and result != "float64":
         # (the composition computes in the narrower dtype, the kernel would read float64 values)
         return False
-    runs = _by_runs(name, x, adapter, result, axis)  # (any lengths: a segment's tiles are shared out)
+    runs = _by_runs(name, x, adapter, result, axis, _count(x, axis, segments))  # (any mean length past the least)
     if not runs and not _enough_workers(x, axis, segments, adapter.device_of(x), name, itemsize=itemsize(in_name)):
         return False
     if "bfloat16" in (in_name, result):  # (bfloat16 conversions need compute capability 8.0, as nvrtc's kernels)
@@ -141,21 +149,37 @@ def serves(
     return True
 
 
-def _by_runs(name: str, x: Any, adapter: Any, result: str, axis: int) -> bool:
-    """Whether ``name`` of ``x`` along ``axis`` is read by ``warp_reduce`` (:data:`LSE_RUNS`):
-    logsumexp of one feature column (C-contiguous ``x``), computed in float32 (a result other
-    than float64), every row of the batch 16-byte aligned.
+def _count(x: Any, axis: int, segments: dict[str, Any]) -> int | None:
+    """The count of a call's segments, known without reading them (a length, or the offsets' or
+    the lengths' shape); None where an argument is neither (the composition raises its error)."""
+    length, offsets, lengths = segments.get("segment_length"), segments.get("offsets"), segments.get("lengths")
+    try:
+        if length is not None:
+            length = operator.index(length)  # (NumPy integers too; bool is refused later)
+            return -(-x.shape[axis] // length) if length > 0 else 0
+        return len(offsets) - 1 if offsets is not None else len(lengths)
+    except TypeError:
+        return None
 
-    ``warp_reduce`` (``linred/kernels/warp.cuh``) gives every lane its own consecutive values,
-    joins the pieces that cross lanes, warps and runs of tiles (``tile_fixup``), and so reads
-    segments of any lengths at the bandwidth of linred's sums; with ``lse.cuh``'s accumulator (a
-    piece's maximum and its sum of exps) it computes logsumexp in one read.  A worker per segment
-    runs its warp's loop as long as the warp's longest segment, and reads a long one alone.
-    float64 keeps the workers: its 16-byte accumulator makes ``warp_reduce`` spill."""
-    if not (LSE_RUNS and GROUP is None and name == "segmented_logsumexp" and result != "float64"):
+
+def _by_runs(name: str, x: Any, adapter: Any, result: str, axis: int, m: int | None) -> bool:
+    """Whether ``name`` of ``x`` along ``axis`` in ``m`` segments is read by ``warp_reduce``
+    (:data:`LSE_RUNS`): logsumexp of one feature column (C-contiguous ``x``), computed in float32
+    (a result other than float64), every row of the batch 16-byte aligned, in segments of
+    :data:`LSE_RUNS_MIN_MEAN` rows or more on average.
+
+    ``warp_reduce`` (``linred/kernels/warp.cuh``) gives every lane its own consecutive values and
+    joins the pieces that cross lanes, warps and runs of tiles (``tile_fixup``), so a long segment
+    is read by as many warps as its tiles; with ``lse.cuh``'s accumulator (a piece's maximum and
+    its sum of exps) it computes logsumexp in one read.  It issues more instructions per value
+    than the workers' kernel, which is faster where segments are short and even (see
+    :data:`LSE_RUNS_MIN_MEAN`) but reads each segment with one worker, and so takes the time
+    one warp needs for the longest.  float64 keeps the workers: its 16-byte accumulator makes
+    ``warp_reduce`` spill."""
+    if not (LSE_RUNS and GROUP is None and name == "segmented_logsumexp" and result != "float64" and m):
         return False
     shape = tuple(x.shape)
-    if math.prod(shape[axis + 1 :]) != 1:
+    if math.prod(shape[axis + 1 :]) != 1 or shape[axis] < LSE_RUNS_MIN_MEAN * m:
         return False
     row_bytes = shape[axis] * x.dtype.itemsize if axis else 0  # (rows of the batch: one after another)
     return adapter.pointer(x) % 16 == 0 and row_bytes % 16 == 0
@@ -172,25 +196,33 @@ def _runs(x: Any, out: Any, seg: Any, adapter: Any, device: int, stream: int, ba
     """logsumexp of ``x`` (``batch`` rows of ``n`` values, one feature) into ``out`` by
     ``warp_reduce`` with ``lse.cuh``'s accumulator and the nvrtc backend's executor, its
     partials and fix-up (the offsets checked as they are read where ``seg`` has a check word)."""
-    from linred.backends.nvrtc import BACKEND
-    from linred.backends.nvrtc.executors import _WarpExecutor
-    from linred.problem import Problem
-
-    length, index = (seg.length, None) if isinstance(seg, FixedSegments) else (None, dtype_name(seg.offsets.dtype))
-    problem = Problem("logsumexp", adapter.kind, device, dtype_name(x.dtype), "float32", result, batch, n, 1,
-                      (n, 1, 1), m, length, index)  # fmt: skip
-    options = BACKEND.options
+    fixed = isinstance(seg, FixedSegments)
+    index = None if fixed else seg.offsets.dtype
+    backend = _nvrtc_backend()
+    # (the key is made of cheap values: the Problem is built only to plan)
+    key = (device, x.dtype, result, batch, n, m, seg.length if fixed else None, index, backend.options)
     cache = getattr(_local, "runs", None)
     if cache is None:
         cache = _local.runs = {}
-    key = (problem, options)
     executor = cache.pop(key, None)  # (put back last: the dict's order is the use order)
     if executor is None:
-        executor = _WarpExecutor(problem, options)
+        from linred.backends.nvrtc.executors import _WarpExecutor
+        from linred.problem import Problem
+
+        problem = Problem("logsumexp", adapter.kind, device, dtype_name(x.dtype), "float32", result, batch, n, 1,
+                          (n, 1, 1), m, key[6], None if fixed else dtype_name(index))  # fmt: skip
+        executor = _WarpExecutor(problem, backend.options)
         while len(cache) >= RUNS_CACHE_SIZE:
             del cache[next(iter(cache))]
     cache[key] = executor
     executor(x, out, seg, stream)
+
+
+def _nvrtc_backend() -> Any:
+    """The nvrtc backend (its options are read per call: ``linred.backends.configure`` replaces them)."""
+    from linred.backends.nvrtc import BACKEND
+
+    return BACKEND
 
 
 def _enough_workers(
@@ -210,14 +242,8 @@ def _enough_workers(
     the data's); None: a warp per segment."""
     shape = tuple(x.shape)
     n, batch, features = shape[axis], math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
-    length, offsets, lengths = segments.get("segment_length"), segments.get("offsets"), segments.get("lengths")
-    try:
-        if length is not None:
-            length = operator.index(length)  # (NumPy integers too; bool is refused later)
-            m = -(-n // length) if length > 0 else 0
-        else:
-            m = len(offsets) - 1 if offsets is not None else len(lengths)
-    except TypeError:  # (not a length or an array: the composition raises its error)
+    m = _count(x, axis, segments)
+    if m is None:  # (not a length or an array: the composition raises its error)
         return True
     group, _, workers = _workers(batch, m, features, None if name is None else n, name, backward, itemsize)
     if not workers:
@@ -348,7 +374,7 @@ def run(
     out_shape = shape if name not in PER_SEGMENT else (*shape[:axis], m, *shape[axis + 1 :])
     out = adapter.allocator(result, device)(out_shape)
     group, width, workers = _workers(batch, m, features, n, name, itemsize=x.dtype.itemsize)
-    if workers and n and m <= INT32_MAX and _by_runs(name, x, adapter, result, axis):
+    if workers and m <= INT32_MAX and _by_runs(name, x, adapter, result, axis, m):
         _runs(x, out, seg, adapter, device, stream, batch, n, m, result)
     elif workers and features:
         if isinstance(seg, FixedSegments):

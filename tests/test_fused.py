@@ -1472,7 +1472,10 @@ def _lse_specials(x: np.ndarray, offsets: np.ndarray) -> None:
 
 @pytest.fixture
 def lse_runs(monkeypatch):
-    """Records the calls logsumexp's warp_reduce route served (linred._softmax_kernel._runs)."""
+    """Records the calls logsumexp's warp_reduce route served (linred._softmax_kernel._runs), which
+    these tests give segments of any mean length (LSE_RUNS_MIN_MEAN: the route's choice, tested
+    apart; its kernel must be right for every length)."""
+    monkeypatch.setattr(_softmax_kernel, "LSE_RUNS_MIN_MEAN", 0)
     calls = []
     real = _softmax_kernel._runs
     monkeypatch.setattr(_softmax_kernel, "_runs", lambda *a, **k: calls.append(a[6:9]) or real(*a, **k))
@@ -1654,26 +1657,32 @@ def test_lse_runs_route(monkeypatch):
     def x(*shape, itemsize=4):
         return type("X", (), {"shape": shape, "dtype": np.dtype(f"f{itemsize}")})()
 
-    by_runs = _softmax_kernel._by_runs
+    def by_runs(name, x, address, result, axis, m=1):
+        return _softmax_kernel._by_runs(name, x, Adapter(address), result, axis, m)
+
     lse = "segmented_logsumexp"
-    assert by_runs(lse, x(1_000), Adapter(256), "float32", 0)
-    assert by_runs(lse, x(1_000, itemsize=2), Adapter(256), "float16", 0)
-    assert by_runs(lse, x(1_000, 1), Adapter(256), "float32", 0)  # (a feature axis of 1)
-    assert by_runs(lse, x(3, 1_000), Adapter(256), "float32", 1)  # (rows of 4,000 bytes)
-    assert not by_runs(lse, x(3, 1_001), Adapter(256), "float32", 1)  # (rows of 4,004 bytes)
-    assert not by_runs(lse, x(3, 1_004, itemsize=2), Adapter(256), "float16", 1)  # (2,008 bytes)
-    assert by_runs(lse, x(3, 1_008, itemsize=2), Adapter(256), "float16", 1)
-    assert not by_runs(lse, x(1_000), Adapter(260), "float32", 0)
-    assert not by_runs(lse, x(1_000, 2), Adapter(256), "float32", 0)
-    assert not by_runs(lse, x(1_000), Adapter(256), "float64", 0)
-    assert by_runs(lse, x(1_000, itemsize=8), Adapter(256), "float32", 0)  # (float64 data, dtype=float32)
-    assert not by_runs("segmented_softmax", x(1_000), Adapter(256), "float32", 0)
+    monkeypatch.setattr(_softmax_kernel, "LSE_RUNS_MIN_MEAN", 500)
+    assert by_runs(lse, x(1_000), 256, "float32", 0)
+    assert by_runs(lse, x(1_000), 256, "float32", 0, 2) and not by_runs(lse, x(1_000), 256, "float32", 0, 3)
+    assert not by_runs(lse, x(1_000), 256, "float32", 0, 0)  # (no segments: nothing to launch)
+    assert by_runs(lse, x(1_000, itemsize=2), 256, "float16", 0)
+    assert by_runs(lse, x(1_000, 1), 256, "float32", 0)  # (a feature axis of 1)
+    assert by_runs(lse, x(3, 1_000), 256, "float32", 1)  # (rows of 4,000 bytes)
+    assert not by_runs(lse, x(3, 1_001), 256, "float32", 1)  # (rows of 4,004 bytes)
+    assert not by_runs(lse, x(3, 1_004, itemsize=2), 256, "float16", 1)  # (2,008 bytes)
+    assert by_runs(lse, x(3, 1_008, itemsize=2), 256, "float16", 1)
+    assert not by_runs(lse, x(1_000), 260, "float32", 0)
+    assert not by_runs(lse, x(1_000, 2), 256, "float32", 0)
+    assert not by_runs(lse, x(1_000), 256, "float64", 0)
+    assert by_runs(lse, x(1_000, itemsize=8), 256, "float32", 0)  # (float64 data, dtype=float32)
+    assert not by_runs("segmented_softmax", x(1_000), 256, "float32", 0)
     monkeypatch.setattr(_softmax_kernel, "GROUP", 2)
-    assert not by_runs(lse, x(1_000), Adapter(256), "float32", 0)
+    assert not by_runs(lse, x(1_000), 256, "float32", 0)
     monkeypatch.setattr(_softmax_kernel, "GROUP", None)
     monkeypatch.setattr(_softmax_kernel, "LSE_RUNS", False)
-    assert not by_runs(lse, x(1_000), Adapter(256), "float32", 0)
+    assert not by_runs(lse, x(1_000), 256, "float32", 0)
     monkeypatch.setattr(_softmax_kernel, "LSE_RUNS", True)
+    monkeypatch.setattr(_softmax_kernel, "LSE_RUNS_MIN_MEAN", 2048)
 
     from linred.backends import nvrtc
 
@@ -1685,3 +1694,30 @@ def test_lse_runs_route(monkeypatch):
     for name, result, served in ((lse, "float32", True), (lse, "float64", False), ("segmented_var", "float32", False)):
         assert _softmax_kernel.serves(name, x(4 * rows), Adapter(256), "float32", result, one, "auto", False,
                                       True) is served, name  # fmt: skip
+    # the mean, from a length, the offsets' or the lengths' shape
+    for segments, served in (({"segment_length": 2048}, True), ({"segment_length": 2047}, False),
+                             ({"offsets": np.arange(0, 8193, 2048)}, True), ({"lengths": [2048] * 4}, True),
+                             ({"lengths": [2048] * 5}, False)):  # fmt: skip
+        assert _softmax_kernel._by_runs(lse, x(8192), Adapter(256), "float32", 0,
+                                        _softmax_kernel._count(x(8192), 0, segments)) is served, segments  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+def test_gpu_lse_runs_by_default_from_the_least_mean(kind, monkeypatch):
+    """With the defaults, warp_reduce reads logsumexp of segments of LSE_RUNS_MIN_MEAN rows or more
+    on average (one of 300,000 among 99 of 1..30, too: the mean decides), the workers' kernel
+    shorter ones and the composition none; each right."""
+    calls = []
+    real = _softmax_kernel._runs
+    monkeypatch.setattr(_softmax_kernel, "_runs", lambda *a, **k: calls.append(a[8]) or real(*a, **k))
+    rng = np.random.default_rng(13)
+    mean = _softmax_kernel.LSE_RUNS_MIN_MEAN
+    lengths = np.r_[rng.integers(1, 31, 99), 300_000]
+    for offsets, runs in ((np.arange(0, 64 * mean + 1, mean), True), (np.arange(0, 64 * mean, mean - 1), False),
+                          (np.r_[0, np.cumsum(lengths)], True)):  # fmt: skip
+        n = int(offsets[-1])
+        x = (rng.normal(size=n) * 4).astype(np.float32)
+        got = linred.segmented_logsumexp(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind))
+        check(got, _lse_reference(x[None], offsets)[0], "float32", 2e-5)
+        assert bool(calls) is runs and calls[-1:] in ([], [len(offsets) - 1])
+        calls.clear()

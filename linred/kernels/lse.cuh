@@ -10,13 +10,15 @@
 //  - the overloads of shfl_xor, shfl_up, shfl_idx (common.cuh) and load (fixup.cuh) that move an
 //    LseAcc as its two words.
 //
-// warp_reduce (warp.cuh) reads any segments of aligned contiguous rows at the bandwidth of its
-// sums whatever their lengths: every lane reads its own consecutive values and the pieces that
-// cross lanes, warps and runs are joined by the segmented scan and the fix-up, so a long segment
-// among short ones is read by as many warps as its tiles, and short segments leave no lane idle
-// (softmax.cuh gives each segment a worker of 1 to 32 lanes, whose loop runs as long as its
-// warp's longest segment).  Include this header before warp.cuh and fixup.cuh: the overloads
-// must be declared before the templates that call them.
+// warp_reduce (warp.cuh) reads any segments of aligned contiguous rows alike: every lane reads its
+// own consecutive values and the pieces that cross lanes, warps and runs are joined by the
+// segmented scan and the fix-up, so a long segment is read by as many warps as its tiles
+// (softmax.cuh gives each segment a worker of 1 to 32 lanes, which reads a long one alone).  Its
+// bookkeeping per value is that of its sums, and the pieces' maxima and exps come on top (2.4
+// times the sums' instructions at segments of 16 values, ncu on an H200): the workers' kernel
+// stays faster where segments are short and even (linred/_softmax_kernel.py, LSE_RUNS_MIN_MEAN).
+// Include this header before warp.cuh and fixup.cuh: the overloads must be declared before the
+// templates that call them.
 //
 // The results are those of softmax.cuh's logsumexp (the composition's formula, the shift being
 // the segment's maximum, or 0 where that is not finite) for every value: a segment holding NaN
