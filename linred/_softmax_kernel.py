@@ -105,6 +105,9 @@ LSE_RUNS = True
 #: them, where the workers' kernel reads a segment's rows in whole steps, but one worker reads a
 #: long segment alone
 LSE_RUNS_MIN_MEAN = 2048
+#: the functions warp_reduce serves (:func:`_by_runs`): logsumexp, and softmax and log_softmax of
+#: its parts (each segment's maximum and sum of exps) by a second read (:func:`_from_parts`)
+RUNS = ("segmented_logsumexp", "segmented_softmax", "segmented_log_softmax")
 #: the longest mean segment, as a share of a warp's loop step of rows (8 steps of 32 / D; 4 for
 #: 8-byte data in the forward), that workers of fewer lanes than a warp serve: the kernels hand a
 #: segment longer than that step to the whole warp, and where many are, that costs more than the
@@ -176,7 +179,7 @@ def _by_runs(name: str, x: Any, adapter: Any, result: str, axis: int, m: int | N
     :data:`LSE_RUNS_MIN_MEAN`) but reads each segment with one worker, and so takes the time
     one warp needs for the longest.  float64 keeps the workers: its 16-byte accumulator makes
     ``warp_reduce`` spill."""
-    if not (LSE_RUNS and GROUP is None and name == "segmented_logsumexp" and result != "float64" and m):
+    if not (LSE_RUNS and GROUP is None and name in RUNS and result != "float64" and m):
         return False
     shape = tuple(x.shape)
     if math.prod(shape[axis + 1 :]) != 1 or shape[axis] < LSE_RUNS_MIN_MEAN * m:
@@ -192,15 +195,17 @@ RUNS_CACHE_SIZE = 32
 
 
 def _runs(x: Any, out: Any, seg: Any, adapter: Any, device: int, stream: int, batch: int, n: int, m: int,
-          result: str) -> None:  # fmt: skip
+          result: str, reduction: str = "logsumexp") -> None:  # fmt: skip
     """logsumexp of ``x`` (``batch`` rows of ``n`` values, one feature) into ``out`` by
     ``warp_reduce`` with ``lse.cuh``'s accumulator and the nvrtc backend's executor, its
-    partials and fix-up (the offsets checked as they are read where ``seg`` has a check word)."""
+    partials and fix-up (the offsets checked as they are read where ``seg`` has a check word);
+    with ``reduction="logsumexp_parts"``, each segment's maximum and sum of exps (2 float32 values
+    a segment: ``out`` of ``batch * m * 2``)."""
     fixed = isinstance(seg, FixedSegments)
     index = None if fixed else seg.offsets.dtype
     backend = _nvrtc_backend()
     # (the key is made of cheap values: the Problem is built only to plan)
-    key = (device, x.dtype, result, batch, n, m, seg.length if fixed else None, index, backend.options)
+    key = (reduction, device, x.dtype, result, batch, n, m, seg.length if fixed else None, index, backend.options)
     cache = getattr(_local, "runs", None)
     if cache is None:
         cache = _local.runs = {}
@@ -209,13 +214,46 @@ def _runs(x: Any, out: Any, seg: Any, adapter: Any, device: int, stream: int, ba
         from linred.backends.nvrtc.executors import _WarpExecutor
         from linred.problem import Problem
 
-        problem = Problem("logsumexp", adapter.kind, device, dtype_name(x.dtype), "float32", result, batch, n, 1,
-                          (n, 1, 1), m, key[6], None if fixed else dtype_name(index))  # fmt: skip
+        problem = Problem(reduction, adapter.kind, device, dtype_name(x.dtype), "float32", result, batch, n, 1,
+                          (n, 1, 1), m, key[7], None if fixed else dtype_name(index))  # fmt: skip
         executor = _WarpExecutor(problem, backend.options)
         while len(cache) >= RUNS_CACHE_SIZE:
             del cache[next(iter(cache))]
     cache[key] = executor
     executor(x, out, seg, stream)
+
+
+#: softmax_from_parts (lse.cuh): threads a block, and values a thread
+PARTS_THREADS, PARTS_ITEMS = 256, 8
+PARTS_MODES = {"segmented_softmax": 1, "segmented_log_softmax": 2}
+
+
+def _from_parts(name: str, x: Any, out: Any, seg: Any, adapter: Any, device: int, stream: int, batch: int, n: int,
+                m: int, result: str) -> None:  # fmt: skip
+    """softmax or log_softmax of ``x`` (``batch`` rows of ``n`` values, one feature) into ``out``:
+    each segment's parts (maximum, sum of exps) by ``warp_reduce`` (:func:`_runs`, one read of the
+    data), then each value from its segment's (``softmax_from_parts``, lse.cuh: a second read and
+    the write).  The workers' kernel reads a short segment the second time from L1/L2; this reads
+    the data twice from memory, and is for segments long on average (:data:`LSE_RUNS_MIN_MEAN`)."""
+    parts = adapter.allocator("float32", device)((batch * m * 2,))
+    _runs(x, parts, seg, adapter, device, stream, batch, n, m, "float32", "logsumexp_parts")
+    fixed = isinstance(seg, FixedSegments)
+    index = None if fixed else seg.offsets.dtype
+    key = ("parts", device, name, x.dtype, result, index)
+    launch = getattr(_local, "launches", _NONE).get(key)
+    if launch is None:
+        ctype = "long long" if fixed else CTYPES[dtype_name(index)]
+        bounds = "FixedOffsets{L}" if fixed else f"ArrayOffsets<{ctype}>{{offsets}}"
+        source = (
+            '#include "lse.cuh"\n'
+            f"LINRED_SOFTMAX_FROM_PARTS({CTYPES[dtype_name(x.dtype)]}, {CTYPES[result]}, {PARTS_MODES[name]}, "
+            f"{PARTS_THREADS}, {PARTS_ITEMS}, {ctype}, {bounds})\n"
+        )
+        launch = thread_launch(_local, key, device, source, "linred_softmax_from_parts", 8)
+    chunks = batch * -(-n // (PARTS_THREADS * PARTS_ITEMS))
+    grid = max(1, min(chunks, BLOCKS_PER_SM * multiprocessors(device)))
+    launch(stream, grid, PARTS_THREADS, 0, adapter.pointer(x), adapter.pointer(out), adapter.pointer(parts),
+           0 if fixed else adapter.pointer(seg.offsets), seg.length if fixed else 0, batch, n, m)  # fmt: skip
 
 
 def _nvrtc_backend() -> Any:
@@ -375,7 +413,10 @@ def run(
     out = adapter.allocator(result, device)(out_shape)
     group, width, workers = _workers(batch, m, features, n, name, itemsize=x.dtype.itemsize)
     if workers and m <= INT32_MAX and _by_runs(name, x, adapter, result, axis, m):
-        _runs(x, out, seg, adapter, device, stream, batch, n, m, result)
+        if name in PER_SEGMENT:
+            _runs(x, out, seg, adapter, device, stream, batch, n, m, result)
+        else:
+            _from_parts(name, x, out, seg, adapter, device, stream, batch, n, m, result)
     elif workers and features:
         if isinstance(seg, FixedSegments):
             index_dtype, offsets_pointer, word, length = None, 0, 0, seg.length

@@ -1363,6 +1363,7 @@ def test_what_the_gpu_kernel_serves(monkeypatch):
     monkeypatch.setattr(nvrtc, "_compute_capability", lambda device: (7, 5))
     monkeypatch.setattr(_softmax_kernel, "multiprocessors", lambda device: 132)
     monkeypatch.setattr(_softmax_kernel, "MIN_WORKERS_PER_SM", 0)
+    monkeypatch.setattr(_softmax_kernel, "LSE_RUNS", False)  # (the workers' rules; warp_reduce's: test_lse_runs_route)
 
     def serves(segments, in_name="float32", result="float32", check=True, grad=False, backend="auto", x=None):
         return _softmax_kernel.serves("segmented_softmax", x or X(), Device(), in_name, result, segments, backend,
@@ -1432,6 +1433,25 @@ def _lse_reference(x: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             total = np.add.reduceat(np.exp(row - np.repeat(shift, lengths[full])), starts)
             out[b, full] = np.log(total) + shift
+    return out
+
+
+def _softmax_reference(x: np.ndarray, offsets: np.ndarray, log: bool) -> np.ndarray:
+    """softmax (or log_softmax) of the rows of ``x`` (batch, n) in the segments of ``offsets``,
+    float64, by the composition's formula: the shift is the segment's maximum; every value of a
+    segment whose maximum is not finite (NaN, +inf, all -inf) is NaN."""
+    lengths = np.diff(offsets)
+    full = lengths > 0
+    starts = offsets[:-1][full]
+    out = np.empty(x.shape)
+    for b, row in enumerate(x.astype(np.float64)):
+        mx = np.maximum.reduceat(row, starts)
+        shift = np.repeat(mx, lengths[full])
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            e = np.exp(row - shift)
+            total = np.repeat(np.add.reduceat(e, starts), lengths[full])
+            out[b] = (row - shift) - np.log(total) if log else e / total
+        out[b, ~np.isfinite(shift)] = np.nan
     return out
 
 
@@ -1675,7 +1695,10 @@ def test_lse_runs_route(monkeypatch):
     assert not by_runs(lse, x(1_000, 2), 256, "float32", 0)
     assert not by_runs(lse, x(1_000), 256, "float64", 0)
     assert by_runs(lse, x(1_000, itemsize=8), 256, "float32", 0)  # (float64 data, dtype=float32)
-    assert not by_runs("segmented_softmax", x(1_000), 256, "float32", 0)
+    assert by_runs("segmented_softmax", x(1_000), 256, "float32", 0)  # (from the parts: softmax_from_parts)
+    assert by_runs("segmented_log_softmax", x(1_000), 256, "float32", 0)
+    assert not by_runs("segmented_var", x(1_000), 256, "float32", 0) and not by_runs("segmented_std", x(1_000), 256,
+                                                                                      "float32", 0)  # fmt: skip
     monkeypatch.setattr(_softmax_kernel, "GROUP", 2)
     assert not by_runs(lse, x(1_000), 256, "float32", 0)
     monkeypatch.setattr(_softmax_kernel, "GROUP", None)
@@ -1721,3 +1744,46 @@ def test_gpu_lse_runs_by_default_from_the_least_mean(kind, monkeypatch):
         check(got, _lse_reference(x[None], offsets)[0], "float32", 2e-5)
         assert bool(calls) is runs and calls[-1:] in ([], [len(offsets) - 1])
         calls.clear()
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("spec", ["offsets", "offsets32", "lengths", "fixed"])
+def test_gpu_softmax_from_parts(lse_runs, kind, name, dtype, spec):
+    """softmax and log_softmax from warp_reduce's parts (softmax_from_parts): the offsets of
+    test_gpu_lse_runs_tiling (every tiling boundary, a segment spanning runs, empty and short
+    segments, NaN and infinities within and across tiles) over one row and a batch of 3 (axis 1),
+    and a fixed length of 4,097; every value against float64 NumPy, NaN and infinities where the
+    composition puts them."""
+    if kind == "cupy" and dtype == "bfloat16":
+        pytest.skip("CuPy has no bfloat16")
+    rng = np.random.default_rng(len(name) + len(spec))
+    for batch in (1, 3):
+        n = 300_000 if spec != "fixed" else 73 * 4_097
+        offsets = _lse_cuts(n, rng) if spec != "fixed" else np.arange(74, dtype=np.int64) * 4_097
+        x = (rng.normal(size=(batch, n)) * 4).astype(np.float32)
+        if spec != "fixed":
+            _lse_specials(x, offsets)
+        xd = x.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+        expected = _softmax_reference(xd.astype(np.float64), offsets, name == "log_softmax")
+        if dtype == "bfloat16":
+            data = torch.as_tensor(x if batch > 1 else x[0], device="cuda").bfloat16()
+        else:
+            data = _gpu_array(xd if batch > 1 else xd[0], kind)
+        kwargs = {
+            "offsets": {"offsets": _gpu_array(offsets, kind)},
+            "offsets32": {"offsets": _gpu_array(offsets.astype(np.int32), kind)},
+            "lengths": {"lengths": _gpu_array(np.diff(offsets), kind)},
+            "fixed": {"segment_length": 4_097},
+        }[spec]
+        got = fn(name)(data, axis=int(batch > 1), **kwargs)
+        assert tuple(got.shape) == tuple(data.shape)
+        got64 = to_numpy(got.float() if dtype == "bfloat16" else got).astype(np.float64).reshape(batch, n)
+        np.testing.assert_array_equal(np.isnan(got64), np.isnan(expected))
+        np.testing.assert_array_equal(np.isneginf(got64), np.isneginf(expected))
+        finite = np.isfinite(expected)
+        tol = LSE_TOLERANCE[dtype]
+        atol = tol * (1e-2 if name == "softmax" else 1)  # (softmax's values are at most 1)
+        np.testing.assert_allclose(got64[finite], expected[finite], rtol=tol, atol=atol)
+    assert [c[:2] for c in lse_runs] == [(1, n), (3, n)]

@@ -246,46 +246,6 @@ __device__ __forceinline__ void long_head_done(O* __restrict__ out, const Featur
     long_piece_done<O, OP, MEAN, W, ROWS>(out, a, la, r, s, g, begin, end, -1);
 }
 
-// The last s in [0, m] with off(s) <= v (0 < v < n): the segment that row v lies in.  The
-// search starts where v's share of the rows puts it (right, or one off, for even lengths) and
-// gallops from there, then halves the bracket: a few dependent loads where lengths are even,
-// about 2 log2 of the distance otherwise (a binary search over 10^4 segments: 14).  It ends for
-// any offsets (each step shrinks the bracket); the caller checks what it returns.
-template <class Off> __device__ __forceinline__ i64 segment_of_row(Off off, i64 m, i64 n, i64 v) {
-    const i64 guess = min((i64)((double)v / (double)n * (double)m), m);
-    i64 lo, hi, step = 1;
-    if (off(guess) <= v) {  // the answer is guess or after it
-        lo = guess;
-        hi = m;
-        while (lo + step <= m) {
-            if (off(lo + step) > v) {
-                hi = lo + step - 1;
-                break;
-            }
-            lo += step;
-            step *= 2;
-        }
-    } else {  // before it
-        hi = guess - 1;
-        lo = 0;
-        while (hi - step + 1 > 0) {
-            const i64 c = hi - step + 1;
-            if (off(c) <= v) {
-                lo = c;
-                break;
-            }
-            hi = c - 1;
-            step *= 2;
-        }
-    }
-    while (lo < hi) {
-        const i64 mid = lo + (hi - lo + 1) / 2;
-        if (off(mid) <= v) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
 // partial[r, j, g] for tile item u = (r * tiles + j) * groups + g: the rows of tile j in the
 // long segment its first row lies in (segment_of_row, checked against the offsets: bad
 // offsets give wrong partials, never an access out of bounds), if any.

@@ -8,7 +8,10 @@
 //  - OpLse: its identity and combine, which rescales the sum of the piece with the smaller
 //    maximum (one exp per combine: exp(-|m1 - m2|));
 //  - the overloads of shfl_xor, shfl_up, shfl_idx (common.cuh) and load (fixup.cuh) that move an
-//    LseAcc as its two words.
+//    LseAcc as its two words;
+//  - softmax_from_parts: softmax and log_softmax of a call whose segments' parts warp_reduce
+//    computed (a second read of the data: its entry point LINRED_SOFTMAX_FROM_PARTS,
+//    linred_softmax_from_parts).
 //
 // warp_reduce (warp.cuh) reads any segments of aligned contiguous rows alike: every lane reads its
 // own consecutive values and the pieces that cross lanes, warps and runs are joined by the
@@ -30,7 +33,9 @@
 
 #pragma once
 
-#include "common.cuh"
+#include "offsets.cuh"
+
+enum { SOFTMAX_FROM_PARTS_SOFTMAX = 1, SOFTMAX_FROM_PARTS_LOG_SOFTMAX = 2 };
 
 template <class F> struct LseAcc {
     typedef F type;
@@ -156,3 +161,72 @@ template <bool COHERENT, class F> __device__ __forceinline__ LseAcc<F> load(cons
         return *p;
     }
 }
+
+// ---- softmax and log_softmax from a segment's parts ---------------------------------------
+// The segment row v (s0 <= v < n, in segment s0 or after it) lies in: the last s in [s0, m] with
+// off(s) <= v, galloping from s0 (a row a block's stride past the previous one is in the same
+// segment, or one of the next few, where segments are long), then halving the bracket.
+template <class Off> __device__ __forceinline__ i64 segment_from(Off off, i64 m, i64 s0, i64 v) {
+    i64 lo = s0, hi = m, step = 1;
+    while (lo + step <= m) {
+        if (off(lo + step) > v) {
+            hi = lo + step - 1;
+            break;
+        }
+        lo += step;
+        step *= 2;
+    }
+    while (lo < hi) {
+        const i64 mid = lo + (hi - lo + 1) / 2;
+        if (off(mid) <= v) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// softmax_from_parts: softmax (MODE 1) or log_softmax (MODE 2) of x, `rows` rows of n values of
+// one feature, whose segments' parts (m, s) warp_reduce wrote with OpLse (parts[row * segments +
+// segment], the maximum and the sum of exp(x - maximum)): exp(x - m) / s, or (x - m) - log(s), by
+// the formulas of softmax.cuh (the shift the segment's maximum, exp, not sum_exp, for each
+// result); NaN in every value of a segment whose maximum is not finite (+inf, NaN, all -inf), as
+// there.  Blocks take chunks of THREADS * ITEMS values of a row, a thread every THREADS-th: its
+// first value's segment found by segment_of_row, the next ones' from there (segment_from).
+// Segments are bounded to [0, segments): with offsets that break the rules (checked=True: the
+// host raises after the call) nothing is read or written out of bounds.
+template <class T, class O, int MODE, int THREADS, int ITEMS, class Off>
+__device__ __forceinline__ void softmax_from_parts(const T* __restrict__ x, O* __restrict__ y,
+                                                   const LseAcc<float>* __restrict__ parts, Off off, i64 rows,
+                                                   i64 n, i64 segments) {
+    constexpr i64 CHUNK = (i64)THREADS * ITEMS;
+    const i64 per_row = (n + CHUNK - 1) / CHUNK;
+    for (i64 item = blockIdx.x; item < rows * per_row; item += gridDim.x) {
+        const i64 r = item / per_row;
+        const i64 first = (item - r * per_row) * CHUNK + threadIdx.x;
+        const T* __restrict__ xr = x + r * n;
+        O* __restrict__ yr = y + r * n;
+        const LseAcc<float>* __restrict__ pr = parts + r * segments;
+        i64 s = -1;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            const i64 i = first + (i64)k * THREADS;
+            if (i < n) {
+                s = s < 0 ? segment_of_row(off, segments, n, i) : segment_from(off, segments, s, i);
+                const LseAcc<float> p = pr[min(s, segments - 1)];
+                const float v = (float)promote(xr[i]);
+                float result;
+                if (MODE == SOFTMAX_FROM_PARTS_SOFTMAX) result = exp(v - p.m) * (1.0f / p.s);
+                else result = (v - p.m) - log(p.s);
+                yr[i] = Store<O>::from(p.m - p.m == 0.0f ? result : __int_as_float(0x7fc00000));
+            }
+        }
+    }
+}
+
+// linred_softmax_from_parts: softmax_from_parts; OFFSETS is FixedOffsets{L} or
+// ArrayOffsets<I>{offsets}.
+#define LINRED_SOFTMAX_FROM_PARTS(T, O, MODE, THREADS, ITEMS, I, OFFSETS)                                        \
+    extern "C" __global__ void __launch_bounds__(THREADS) linred_softmax_from_parts(                           \
+        const T* x, O* y, const LseAcc<float>* parts, const I* offsets, long long L, long long rows, long long n,   \
+        long long m) {                                                                                             \
+        softmax_from_parts<T, O, MODE, THREADS, ITEMS>(x, y, parts, OFFSETS, rows, n, m);                         \
+    }

@@ -27,6 +27,7 @@ from linred.backends.base import INT32_MAX
 from linred.backends.nvrtc.kernels import (
     FEATURE_TILE_ROWS,
     FUSED_FIXUP_PASSES,
+    LSE_REDUCTIONS,
     acc_dtype,
     acc_words,
     feature_partial_dtype,
@@ -436,7 +437,7 @@ class _WarpExecutor(_Runs):
         # Whole 16-byte vectors of every row (and segment indices that fit the int of its
         # per-tile table), else tile_reduce.
         if not self._rows_aligned(xp) or problem.num_segments > INT32_MAX:
-            if problem.reduction == "logsumexp":  # (tile_reduce has no LseAcc: the caller checks both)
+            if problem.reduction in LSE_REDUCTIONS:  # (tile_reduce has no LseAcc: the caller checks both)
                 raise ValueError("warp_reduce's logsumexp needs 16-byte aligned rows and at most 2^31 - 1 segments")
             if word and not self._checked_first(segments, stream):
                 return  # (the word is set: the caller raises)

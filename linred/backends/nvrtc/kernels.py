@@ -64,10 +64,16 @@ def acc_dtype(problem: Problem) -> str:
     return max((compare, _COMPARE_IN.get(out, out)), key=itemsize)
 
 
+#: the reductions warp_reduce serves with lse.cuh's accumulator (not reductions of the public
+#: functions: linred._softmax_kernel's): logsumexp, and its parts (each segment's maximum and sum
+#: of exps, as LseAcc results: softmax and log_softmax from them)
+LSE_REDUCTIONS = ("logsumexp", "logsumexp_parts")
+
+
 def acc_words(problem: Problem) -> int:
     """Words of :func:`acc_dtype` in an accumulator of the kernels: 2 for logsumexp (``LseAcc``:
     a piece's maximum and its sum of exps, lse.cuh), else 1."""
-    return 2 if problem.reduction == "logsumexp" else 1
+    return 2 if problem.reduction in LSE_REDUCTIONS else 1
 
 
 def acc_bytes(problem: Problem) -> int:
@@ -188,18 +194,19 @@ def tile_shared_bytes(problem: Problem, vecload: bool, tuning: NvrtcOptions) -> 
 
 # --- the programs: a kernel family's header and its entry points -------------------
 
-#: the operation of each reduction; "logsumexp" is served by warp_reduce alone (lse.cuh), for the
-#: softmax family's kernel (linred._softmax_kernel), not as a reduction of the public functions
-_OPS = {"sum": "OpSum", "mean": "OpSum", "max": "OpMax", "min": "OpMin", "prod": "OpProd", "logsumexp": "OpLse"}
+#: the operation of each reduction (LSE_REDUCTIONS: served by warp_reduce alone)
+_OPS = {"sum": "OpSum", "mean": "OpSum", "max": "OpMax", "min": "OpMin", "prod": "OpProd", "logsumexp": "OpLse",
+        "logsumexp_parts": "OpLse"}  # fmt: skip
 
 
 def kernel_types(problem: Problem) -> tuple[str, str, str, str, str]:
     """C types of the data, result and accumulator, the operation, and MEAN."""
     mean = "true" if problem.reduction == "mean" else "false"
-    acc = CTYPES[acc_dtype(problem)]
-    if problem.reduction == "logsumexp":
+    acc, out = CTYPES[acc_dtype(problem)], CTYPES[problem.out_dtype]
+    if problem.reduction in LSE_REDUCTIONS:
         acc = f"LseAcc<{acc}>"
-    return CTYPES[problem.dtype], CTYPES[problem.out_dtype], acc, _OPS[problem.reduction], mean
+        out = acc if problem.reduction == "logsumexp_parts" else out  # (each segment's parts, as they are)
+    return CTYPES[problem.dtype], out, acc, _OPS[problem.reduction], mean
 
 
 def _offsets(problem: Problem, index_ctype: str) -> str:
@@ -260,7 +267,7 @@ def warp_wrapper(
     wt, group = 32 * warp_items(problem), threads // 32
     smem = warp_shared_bytes(problem, tuning)
     ch, fu = ("true" if flag else "false" for flag in (checked, fused))
-    lse = '#include "lse.cuh"\n' if problem.reduction == "logsumexp" else ""  # (before the templates it overloads for)
+    lse = '#include "lse.cuh"\n' if problem.reduction in LSE_REDUCTIONS else ""  # (before the templates it overloads)
     return (
         f'{lse}#include "warp.cuh"\n#include "fixup.cuh"\n'
         f"LINRED_WARP({t}, {a}, {o}, {op}, {mean}, {threads}, {min_blocks}, {k}, {index_ctype}, {offsets}, {wt}, "
