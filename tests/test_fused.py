@@ -1754,14 +1754,14 @@ def test_gpu_softmax_from_parts(lse_runs, kind, name, dtype, spec):
     """softmax and log_softmax from warp_reduce's parts (softmax_from_parts): the offsets of
     test_gpu_lse_runs_tiling (every tiling boundary, a segment spanning runs, empty and short
     segments, NaN and infinities within and across tiles) over one row and a batch of 3 (axis 1),
-    and a fixed length of 4,097; every value against float64 NumPy, NaN and infinities where the
+    and a fixed length of 4,104; every value against float64 NumPy, NaN and infinities where the
     composition puts them."""
     if kind == "cupy" and dtype == "bfloat16":
         pytest.skip("CuPy has no bfloat16")
     rng = np.random.default_rng(len(name) + len(spec))
     for batch in (1, 3):
-        n = 300_000 if spec != "fixed" else 73 * 4_097
-        offsets = _lse_cuts(n, rng) if spec != "fixed" else np.arange(74, dtype=np.int64) * 4_097
+        n = 300_000 if spec != "fixed" else 73 * 4_104  # (rows of whole 16-byte vectors: warp_reduce's)
+        offsets = _lse_cuts(n, rng) if spec != "fixed" else np.arange(74, dtype=np.int64) * 4_104
         x = (rng.normal(size=(batch, n)) * 4).astype(np.float32)
         if spec != "fixed":
             _lse_specials(x, offsets)
@@ -1775,7 +1775,7 @@ def test_gpu_softmax_from_parts(lse_runs, kind, name, dtype, spec):
             "offsets": {"offsets": _gpu_array(offsets, kind)},
             "offsets32": {"offsets": _gpu_array(offsets.astype(np.int32), kind)},
             "lengths": {"lengths": _gpu_array(np.diff(offsets), kind)},
-            "fixed": {"segment_length": 4_097},
+            "fixed": {"segment_length": 4_104},
         }[spec]
         got = fn(name)(data, axis=int(batch > 1), **kwargs)
         assert tuple(got.shape) == tuple(data.shape)
