@@ -105,6 +105,10 @@ LSE_RUNS = True
 #: them, where the workers' kernel reads a segment's rows in whole steps, but one worker reads a
 #: long segment alone
 LSE_RUNS_MIN_MEAN = 2048
+#: ... for 16-bit data: the workers' kernel reads it two rows a load in segments of 4,096 rows or
+#: more (PAIRS), and warp_reduce issues as many instructions per value as for float32 (H200, 64M
+#: float16 values, logsumexp: mean 4,096 rows 93 -> 114 us, 8,192 106 -> 113, 16,384 1,122 -> 109)
+LSE_RUNS_MIN_MEAN_16BIT = 16384
 #: the functions warp_reduce serves (:func:`_by_runs`): logsumexp, and softmax and log_softmax of
 #: its parts (each segment's maximum and sum of exps) by a second read (:func:`_from_parts`)
 RUNS = ("segmented_logsumexp", "segmented_softmax", "segmented_log_softmax")
@@ -169,7 +173,8 @@ def _by_runs(name: str, x: Any, adapter: Any, result: str, axis: int, m: int | N
     """Whether ``name`` of ``x`` along ``axis`` in ``m`` segments is read by ``warp_reduce``
     (:data:`LSE_RUNS`): logsumexp of one feature column (C-contiguous ``x``), computed in float32
     (a result other than float64), every row of the batch 16-byte aligned, in segments of
-    :data:`LSE_RUNS_MIN_MEAN` rows or more on average.
+    :data:`LSE_RUNS_MIN_MEAN` rows or more on average (:data:`LSE_RUNS_MIN_MEAN_16BIT` for 16-bit
+    data).
 
     ``warp_reduce`` (``linred/kernels/warp.cuh``) gives every lane its own consecutive values and
     joins the pieces that cross lanes, warps and runs of tiles (``tile_fixup``), so a long segment
@@ -182,7 +187,8 @@ def _by_runs(name: str, x: Any, adapter: Any, result: str, axis: int, m: int | N
     if not (LSE_RUNS and GROUP is None and name in RUNS and result != "float64" and m):
         return False
     shape = tuple(x.shape)
-    if math.prod(shape[axis + 1 :]) != 1 or shape[axis] < LSE_RUNS_MIN_MEAN * m:
+    least = LSE_RUNS_MIN_MEAN_16BIT if x.dtype.itemsize == 2 else LSE_RUNS_MIN_MEAN
+    if math.prod(shape[axis + 1 :]) != 1 or shape[axis] < least * m:
         return False
     row_bytes = shape[axis] * x.dtype.itemsize if axis else 0  # (rows of the batch: one after another)
     return adapter.pointer(x) % 16 == 0 and row_bytes % 16 == 0

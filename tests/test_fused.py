@@ -1496,6 +1496,7 @@ def lse_runs(monkeypatch):
     these tests give segments of any mean length (LSE_RUNS_MIN_MEAN: the route's choice, tested
     apart; its kernel must be right for every length)."""
     monkeypatch.setattr(_softmax_kernel, "LSE_RUNS_MIN_MEAN", 0)
+    monkeypatch.setattr(_softmax_kernel, "LSE_RUNS_MIN_MEAN_16BIT", 0)
     calls = []
     real = _softmax_kernel._runs
     monkeypatch.setattr(_softmax_kernel, "_runs", lambda *a, **k: calls.append(a[6:9]) or real(*a, **k))
@@ -1682,10 +1683,12 @@ def test_lse_runs_route(monkeypatch):
 
     lse = "segmented_logsumexp"
     monkeypatch.setattr(_softmax_kernel, "LSE_RUNS_MIN_MEAN", 500)
+    monkeypatch.setattr(_softmax_kernel, "LSE_RUNS_MIN_MEAN_16BIT", 250)
     assert by_runs(lse, x(1_000), 256, "float32", 0)
     assert by_runs(lse, x(1_000), 256, "float32", 0, 2) and not by_runs(lse, x(1_000), 256, "float32", 0, 3)
     assert not by_runs(lse, x(1_000), 256, "float32", 0, 0)  # (no segments: nothing to launch)
-    assert by_runs(lse, x(1_000, itemsize=2), 256, "float16", 0)
+    assert by_runs(lse, x(1_000, itemsize=2), 256, "float16", 0, 4) and not by_runs(lse, x(1_000, itemsize=2), 256,
+                                                                                     "float16", 0, 5)  # fmt: skip
     assert by_runs(lse, x(1_000, 1), 256, "float32", 0)  # (a feature axis of 1)
     assert by_runs(lse, x(3, 1_000), 256, "float32", 1)  # (rows of 4,000 bytes)
     assert not by_runs(lse, x(3, 1_001), 256, "float32", 1)  # (rows of 4,004 bytes)

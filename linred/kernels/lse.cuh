@@ -189,47 +189,73 @@ template <class Off> __device__ __forceinline__ i64 segment_from(Off off, i64 m,
 // segment], the maximum and the sum of exp(x - maximum)): exp(x - m) / s, or (x - m) - log(s), by
 // the formulas of softmax.cuh (the shift the segment's maximum, exp, not sum_exp, for each
 // result); NaN in every value of a segment whose maximum is not finite (+inf, NaN, all -inf), as
-// there.  Blocks take chunks of THREADS * ITEMS values of a row, a thread every THREADS-th: its
-// first value's segment found by segment_of_row, a later value's from there (segment_from) where
-// it lies past the segment's end (a search and a read of the offsets and parts per value made
-// the kernel wait on them: 64M float32 values in segments of 4,096 took 330 us, 2.5 times a copy).
-// Segments are bounded to [0, segments): with offsets that break the rules (checked=True: the
-// host raises after the call) nothing is read or written out of bounds.
+// there.
+//
+// Each block takes consecutive chunks of THREADS * ITEMS values of a row, a thread every
+// THREADS-th value of a chunk.  The block's first thread finds the segments of the chunk's first
+// and last values (segment_of_row for the block's first chunk, segment_from after it: a load or
+// two where segments are long); where they are one, every thread takes its parts from shared
+// memory and reads no offsets; else a thread finds its values' segments from the first, again
+// only past the end of the one it holds.  (A search per value, or per thread and chunk, made the
+// kernel wait on the offsets' loads: 64M float32 values in segments of 4,096 rows took 250-330 us
+// beside a copy's 128.)  Segments are bounded to [0, segments): with offsets that break the rules
+// (check=True: the host raises after the call) nothing is read or written out of bounds.
 template <class T, class O, int MODE, int THREADS, int ITEMS, class Off>
 __device__ __forceinline__ void softmax_from_parts(const T* __restrict__ x, O* __restrict__ y,
                                                    const LseAcc<float>* __restrict__ parts, Off off, i64 rows,
                                                    i64 n, i64 segments) {
     constexpr i64 CHUNK = (i64)THREADS * ITEMS;
-    const i64 per_row = (n + CHUNK - 1) / CHUNK;
-    for (i64 item = blockIdx.x; item < rows * per_row; item += gridDim.x) {
+    const i64 per_row = (n + CHUNK - 1) / CHUNK, total = rows * per_row;
+    const i64 per_block = (total + gridDim.x - 1) / gridDim.x;
+    const i64 c0 = blockIdx.x * per_block, c1 = min(c0 + per_block, total);
+    __shared__ i64 span[2];  // the segments of the chunk's first and last values
+    __shared__ LseAcc<float> one;  // their parts, where they are one
+    i64 last = -1;  // (thread 0: the previous chunk's last segment, in this row)
+    for (i64 item = c0; item < c1; ++item) {
         const i64 r = item / per_row;
-        const i64 first = (item - r * per_row) * CHUNK + threadIdx.x;
+        const i64 base = (item - r * per_row) * CHUNK;
         const T* __restrict__ xr = x + r * n;
         O* __restrict__ yr = y + r * n;
         const LseAcc<float>* __restrict__ pr = parts + r * segments;
-        // The thread's segment: its index, end, and what each of its values needs, read again only
-        // past its end.
-        i64 s = -1, end = -1;
+        if (threadIdx.x == 0) {
+            if (base == 0) last = -1;  // (a new row of the batch)
+            const i64 lo = min(last < 0 ? segment_of_row(off, segments, n, base) : segment_from(off, segments, last, base),
+                               segments - 1);
+            const i64 hi = min(segment_from(off, segments, lo, min(base + CHUNK, n) - 1), segments - 1);
+            span[0] = lo;
+            span[1] = last = hi;
+            if (lo == hi) one = pr[lo];
+        }
+        __syncthreads();
+        const i64 lo = span[0];
+        const bool uniform = lo == span[1];
+        i64 s = lo, end = -1;
         float top = 0.0f, scale = 0.0f;
         bool finite = false;
+        auto take = [&](const LseAcc<float>& p) {
+            top = p.m;
+            finite = top - top == 0.0f;
+            scale = MODE == SOFTMAX_FROM_PARTS_SOFTMAX ? 1.0f / p.s : log(p.s);
+        };
+        if (uniform) {
+            take(one);
+            end = n;
+        }
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k) {
-            const i64 i = first + (i64)k * THREADS;
+            const i64 i = base + threadIdx.x + (i64)k * THREADS;
             if (i < n) {
-                if (i >= end) {
-                    s = min(s < 0 ? segment_of_row(off, segments, n, i) : segment_from(off, segments, s, i),
-                            segments - 1);
+                if (i >= end) {  // (the first value, or past the segment's end: never where uniform)
+                    s = min(segment_from(off, segments, s, i), segments - 1);
                     end = off(s + 1);
-                    const LseAcc<float> p = pr[s];
-                    top = p.m;
-                    finite = top - top == 0.0f;
-                    scale = MODE == SOFTMAX_FROM_PARTS_SOFTMAX ? 1.0f / p.s : log(p.s);
+                    take(pr[s]);
                 }
                 const float v = (float)promote(xr[i]);
                 const float result = MODE == SOFTMAX_FROM_PARTS_SOFTMAX ? exp(v - top) * scale : (v - top) - scale;
                 yr[i] = Store<O>::from(finite ? result : __int_as_float(0x7fc00000));
             }
         }
+        __syncthreads();  // (span and one are read before the next chunk's are written)
     }
 }
 
