@@ -195,8 +195,8 @@ template <class Off> __device__ __forceinline__ i64 segment_from(Off off, i64 m,
 // THREADS-th value of a chunk.  The block's first thread finds the segments of the chunk's first
 // and last values (segment_of_row for the block's first chunk, segment_from after it: a load or
 // two where segments are long); where they are one, every thread takes its parts from shared
-// memory and reads no offsets; else a thread finds its values' segments from the first, again
-// only past the end of the one it holds.  (A search per value, or per thread and chunk, made the
+// memory, reads no offsets and issues all its loads at once; else a thread finds its values'
+// segments from the first, again only past the end of the one it holds.  (A search per value, or per thread and chunk, made the
 // kernel wait on the offsets' loads: 64M float32 values in segments of 4,096 rows took 250-330 us
 // beside a copy's 128.)  Segments are bounded to [0, segments): with offsets that break the rules
 // (check=True: the host raises after the call) nothing is read or written out of bounds.
@@ -237,9 +237,22 @@ __device__ __forceinline__ void softmax_from_parts(const T* __restrict__ x, O* _
             finite = top - top == 0.0f;
             scale = MODE == SOFTMAX_FROM_PARTS_SOFTMAX ? 1.0f / p.s : log(p.s);
         };
-        if (uniform) {
+        if (uniform) {  // every load of the chunk out before the first is used
             take(one);
-            end = n;
+            float v[ITEMS];
+#pragma unroll
+            for (int k = 0; k < ITEMS; ++k) {
+                const i64 i = base + threadIdx.x + (i64)k * THREADS;
+                v[k] = i < n ? (float)promote(xr[i]) : 0.0f;
+            }
+#pragma unroll
+            for (int k = 0; k < ITEMS; ++k) {
+                const i64 i = base + threadIdx.x + (i64)k * THREADS;
+                const float result = MODE == SOFTMAX_FROM_PARTS_SOFTMAX ? exp(v[k] - top) * scale : (v[k] - top) - scale;
+                if (i < n) yr[i] = Store<O>::from(finite ? result : __int_as_float(0x7fc00000));
+            }
+            __syncthreads();  // (span and one are read before the next chunk's are written)
+            continue;
         }
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k) {
