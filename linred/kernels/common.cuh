@@ -9,11 +9,14 @@
 //  - Limits, and the operations OpSum, OpProd, OpMax and OpMin (NaN-propagating), with the
 //    identity of the result dtype;
 //  - finish: a segment's result (a mean divides by the length, NaN when empty);
-//  - shfl_xor, VecOf (16-byte vectors); warp_takes_long_segments (a warp's workers of fewer
-//    lanes hand it their long segments: softmax.cuh, softmax_grad.cuh);
-//  - building blocks of several families: block_combine (a fixed tree over a block),
-//    combine_registers and marked_pieces (a thread's elements in registers), and
-//    warp_flag_scan (a segmented scan over the lanes).
+//  - shfl_xor, shfl_up, shfl_idx (an accumulator's shuffles: lse.cuh overloads them), VecOf
+//    (16-byte vectors); nan_max (a NaN-propagating max in one instruction) and sum_exp (exp of a
+//    term of a sum of exps: softmax.cuh, lse.cuh); warp_takes_long_segments (a warp's workers
+//    of fewer lanes hand it their long segments: softmax.cuh, softmax_grad.cuh);
+//  - building blocks of several families: warp_all (the lanes' combination) and block_combine
+//    (a fixed tree over a block), combine_registers and marked_pieces (a thread's elements in
+//    registers; OwnsRegisters: an operation that does these itself), and warp_flag_scan (a
+//    segmented scan over the lanes).
 //
 // The nvrtc backend's kernel families, each in a header of its own that includes this one:
 //  - fixed.cuh: fixed_small, fixed_rows, fixed_long (power-of-two and long fixed lengths);
@@ -21,7 +24,9 @@
 //  - warp.cuh: warp_reduce (any segments of aligned contiguous rows);
 //  - fixup.cuh: tile_fixup (segments that span the runs of tile_reduce or warp_reduce);
 //  - features.cuh: features_reduce (segments of rows of feature columns);
-//  - offsets.cuh: segment boundaries and the tiling of rows those families share.
+//  - offsets.cuh: segment boundaries and the tiling of rows those families share;
+//  - softmax.cuh and softmax_grad.cuh: the softmax family, var and std, and their gradients;
+//  - lse.cuh: logsumexp as warp_reduce's operation (OpLse), and softmax_from_parts.
 // checks.cuh holds the check of offsets that check=True runs on the device (any backend).
 // Each family header also defines the macros that instantiate its kernels as
 // extern "C" entry points (plain names, so that a compiled binary can be cached);
