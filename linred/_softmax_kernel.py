@@ -21,6 +21,12 @@ the whole GPU.  (One segment far longer than the others still keeps its worker b
 call then takes the time one warp needs to read it.)  16-bit data of one feature in long
 segments is read two rows a load (:data:`PAIRS`).
 
+logsumexp, softmax and log_softmax of one feature column computed in float32, in segments of
+:data:`LSE_RUNS_MIN_MEAN` rows or more on average (whatever their count or longest), go instead
+to the kernel of linred's variable-length sums, ``warp_reduce``, with ``lse.cuh``'s accumulator
+(:func:`_by_runs`): a segment is read by as many warps as it spans; softmax and log_softmax then
+read the data again (``softmax_from_parts``).
+
 It serves what the composition would otherwise compute without a gradient to record:
 CuPy arrays and CUDA tensors (not requiring grad, or under ``torch.no_grad``), C-contiguous,
 float16, bfloat16 (on GPUs of compute capability 8.0 or more), float32 or float64, segments
@@ -93,17 +99,20 @@ LANES = {"segmented_softmax": (8, 4), "segmented_log_softmax": (8, 4)}
 #: function (its passes are a lane's rows one at a time: at mean 256 rows, logsumexp's backward
 #: took 170 us with a warp per segment against 195 with 16 lanes; H200, seventeenth run)
 BACKWARD_LANE_VALUES = 8
-#: whether logsumexp of one feature column, computed in float32, is read by ``warp_reduce`` where
-#: its rows are 16-byte aligned and its segments long on average (:func:`_by_runs`); False gives
-#: every call workers per segment, as :data:`GROUP` set does (tests and benchmarks compare the two)
+#: whether logsumexp, softmax and log_softmax of one feature column, computed in float32, are read
+#: by ``warp_reduce`` where their rows are 16-byte aligned and their segments long on average
+#: (:func:`_by_runs`); False leaves every call to the workers (or, past :data:`MAX_MEAN_ROWS`, to
+#: the composition), as :data:`GROUP` set does (tests and benchmarks compare the two)
 LSE_RUNS = True
-#: ... from this many rows a segment on average.  H200, 64M float32 values (device us, workers ->
-#: warp_reduce; docs/performance.md, eighteenth run): mean 1,024 rows 89 -> 128, 2,048 129 -> 133,
-#: 4,096 154 -> 133, 8,192 174 -> 125, 16,384 938 -> 139, 2^20 3,775 -> 114 (the composition served
-#: means past MAX_MEAN_ROWS); mean 16 153 -> 216, but 16 with one segment of 641,841 rows 1,899 ->
-#: 212: warp_reduce issues 2.4 times the instructions of its sums per value (ncu) and is bound by
-#: them, where the workers' kernel reads a segment's rows in whole steps, but one worker reads a
-#: long segment alone
+#: ... from this many rows a segment on average.  H200, 64M float32 values, logsumexp (device us,
+#: the workers (or the composition) -> warp_reduce; docs/performance.md, eighteenth run): mean 1,024
+#: rows 89 -> 128, 2,048 129 -> 128, 4,096 154 -> 98, 8,192 174 -> 98, 16,384 938 -> 95, 2^20
+#: 3,775 -> 88; softmax at 2,048 244 -> 238, 4,096 295 -> 291, 16,384 1,351 -> about 240, 2^20
+#: 4,204 -> 236 (it reads the data twice from memory, where the workers read a short segment's
+#: second time from L1/L2); but mean 16 153 -> 216, and 16 with one segment of 641,841 rows 1,899
+#: -> 212: warp_reduce issues 2.4 times the instructions of its sums per value (ncu) and is bound
+#: by them, where the workers read a segment's rows in whole steps, but one worker reads a long
+#: segment alone
 LSE_RUNS_MIN_MEAN = 2048
 #: ... for 16-bit data: the workers' kernel reads it two rows a load in segments of 4,096 rows or
 #: more (PAIRS), and warp_reduce issues as many instructions per value as for float32 (H200, 64M
@@ -171,8 +180,9 @@ def _count(x: Any, axis: int, segments: dict[str, Any]) -> int | None:
 
 def _by_runs(name: str, x: Any, adapter: Any, result: str, axis: int, m: int | None) -> bool:
     """Whether ``name`` of ``x`` along ``axis`` in ``m`` segments is read by ``warp_reduce``
-    (:data:`LSE_RUNS`): logsumexp of one feature column (C-contiguous ``x``), computed in float32
-    (a result other than float64), every row of the batch 16-byte aligned, in segments of
+    (:data:`LSE_RUNS`): logsumexp, softmax or log_softmax (:data:`RUNS`) of one feature column
+    (C-contiguous ``x``), computed in float32 (a result other than float64, whatever the data:
+    float64 data with ``dtype=float32`` too), every row of the batch 16-byte aligned, in segments of
     :data:`LSE_RUNS_MIN_MEAN` rows or more on average (:data:`LSE_RUNS_MIN_MEAN_16BIT` for 16-bit
     data).
 
@@ -195,8 +205,9 @@ def _by_runs(name: str, x: Any, adapter: Any, result: str, axis: int, m: int | N
 
 
 #: per thread: the warp_reduce executors of logsumexp by their problem and the nvrtc options
-#: (each holds its partials; the least recently used beyond this many are dropped, not freed:
-#: another thread's call may be running one, as the plan cache's evicted plans)
+#: (each holds its partials; the least recently used beyond this many are dropped, not freed, as
+#: the plan cache's evicted plans: freeing waits for the device, and the array library's pool
+#: orders the memory's next use on the stream after the kernels that may still read it)
 RUNS_CACHE_SIZE = 32
 
 
@@ -211,7 +222,8 @@ def _runs(x: Any, out: Any, seg: Any, adapter: Any, device: int, stream: int, ba
     index = None if fixed else seg.offsets.dtype
     backend = _nvrtc_backend()
     # (the key is made of cheap values: the Problem is built only to plan)
-    key = (reduction, device, x.dtype, result, batch, n, m, seg.length if fixed else None, index, backend.options)
+    key = (reduction, adapter.kind, device, x.dtype, result, batch, n, m, seg.length if fixed else None, index,
+           backend.options)  # fmt: skip
     cache = getattr(_local, "runs", None)
     if cache is None:
         cache = _local.runs = {}
@@ -221,7 +233,7 @@ def _runs(x: Any, out: Any, seg: Any, adapter: Any, device: int, stream: int, ba
         from linred.problem import Problem
 
         problem = Problem(reduction, adapter.kind, device, dtype_name(x.dtype), "float32", result, batch, n, 1,
-                          (n, 1, 1), m, key[7], None if fixed else dtype_name(index))  # fmt: skip
+                          (n, 1, 1), m, key[8], None if fixed else dtype_name(index))  # fmt: skip
         executor = _WarpExecutor(problem, backend.options)
         while len(cache) >= RUNS_CACHE_SIZE:
             del cache[next(iter(cache))]

@@ -1514,8 +1514,8 @@ def test_gpu_lse_runs_tiling(lse_runs, kind, dtype, spec, batch):
     """Offsets crossing warp_reduce's tiles, runs and blocks (each at k * T - 1, k * T, k * T + 1),
     a segment of 100,003 values spanning runs, empty and short segments, NaN and infinities in
     segments within and across tiles; one row or a batch (axis 1), a fused fix-up (small rows) and
-    a fix-up of its own (many runs); against float64 NumPy, and the same NaN and infinities as
-    the workers' kernel."""
+    a fix-up of its own (many runs); against float64 NumPy, NaN and infinities where the
+    composition puts them."""
     if kind == "cupy" and dtype == "bfloat16":
         pytest.skip("CuPy has no bfloat16")
     rng = np.random.default_rng(batch + len(spec))
@@ -1546,8 +1546,9 @@ def test_gpu_lse_runs_tiling(lse_runs, kind, dtype, spec, batch):
 @pytest.mark.parametrize("kind", GPU_KINDS)
 @pytest.mark.parametrize("length", [1, 3, 255, 256, 257, 4_097, 100_003])
 def test_gpu_lse_runs_fixed_lengths(lse_runs, kind, length):
-    """A fixed length (FixedOffsets), from one value to segments that span runs, float32 and
-    float16 data with a float32 result (dtype=), against float64 NumPy."""
+    """A fixed length (FixedOffsets), from one value to segments that span runs, float32 data, and
+    float16 and float64 data with a float32 result (dtype=: computed in float32), against float64
+    NumPy."""
     rng = np.random.default_rng(length)
     m = max(2, 400_000 // length)
     n = m * length
@@ -1558,7 +1559,10 @@ def test_gpu_lse_runs_fixed_lengths(lse_runs, kind, length):
     h = x.astype(np.float16)
     got = linred.segmented_logsumexp(_gpu_array(h, kind), length, dtype="float32")
     check(got, _lse_reference(h[None].astype(np.float64), offsets)[0], "float32", 2e-5)
-    assert len(lse_runs) == 2
+    d = x.astype(np.float64) + rng.normal(size=n) * 1e-3  # (values float32 cannot hold: read as float32)
+    got = linred.segmented_logsumexp(_gpu_array(d, kind), length, dtype="float32")
+    check(got, _lse_reference(d[None].astype(np.float32).astype(np.float64), offsets)[0], "float32", 2e-5)
+    assert len(lse_runs) == 3
 
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
@@ -1585,8 +1589,11 @@ def test_gpu_lse_runs_only_where_rows_are_aligned(lse_runs, kind, monkeypatch):
           _lse_reference(even, off3), "float32", 2e-5)  # fmt: skip
     assert len(lse_runs) == 1
     x = base[:2_002]
-    linred.segmented_logsumexp(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind), dtype="float64")
-    linred.segmented_logsumexp(_gpu_array(np.stack([x, x], 1), kind), offsets=_gpu_array(offsets, kind))
+    expected = _lse_reference(x[None], offsets)[0]
+    got = linred.segmented_logsumexp(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind), dtype="float64")
+    check(got, expected, "float64", 2e-6)  # (computed in float64: the workers' kernel)
+    got = linred.segmented_logsumexp(_gpu_array(np.stack([x, x], 1), kind), offsets=_gpu_array(offsets, kind))
+    check(got, np.stack([expected, expected], 1), "float32", 2e-5)
     monkeypatch.setattr(_softmax_kernel, "GROUP", 4)
     check(linred.segmented_logsumexp(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind)),
           _lse_reference(x[None], offsets)[0], "float32", 2e-5)  # fmt: skip
@@ -1600,11 +1607,13 @@ def test_gpu_lse_runs_only_where_rows_are_aligned(lse_runs, kind, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
-def test_gpu_lse_runs_checks_the_offsets(lse_runs, kind):
+@pytest.mark.parametrize("name", ["logsumexp", "softmax", "log_softmax"])
+def test_gpu_lse_runs_checks_the_offsets(lse_runs, kind, name):
     """check=True: warp_reduce checks the offsets as it reads them (its CHECKED variant and the
     fix-up's test of the runs' walks): broken offsets raise the host's message, small calls (the
-    fix-up in the last block) and large ones (a fix-up of its own); valid calls after them are
-    right, with check=True and False."""
+    fix-up in the last block) and large ones (a fix-up of its own), softmax_from_parts reading
+    them after it without leaving its bounds; valid calls after them are right, with check=True
+    and False."""
     rng = np.random.default_rng(9)
     for n in (5_000, 3_000_000):
         x = (rng.normal(size=n) * 4).astype(np.float32)
@@ -1614,15 +1623,18 @@ def test_gpu_lse_runs_checks_the_offsets(lse_runs, kind):
                 [0, 10, 10, n // 3, n // 2, n + 1])  # fmt: skip
         for bad in bads:
             try:
-                linred.segmented_logsumexp(x, offsets=np.array(bad))
+                fn(name)(x, offsets=np.array(bad))
                 raise AssertionError(f"the host accepts {bad}")
             except ValueError as e:
                 expected = str(e)
             with pytest.raises(ValueError, match=re.escape(expected)):
-                linred.segmented_logsumexp(_gpu_array(x, kind), offsets=_gpu_array(np.array(bad), kind))
+                fn(name)(_gpu_array(x, kind), offsets=_gpu_array(np.array(bad), kind))
         for check_ in (True, False):
-            got = linred.segmented_logsumexp(_gpu_array(x, kind), offsets=_gpu_array(good, kind), check=check_)
-            check(got, _lse_reference(x[None], good)[0], "float32", 2e-5)
+            got = fn(name)(_gpu_array(x, kind), offsets=_gpu_array(good, kind), check=check_)
+            if name == "logsumexp":
+                check(got, _lse_reference(x[None], good)[0], "float32", 2e-5)
+            else:
+                check(got, _softmax_reference(x[None], good, name == "log_softmax")[0], "float32", 2e-5)
     assert len(lse_runs) == 2 * (len(bads) + 2)
 
 
@@ -1790,3 +1802,23 @@ def test_gpu_softmax_from_parts(lse_runs, kind, name, dtype, spec):
         atol = tol * (1e-2 if name == "softmax" else 1)  # (softmax's values are at most 1)
         np.testing.assert_allclose(got64[finite], expected[finite], rtol=tol, atol=atol)
     assert [c[:2] for c in lse_runs] == [(1, n), (3, n)]
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_gpu_softmax_from_parts_blocks_of_many_chunks(lse_runs, monkeypatch, kind, name):
+    """A grid of 2 blocks (one SM, two blocks a SM), so that each block takes many consecutive
+    chunks of THREADS * ITEMS values: its first thread finds a chunk's segments from the previous
+    chunk's last one, anew at a new row of the batch (3 rows, axis 1); chunks inside one segment and
+    across several, offsets that cross chunks at k * C - 1, k * C and k * C + 1."""
+    monkeypatch.setattr(_softmax_kernel, "multiprocessors", lambda device: 1)
+    monkeypatch.setattr(_softmax_kernel, "BLOCKS_PER_SM", 2)
+    chunk = _softmax_kernel.PARTS_THREADS * _softmax_kernel.PARTS_ITEMS
+    rng = np.random.default_rng(17)
+    n = 41 * chunk + 1_000
+    cuts = {k * chunk + d for k in (1, 2, 5, 6, 17, 40) for d in (-1, 0, 1)} | {3 * chunk + 5 * i for i in range(50)}
+    offsets = np.array([0, *sorted([*cuts, 30 * chunk, 30 * chunk]), n], dtype=np.int64)  # (an empty segment)
+    x = (rng.normal(size=(3, n)) * 4).astype(np.float32)
+    got = fn(name)(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind), axis=1)
+    check(got, _softmax_reference(x, offsets, name == "log_softmax"), "float32", 2e-5)
+    assert [c[:2] for c in lse_runs] == [(3, n)]

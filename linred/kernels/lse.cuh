@@ -3,8 +3,8 @@
 //
 // Holds:
 //  - LseAcc<F>: a piece of a segment as (m, s), its maximum and the sum of exp(x - m) over its
-//    values, so that its logsumexp is m + log(s); a value x is the piece (x, 1), nothing is
-//    (-inf, 0);
+//    values, so that its logsumexp is m + log(s) (where m is not finite, s is only kept from
+//    being 0 or NaN where it must not be: see OpLse::registers); nothing is (-inf, 0);
 //  - OpLse: its identity and combine, which rescales the sum of the piece with the smaller
 //    maximum (one exp per combine: exp(-|m1 - m2|));
 //  - the overloads of shfl_xor, shfl_up, shfl_idx (common.cuh) and load (fixup.cuh) that move an
@@ -85,8 +85,11 @@ template <class F> __device__ __forceinline__ F lse_term(F x, F m) { return x ==
 
 // The piece of all of a thread's N vectors of values: its maximum m, and the sum of exp(x - shift)
 // with the shift m where that is finite, else 0 (the composition's shift).  So an all -inf piece
-// is (-inf, 0), one holding +inf (+inf, +inf) and one holding NaN (NaN, NaN): combine and finish
-// read the sum only beside a finite maximum, and keep +inf, -inf and NaN as they are.
+// is (-inf, 0), one holding +inf (+inf, +inf) and one holding NaN (NaN, NaN).  (marked gives
+// (-inf, count) and (+inf, count of +inf) instead: lse_term adds 1 for a value equal to the
+// maximum.)  Beside an infinite maximum a sum only has to stay positive, and NaN where a value is
+// NaN: m + log(s) is then the same +inf or -inf (-inf + log(0) too), and combine and warp_all keep
+// a piece of the larger maximum's sum, scale the other's by 0, or add two of an equal one.
 template <class A, int N, class V> __device__ __forceinline__ A OpLse::registers(const V (&vbuf)[N]) {
     typedef typename A::type F;
     constexpr int VEC = (int)(sizeof(vbuf[0].v) / sizeof(vbuf[0].v[0]));
@@ -164,8 +167,9 @@ template <bool COHERENT, class F> __device__ __forceinline__ LseAcc<F> load(cons
 
 // ---- softmax and log_softmax from a segment's parts ---------------------------------------
 // The segment row v (s0 <= v < n, in segment s0 or after it) lies in: the last s in [s0, m] with
-// off(s) <= v, galloping from s0 (a row a block's stride past the previous one is in the same
-// segment, or one of the next few, where segments are long), then halving the bracket.
+// off(s) <= v, galloping from s0 (the segment of an earlier row: the previous chunk's last one, or
+// the thread's previous value's, which is v's or one of the next few where segments are long),
+// then halving the bracket.
 template <class Off> __device__ __forceinline__ i64 segment_from(Off off, i64 m, i64 s0, i64 v) {
     i64 lo = s0, hi = m, step = 1;
     while (lo + step <= m) {
