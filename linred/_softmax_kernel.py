@@ -22,7 +22,8 @@ call then takes the time one warp needs to read it.)  16-bit data of one feature
 segments is read two rows a load (:data:`PAIRS`).
 
 logsumexp, softmax and log_softmax of one feature column computed in float32, in segments of
-:data:`LSE_RUNS_MIN_MEAN` rows or more on average (whatever their count or longest), go instead
+:data:`LSE_RUNS_MIN_MEAN` rows or more on average (whatever their count or longest; more for
+the softmaxes and 16-bit data), in large calls or calls the workers do not serve, go instead
 to the kernel of linred's variable-length sums, ``warp_reduce``, with ``lse.cuh``'s accumulator
 (:func:`_by_runs`): a segment is read by as many warps as it spans; softmax and log_softmax then
 read the data again (``softmax_from_parts``).
@@ -106,18 +107,24 @@ BACKWARD_LANE_VALUES = 8
 LSE_RUNS = True
 #: ... from this many rows a segment on average.  H200, 64M float32 values, logsumexp (device us,
 #: the workers (or the composition) -> warp_reduce; docs/performance.md, eighteenth run): mean 1,024
-#: rows 89 -> 128, 2,048 129 -> 128, 4,096 154 -> 98, 8,192 174 -> 98, 16,384 938 -> 95, 2^20
-#: 3,775 -> 88; softmax at 2,048 244 -> 238, 4,096 295 -> 291, 16,384 1,351 -> about 240, 2^20
-#: 4,204 -> 236 (it reads the data twice from memory, where the workers read a short segment's
-#: second time from L1/L2); but mean 16 153 -> 216, and 16 with one segment of 641,841 rows 1,899
-#: -> 212: warp_reduce issues 2.4 times the instructions of its sums per value (ncu) and is bound
-#: by them, where the workers read a segment's rows in whole steps, but one worker reads a long
-#: segment alone
+#: rows 83 -> 128, 2,048 128 -> 128, 4,096 156 -> 99, 8,192 174 -> 109, 16,384 928 -> 108, 2^20
+#: 3,676 -> 89; but mean 16 150 -> 216, and 16 with one segment of 641,841 rows 1,874 -> 212:
+#: warp_reduce issues 2.4 times the instructions of its sums per value (ncu) and is bound by them,
+#: where the workers read a segment's rows in whole steps, but one worker reads a long segment
+#: alone
 LSE_RUNS_MIN_MEAN = 2048
 #: ... for 16-bit data: the workers' kernel reads it two rows a load in segments of 4,096 rows or
 #: more (PAIRS), and warp_reduce issues as many instructions per value as for float32 (H200, 64M
 #: float16 values, logsumexp: mean 4,096 rows 93 -> 114 us, 8,192 106 -> 113, 16,384 1,122 -> 109)
 LSE_RUNS_MIN_MEAN_16BIT = 16384
+#: ... for softmax and log_softmax of data of 4 or 8 bytes, which read the data twice from memory
+#: there (H200, 64M float32 values, softmax: mean 4,096 rows 291 -> 286 us, 8,192 336 -> 266)
+SOFTMAX_RUNS_MIN_MEAN = 8192
+#: ... and in calls of at least this many values, or calls the workers' kernel does not serve (too
+#: few workers, or segments past MAX_MEAN_ROWS): warp_reduce's launches (two or three kernels, and
+#: an event) cost host time that a small call waits for (H200, float32 values in segments of 4,096,
+#: logsumexp: 8M 51 -> 65 us a call, 16M 51 -> 65, 32M 85 -> 68; softmax 4M 51 -> 138, 32M 162 -> 170)
+RUNS_MIN_VALUES = 1 << 25
 #: the functions warp_reduce serves (:func:`_by_runs`): logsumexp, and softmax and log_softmax of
 #: its parts (each segment's maximum and sum of exps) by a second read (:func:`_from_parts`)
 RUNS = ("segmented_logsumexp", "segmented_softmax", "segmented_log_softmax")
@@ -155,7 +162,7 @@ def serves(
     if name in VARIANCE and in_name == "float64" and result != "float64":
         # (the composition computes in the narrower dtype, the kernel would read float64 values)
         return False
-    runs = _by_runs(name, x, adapter, result, axis, _count(x, axis, segments))  # (any mean length past the least)
+    runs = _takes_runs(name, x, adapter, result, axis, segments, adapter.device_of(x))  # (any long mean length)
     if not runs and not _enough_workers(x, axis, segments, adapter.device_of(x), name, itemsize=itemsize(in_name)):
         return False
     if "bfloat16" in (in_name, result):  # (bfloat16 conversions need compute capability 8.0, as nvrtc's kernels)
@@ -183,8 +190,8 @@ def _by_runs(name: str, x: Any, adapter: Any, result: str, axis: int, m: int | N
     (:data:`LSE_RUNS`): logsumexp, softmax or log_softmax (:data:`RUNS`) of one feature column
     (C-contiguous ``x``), computed in float32 (a result other than float64, whatever the data:
     float64 data with ``dtype=float32`` too), every row of the batch 16-byte aligned, in segments of
-    :data:`LSE_RUNS_MIN_MEAN` rows or more on average (:data:`LSE_RUNS_MIN_MEAN_16BIT` for 16-bit
-    data).
+    :data:`LSE_RUNS_MIN_MEAN` rows or more on average (:data:`SOFTMAX_RUNS_MIN_MEAN` for softmax
+    and log_softmax, :data:`LSE_RUNS_MIN_MEAN_16BIT` for 16-bit data).
 
     ``warp_reduce`` (``linred/kernels/warp.cuh``) gives every lane its own consecutive values and
     joins the pieces that cross lanes, warps and runs of tiles (``tile_fixup``), so a long segment
@@ -197,11 +204,25 @@ def _by_runs(name: str, x: Any, adapter: Any, result: str, axis: int, m: int | N
     if not (LSE_RUNS and GROUP is None and name in RUNS and result != "float64" and m):
         return False
     shape = tuple(x.shape)
-    least = LSE_RUNS_MIN_MEAN_16BIT if x.dtype.itemsize == 2 else LSE_RUNS_MIN_MEAN
+    if x.dtype.itemsize == 2:
+        least = LSE_RUNS_MIN_MEAN_16BIT
+    else:
+        least = LSE_RUNS_MIN_MEAN if name == "segmented_logsumexp" else SOFTMAX_RUNS_MIN_MEAN
     if math.prod(shape[axis + 1 :]) != 1 or shape[axis] < least * m:
         return False
     row_bytes = shape[axis] * x.dtype.itemsize if axis else 0  # (rows of the batch: one after another)
     return adapter.pointer(x) % 16 == 0 and row_bytes % 16 == 0
+
+
+def _takes_runs(name: str, x: Any, adapter: Any, result: str, axis: int, segments: dict[str, Any],
+                device: int) -> bool:  # fmt: skip
+    """Whether ``warp_reduce`` serves the call (:func:`_by_runs`), and it is large
+    (:data:`RUNS_MIN_VALUES`) or one the workers' kernel does not serve (:func:`_enough_workers`)."""
+    if not _by_runs(name, x, adapter, result, axis, _count(x, axis, segments)):
+        return False
+    if math.prod(tuple(x.shape)) >= RUNS_MIN_VALUES:
+        return True
+    return not _enough_workers(x, axis, segments, device, name, itemsize=x.dtype.itemsize)
 
 
 #: per thread: the warp_reduce executors of logsumexp by their problem and the nvrtc options
@@ -430,7 +451,7 @@ def run(
     out_shape = shape if name not in PER_SEGMENT else (*shape[:axis], m, *shape[axis + 1 :])
     out = adapter.allocator(result, device)(out_shape)
     group, width, workers = _workers(batch, m, features, n, name, itemsize=x.dtype.itemsize)
-    if workers and m <= INT32_MAX and _by_runs(name, x, adapter, result, axis, m):
+    if workers and m <= INT32_MAX and _takes_runs(name, x, adapter, result, axis, segments, device):
         if name in PER_SEGMENT:
             _runs(x, out, seg, adapter, device, stream, batch, n, m, result)
         else:

@@ -1497,6 +1497,8 @@ def lse_runs(monkeypatch):
     apart; its kernel must be right for every length)."""
     monkeypatch.setattr(_softmax_kernel, "LSE_RUNS_MIN_MEAN", 0)
     monkeypatch.setattr(_softmax_kernel, "LSE_RUNS_MIN_MEAN_16BIT", 0)
+    monkeypatch.setattr(_softmax_kernel, "SOFTMAX_RUNS_MIN_MEAN", 0)
+    monkeypatch.setattr(_softmax_kernel, "RUNS_MIN_VALUES", 0)
     calls = []
     real = _softmax_kernel._runs
     monkeypatch.setattr(_softmax_kernel, "_runs", lambda *a, **k: calls.append(a[6:9]) or real(*a, **k))
@@ -1695,6 +1697,7 @@ def test_lse_runs_route(monkeypatch):
 
     lse = "segmented_logsumexp"
     monkeypatch.setattr(_softmax_kernel, "LSE_RUNS_MIN_MEAN", 500)
+    monkeypatch.setattr(_softmax_kernel, "SOFTMAX_RUNS_MIN_MEAN", 1000)
     monkeypatch.setattr(_softmax_kernel, "LSE_RUNS_MIN_MEAN_16BIT", 250)
     assert by_runs(lse, x(1_000), 256, "float32", 0)
     assert by_runs(lse, x(1_000), 256, "float32", 0, 2) and not by_runs(lse, x(1_000), 256, "float32", 0, 3)
@@ -1712,6 +1715,8 @@ def test_lse_runs_route(monkeypatch):
     assert by_runs(lse, x(1_000, itemsize=8), 256, "float32", 0)  # (float64 data, dtype=float32)
     assert by_runs("segmented_softmax", x(1_000), 256, "float32", 0)  # (from the parts: softmax_from_parts)
     assert by_runs("segmented_log_softmax", x(1_000), 256, "float32", 0)
+    assert not by_runs("segmented_softmax", x(1_000), 256, "float32", 0, 2)  # (SOFTMAX_RUNS_MIN_MEAN)
+    assert by_runs("segmented_softmax", x(1_000, itemsize=2), 256, "float16", 0, 4)  # (16-bit: the same least)
     assert not by_runs("segmented_var", x(1_000), 256, "float32", 0) and not by_runs("segmented_std", x(1_000), 256,
                                                                                       "float32", 0)  # fmt: skip
     monkeypatch.setattr(_softmax_kernel, "GROUP", 2)
@@ -1732,6 +1737,14 @@ def test_lse_runs_route(monkeypatch):
     for name, result, served in ((lse, "float32", True), (lse, "float64", False), ("segmented_var", "float32", False)):
         assert _softmax_kernel.serves(name, x(4 * rows), Adapter(256), "float32", result, one, "auto", False,
                                       True) is served, name  # fmt: skip
+    # the least size: smaller calls that the workers serve stay with them (64 segments of 4,096
+    # values: few workers, each lane reading 128 values); those they do not serve come here
+    monkeypatch.setattr(_softmax_kernel, "RUNS_MIN_VALUES", 1 << 25)
+    small, large = x(64 * 4096), x(1 << 25)
+    assert not _softmax_kernel._takes_runs(lse, small, Adapter(256), "float32", 0, {"segment_length": 4096}, 0)
+    assert _softmax_kernel._takes_runs(lse, large, Adapter(256), "float32", 0, {"segment_length": 4096}, 0)
+    assert _softmax_kernel._takes_runs(lse, small, Adapter(256), "float32", 0, {"segment_length": 64 * 4096}, 0)
+    assert _softmax_kernel.serves(lse, x(4 * rows), Adapter(256), "float32", "float32", one, "auto", False, True)
     # the mean, from a length, the offsets' or the lengths' shape
     for segments, served in (({"segment_length": 2048}, True), ({"segment_length": 2047}, False),
                              ({"offsets": np.arange(0, 8193, 2048)}, True), ({"lengths": [2048] * 4}, True),
@@ -1742,9 +1755,11 @@ def test_lse_runs_route(monkeypatch):
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
 def test_gpu_lse_runs_by_default_from_the_least_mean(kind, monkeypatch):
-    """With the defaults, warp_reduce reads logsumexp of segments of LSE_RUNS_MIN_MEAN rows or more
-    on average (one of 300,000 among 99 of 1..30, too: the mean decides), the workers' kernel
-    shorter ones and the composition none; each right."""
+    """With the defaults (but the least size, RUNS_MIN_VALUES: these calls are small), warp_reduce
+    reads logsumexp of segments of LSE_RUNS_MIN_MEAN rows or more on average (one of 300,000 among
+    99 of 1..30, too: the mean decides), the workers' kernel shorter ones and the composition
+    none; each right."""
+    monkeypatch.setattr(_softmax_kernel, "RUNS_MIN_VALUES", 0)
     calls = []
     real = _softmax_kernel._runs
     monkeypatch.setattr(_softmax_kernel, "_runs", lambda *a, **k: calls.append(a[8]) or real(*a, **k))
