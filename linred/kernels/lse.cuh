@@ -6,12 +6,14 @@
 //    values, so that its logsumexp is m + log(s) (where m is not finite, s is only kept from
 //    being 0 or NaN where it must not be: see OpLse::registers); nothing is (-inf, 0);
 //  - OpLse: its identity and combine, which rescales the sum of the piece with the smaller
-//    maximum (one exp per combine: exp(-|m1 - m2|));
+//    maximum (one exp per combine: exp(-|m1 - m2|)), and its passes over values in registers
+//    (OwnsRegisters): registers and marked (a thread's values, the maxima then the exps; lse_term
+//    is a value's exp beside its piece's maximum) and warp_all (the lanes' pieces);
 //  - the overloads of shfl_xor, shfl_up, shfl_idx (common.cuh) and load (fixup.cuh) that move an
 //    LseAcc as its two words;
 //  - softmax_from_parts: softmax and log_softmax of a call whose segments' parts warp_reduce
-//    computed (a second read of the data: its entry point LINRED_SOFTMAX_FROM_PARTS,
-//    linred_softmax_from_parts).
+//    computed (a second read of the data; segment_from finds a row's segment from an earlier
+//    row's): its entry point LINRED_SOFTMAX_FROM_PARTS (linred_softmax_from_parts).
 //
 // warp_reduce (warp.cuh) reads any segments of aligned contiguous rows alike: every lane reads its
 // own consecutive values and the pieces that cross lanes, warps and runs are joined by the
