@@ -1320,6 +1320,18 @@ def test_gpu_kernel_bfloat16_and_what_it_leaves_to_the_composition(kernel_calls,
     assert kernel_calls == [f"segmented_{name}"] * 2
 
 
+def _raises_the_hosts_error(name: str, x: np.ndarray, bad: list, kind: str) -> None:
+    """``name`` of ``x`` on the GPU with the broken offsets ``bad`` raises the ValueError the host
+    raises for them, word for word."""
+    try:
+        fn(name)(x, offsets=np.array(bad))
+        raise AssertionError(f"the host accepts {bad}")
+    except ValueError as e:
+        expected = str(e)
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        fn(name)(_gpu_array(x, kind), offsets=_gpu_array(np.array(bad), kind))
+
+
 @pytest.mark.parametrize("kind", GPU_KINDS)
 @pytest.mark.parametrize("name", FUNCTIONS)
 def test_gpu_kernel_checks_the_offsets(kernel_calls, kind, name):
@@ -1329,13 +1341,7 @@ def test_gpu_kernel_checks_the_offsets(kernel_calls, kind, name):
     good = np.array([0, 10, 10, 30, 50])
     for bad in ([1, 10, 10, 30, 50], [0, 10, 5, 30, 50], [0, 10, 10, 30, 49], [0, -4, 10, 30, 50],
                 [0, 10, 10, 2**40, 50]):  # fmt: skip
-        try:
-            fn(name)(x, offsets=np.array(bad))
-            raise AssertionError(f"the host accepts {bad}")
-        except ValueError as e:
-            expected = str(e)
-        with pytest.raises(ValueError, match=re.escape(expected)):
-            fn(name)(_gpu_array(x, kind), offsets=_gpu_array(np.array(bad), kind))
+        _raises_the_hosts_error(name, x, bad, kind)
     got = fn(name)(_gpu_array(x, kind), offsets=_gpu_array(good, kind))
     check(got, _fast_reference(name, x, good, 0), "float32", 2e-5)
     assert len(kernel_calls) == 6
@@ -1624,13 +1630,7 @@ def test_gpu_lse_runs_checks_the_offsets(lse_runs, kind, name):
                 [0, -4, 10, n // 3, n // 2, n], [0, 10, 10, 2**40, n // 2, n], [0, 10, 10, n // 2, n // 3, n],
                 [0, 10, 10, n // 3, n // 2, n + 1])  # fmt: skip
         for bad in bads:
-            try:
-                fn(name)(x, offsets=np.array(bad))
-                raise AssertionError(f"the host accepts {bad}")
-            except ValueError as e:
-                expected = str(e)
-            with pytest.raises(ValueError, match=re.escape(expected)):
-                fn(name)(_gpu_array(x, kind), offsets=_gpu_array(np.array(bad), kind))
+            _raises_the_hosts_error(name, x, bad, kind)
         for check_ in (True, False):
             got = fn(name)(_gpu_array(x, kind), offsets=_gpu_array(good, kind), check=check_)
             if name == "logsumexp":

@@ -12,8 +12,8 @@
 //  - the overloads of shfl_xor, shfl_up, shfl_idx (common.cuh) and load (fixup.cuh) that move an
 //    LseAcc as its two words;
 //  - softmax_from_parts: softmax and log_softmax of a call whose segments' parts warp_reduce
-//    computed (a second read of the data; segment_from finds a row's segment from an earlier
-//    row's): its entry point LINRED_SOFTMAX_FROM_PARTS (linred_softmax_from_parts).
+//    computed (a second read of the data; offsets.cuh's segment_from finds a row's segment from
+//    an earlier row's): its entry point LINRED_SOFTMAX_FROM_PARTS (linred_softmax_from_parts).
 //
 // warp_reduce (warp.cuh) reads any segments of aligned contiguous rows alike: every lane reads its
 // own consecutive values and the pieces that cross lanes, warps and runs are joined by the
@@ -168,28 +168,6 @@ template <bool COHERENT, class F> __device__ __forceinline__ LseAcc<F> load(cons
 }
 
 // ---- softmax and log_softmax from a segment's parts ---------------------------------------
-// The segment row v (s0 <= v < n, in segment s0 or after it) lies in: the last s in [s0, m] with
-// off(s) <= v, galloping from s0 (the segment of an earlier row: the previous chunk's last one, or
-// the thread's previous value's, which is v's or one of the next few where segments are long),
-// then halving the bracket.
-template <class Off> __device__ __forceinline__ i64 segment_from(Off off, i64 m, i64 s0, i64 v) {
-    i64 lo = s0, hi = m, step = 1;
-    while (lo + step <= m) {
-        if (off(lo + step) > v) {
-            hi = lo + step - 1;
-            break;
-        }
-        lo += step;
-        step *= 2;
-    }
-    while (lo < hi) {
-        const i64 mid = lo + (hi - lo + 1) / 2;
-        if (off(mid) <= v) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
 // softmax_from_parts: softmax (MODE 1) or log_softmax (MODE 2) of x, `rows` rows of n values of
 // one feature, whose segments' parts (m, s) warp_reduce wrote with OpLse (parts[row * segments +
 // segment], the maximum and the sum of exp(x - maximum)): exp(x - m) / s, or (x - m) - log(s), by

@@ -3,7 +3,8 @@
 //
 // Holds: ArrayOffsets and FixedOffsets (offsets[s] from an array, or s * L),
 // checked_bounds (a segment's bounds checked by the kernel that reads them),
-// segment_of_row (the segment a row lies in), segment_at_or_after and
+// segment_of_row and segment_from (the segment a row lies in; gallop_forward and last_at_most,
+// their steps), segment_at_or_after and
 // warp_segment_at_or_after (the first segment at or after an element), TileArgs (a row's tiling), the carry modes, and the parameter list and
 // TileArgs construction every tile kernel's entry point shares (LINRED_TILE_PARAMS,
 // LINRED_TILE_ARGS).
@@ -44,6 +45,31 @@ __device__ __forceinline__ void checked_bounds(i64 s, i64 m, i64 n, int* bad, i6
     }
 }
 
+// From lo (off(lo) <= v), steps of 1, 2, 4, ... forward while the offset there is at most v:
+// [lo, hi] then brackets the last s with off(s) <= v (hi: m, or one before the first offset past v).
+template <class Off> __device__ __forceinline__ void gallop_forward(Off off, i64 m, i64 v, i64& lo, i64& hi) {
+    i64 step = 1;
+    hi = m;
+    while (lo + step <= m) {
+        if (off(lo + step) > v) {
+            hi = lo + step - 1;
+            break;
+        }
+        lo += step;
+        step *= 2;
+    }
+}
+
+// The last s in [lo, hi] with off(s) <= v, the bracket halved.
+template <class Off> __device__ __forceinline__ i64 last_at_most(Off off, i64 lo, i64 hi, i64 v) {
+    while (lo < hi) {
+        const i64 mid = lo + (hi - lo + 1) / 2;
+        if (off(mid) <= v) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 // The last s in [0, m] with off(s) <= v (0 <= v < n): the segment that row v lies in.  The
 // search starts where v's share of the rows puts it (right, or one off, for even lengths) and
 // gallops from there, then halves the bracket: a few dependent loads where lengths are even,
@@ -54,15 +80,7 @@ template <class Off> __device__ __forceinline__ i64 segment_of_row(Off off, i64 
     i64 lo, hi, step = 1;
     if (off(guess) <= v) {  // the answer is guess or after it
         lo = guess;
-        hi = m;
-        while (lo + step <= m) {
-            if (off(lo + step) > v) {
-                hi = lo + step - 1;
-                break;
-            }
-            lo += step;
-            step *= 2;
-        }
+        gallop_forward(off, m, v, lo, hi);
     } else {  // before it
         hi = guess - 1;
         lo = 0;
@@ -76,12 +94,15 @@ template <class Off> __device__ __forceinline__ i64 segment_of_row(Off off, i64 
             step *= 2;
         }
     }
-    while (lo < hi) {
-        const i64 mid = lo + (hi - lo + 1) / 2;
-        if (off(mid) <= v) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
+    return last_at_most(off, lo, hi, v);
+}
+
+// The same from segment s0 on (off(s0) <= v < n): the last s in [s0, m] with off(s) <= v, a few
+// loads where v lies in s0 or a segment soon after it (softmax_from_parts, lse.cuh).
+template <class Off> __device__ __forceinline__ i64 segment_from(Off off, i64 m, i64 s0, i64 v) {
+    i64 lo = s0, hi;
+    gallop_forward(off, m, v, lo, hi);
+    return last_at_most(off, lo, hi, v);
 }
 
 // The first segment starting at or after tile j's first element: read from the
