@@ -209,7 +209,7 @@ def test_threads_give_the_bits_of_one_thread(planned, monkeypatch, rng, reductio
 @pytest.mark.parametrize("more", [0, 1])
 def test_small_calls_keep_the_loop(planned, monkeypatch, rng, more):
     offsets = _offsets(np.full(FEW + 1, 40))
-    x = rng.standard_normal((int(offsets[-1]), 16)).astype(np.float32)
+    x = rng.standard_normal((int(offsets[-1]), 32)).astype(np.float32)  # (wider than BLOCKED_MAX_FEATURES)
     monkeypatch.setattr(numpy_backend, "TILE_MIN_ELEMENTS", x.size + more)
     got = linred.segmented_sum(x, offsets=offsets, axis=0, backend="numpy")
     assert planned == ["_loop_rows" if more else "_tile_rows"]
@@ -309,12 +309,16 @@ def test_narrow_rows_non_finite_values_stay_in_their_segment_and_feature(blocked
         ("rows + 1", "_loop_rows"),
         ("8 features over tiles", "_tile_rows"),
         ("4 features over tiles", "_blocked_rows"),
-        ("16 features", "_loop_rows"),
+        ("16 features", "_blocked_rows"),
+        ("17 features", "_loop_rows"),
+        ("16 features, wide bytes", "_blocked_rows"),
+        ("16 features, wide bytes + 1 row", "_loop_rows"),
     ],
 )
 def test_where_narrow_rows_take_blocks(blocked, case, expected):
     """The switches (BLOCKED_MAX_BYTES, BLOCKED_MAX_ROWS, BLOCKED_MAX_FEATURES,
-    BLOCKED_OVER_TILES_FEATURES), each one step either side."""
+    BLOCKED_OVER_TILES_FEATURES, BLOCKED_WIDE_MAX_BYTES past BLOCKED_NARROW_FEATURES), each one
+    step either side."""
     most_rows = numpy_backend.BLOCKED_MAX_ROWS
     if case.startswith("bytes"):  # float32 rows of 4 features filling BLOCKED_MAX_BYTES, 8 segments
         n = numpy_backend.BLOCKED_MAX_BYTES // 16 + (1 if "+" in case else 0)
@@ -329,8 +333,11 @@ def test_where_narrow_rows_take_blocks(blocked, case, expected):
         m, n = numpy_backend.TILE_MIN_SEGMENTS + 1, 200 * (numpy_backend.TILE_MIN_SEGMENTS + 1)
         if d * n < numpy_backend.TILE_MIN_ELEMENTS:
             n = -(-numpy_backend.TILE_MIN_ELEMENTS // (d * m)) * m
+    elif case.startswith("16 features, wide bytes"):  # float32 rows of 16 features, 32 segments
+        m, d = 32, 16
+        n = numpy_backend.BLOCKED_WIDE_MAX_BYTES // 64 + (1 if "+" in case else 0)
     else:
-        m, d, n = 8, 16, 8 * 200
+        m, d, n = 8, int(case.split()[0]), 8 * 200
     x = np.ones((n, d), dtype=np.float32)
     offsets = np.linspace(0, n, m + 1).astype(np.int64)
     got = linred.segmented_sum(x, offsets=offsets, axis=0, backend="numpy")
