@@ -973,9 +973,10 @@ def _loop_rows(problem: Problem):
 
     A segment of at most :data:`BLAS_BLOCK_FEATURES` rows is one BLAS product with a ones vector;
     a longer one is cut into blocks of that many rows (as the fixed-length path does, for the same
-    accuracy), summed by one stacked product, the blocks' sums added in float64
-    (:func:`_segment_total`).  Data of another dtype than the accumulation's is converted a block
-    at a time.
+    accuracy), each block one product, the blocks' sums added in float64 (for all long segments
+    of a row of the batch by one ``reduceat``).  Data of another dtype than the accumulation's, or
+    a result of another dtype, takes :func:`_segment_total` a segment at a time, converting a
+    block at a time.
     """
     B, _, D = problem.in_shape
     m = problem.num_segments
@@ -990,6 +991,9 @@ def _loop_rows(problem: Problem):
         x3, out3 = host_view(x), host_view(out)
         convert = x3.dtype != acc
         starts = np.asarray(segments.offsets).tolist()
+        if not convert and out3.dtype == acc:
+            _blocks_run(x3, out3, starts)
+            return
         total = np.empty(D, dtype=np.float64)
         for b in range(B):
             rows, results = x3[b], out3[b]
@@ -998,13 +1002,42 @@ def _loop_rows(problem: Problem):
                 if lo == hi:
                     results[i] = empty_value
                     continue
-                if hi - lo <= block and not convert and not mean and results.dtype == acc:
-                    matmul(ones[: hi - lo], rows[lo:hi], out=results[i])
-                    continue
                 _segment_total(rows[lo:hi], ones, total, convert)
                 if mean:
                     total /= hi - lo
                 results[i] = total  # (cast to the result dtype)
+
+    def _blocks_run(x3: np.ndarray, out3: np.ndarray, starts: list) -> None:
+        """Data read as it is: a segment of at most a block (a sum) is one product into its result;
+        the others' blocks are each one product into a float32 (or float64) partial, and every
+        such segment's partials are added in float64 by one ``reduceat`` at the end (a few NumPy
+        calls for each long segment cost as much as a short segment's product: 2 cores, 2,000 x
+        64 float32 rows in 32 segments, 5 of them over 128 rows: 0.106 -> 0.07 ms)."""
+        parts = np.empty((x3.shape[1] // block + m, D), dtype=acc)
+        for b in range(B):
+            rows, results = x3[b], out3[b]
+            firsts: list[int] = []
+            which: list[int] = []
+            j = 0
+            for i in range(m):
+                lo, hi = starts[i], starts[i + 1]
+                if lo == hi:
+                    results[i] = empty_value
+                    continue
+                if hi - lo <= block and not mean:
+                    matmul(ones[: hi - lo], rows[lo:hi], out=results[i])
+                    continue
+                firsts.append(j)
+                which.append(i)
+                for k in range(lo, hi, block):
+                    e = min(k + block, hi)
+                    matmul(ones[: e - k], rows[k:e], out=parts[j])
+                    j += 1
+            if which:
+                totals = np.add.reduceat(parts[:j], firsts, axis=0, dtype=np.float64)
+                if mean:
+                    totals /= (np.array(starts[1:])[which] - np.array(starts[:-1])[which])[:, None]
+                results[which] = totals  # (cast to the result dtype)
 
     return run
 
