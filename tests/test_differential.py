@@ -331,7 +331,8 @@ def host_shapes(rng: np.random.Generator) -> list:
     shapes += [_variable("offsets", (L, *random_lengths(rng, few, "empty-runs", 300)), 16)
                for L in (steps * T, *around((steps + 1) * T))]  # fmt: skip
     shapes += [last(256, 256, nb.TILE_THREAD_ELEMENTS // 64, e, 64) for e in (-1, 0, 1)]
-    # narrow rows of a small call (at most BLOCKED_MAX_FEATURES and BLOCKED_MAX_BYTES, the 3-feature
+    # narrow rows of a small call (at most BLOCKED_MAX_FEATURES and BLOCKED_MAX_BYTES, or
+    # BLOCKED_WIDE_MAX_BYTES past BLOCKED_NARROW_FEATURES; the 3-feature
     # tiled shapes above among them): reduceat over blocks of TILE_ROWS rows, segments across the
     # blocks, with empty ones
     shapes += [_variable("offsets", (L, 0) * 20, d) for L in around(T, 2 * T) for d in (2, 4)]

@@ -262,6 +262,9 @@ def _narrow_lengths(rng: np.random.Generator, layout: str) -> np.ndarray:
     elif layout == "one segment":
         lengths = np.zeros(40, dtype=np.int64)
         lengths[7] = 600 * 40
+    elif layout == "one block each":  # none empty, none over a block: reduceat's sums as they are
+        lengths = rng.integers(T // 2, T + 1, 100)
+        lengths[::7] = T
     else:
         raise ValueError(layout)
     return lengths.astype(np.int64)
@@ -271,10 +274,18 @@ def _narrow_lengths(rng: np.random.Generator, layout: str) -> np.ndarray:
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 @pytest.mark.parametrize("batch", [1, 2])
-@pytest.mark.parametrize("d", [2, 4, 8])
-@pytest.mark.parametrize("layout", ["geometric with empty", "on block edges", "one segment"])
+@pytest.mark.parametrize("d", [2, 4, 8, 16])
+@pytest.mark.parametrize("layout", ["geometric with empty", "on block edges", "one segment", "one block each"])
 def test_narrow_rows_of_small_calls_match_float64(blocked, rng, layout, d, batch, reduction, dtype, kind):
-    offsets = _offsets(_narrow_lengths(rng, layout))
+    lengths = _narrow_lengths(rng, layout)
+    if layout == "one block each" and lengths.mean() * d < numpy_backend.ROWS_LOOP_MIN_ELEMENTS:
+        pytest.skip("segments of at most a block of so few features take the paths of short segments")
+    if d > numpy_backend.BLOCKED_NARROW_FEATURES:  # (a call of at most BLOCKED_WIDE_MAX_BYTES)
+        if layout == "one segment":
+            pytest.skip("one segment of more than BLOCKED_MAX_ROWS rows takes the loop")
+        rows = numpy_backend.BLOCKED_WIDE_MAX_BYTES // (batch * d * np.dtype(dtype).itemsize)
+        lengths = lengths[np.cumsum(lengths) <= rows]
+    offsets = _offsets(lengths)
     n = int(offsets[-1])
     x = rng.standard_normal((batch, n, d) if batch > 1 else (n, d)).astype(dtype)
     axis = 1 if batch > 1 else 0
