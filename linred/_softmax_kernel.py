@@ -452,7 +452,7 @@ def run(
     out = adapter.allocator(result, device)(out_shape)
     group, width, workers = _workers(batch, m, features, n, name, itemsize=x.dtype.itemsize)
     if workers and m <= INT32_MAX and _takes_runs(name, x, adapter, result, axis, segments, device):
-        if name in PER_SEGMENT:
+        if name == "segmented_logsumexp":  # (one value a segment; the softmaxes: one a value)
             _runs(x, out, seg, adapter, device, stream, batch, n, m, result)
         else:
             _from_parts(name, x, out, seg, adapter, device, stream, batch, n, m, result)

@@ -991,9 +991,10 @@ def _loop_rows(problem: Problem):
     def run(x: Any, out: Any, segments: VariableSegments, stream: Any) -> None:
         x3, out3 = host_view(x), host_view(out)
         convert = x3.dtype != acc
-        starts = np.asarray(segments.offsets).tolist()
+        offsets = np.asarray(segments.offsets)
+        starts = offsets.tolist()
         if not convert and out3.dtype == acc:
-            _blocks_run(x3, out3, starts)
+            _blocks_run(x3, out3, offsets, starts)
             return
         total = np.empty(D, dtype=np.float64)
         for b in range(B):
@@ -1008,7 +1009,7 @@ def _loop_rows(problem: Problem):
                     total /= hi - lo
                 results[i] = total  # (cast to the result dtype)
 
-    def _blocks_run(x3: np.ndarray, out3: np.ndarray, starts: list) -> None:
+    def _blocks_run(x3: np.ndarray, out3: np.ndarray, offsets: np.ndarray, starts: list) -> None:
         """Data read as it is: a segment of at most a block (a sum) is one product into its result;
         another's whole blocks are one stacked product into partials of the data's dtype (its
         last rows one more), and every such segment's partials are added in float64 by one
@@ -1041,7 +1042,7 @@ def _loop_rows(problem: Problem):
             if which:
                 totals = np.add.reduceat(parts[:j], firsts, axis=0, dtype=np.float64)
                 if mean:
-                    totals /= (np.array(starts[1:])[which] - np.array(starts[:-1])[which])[:, None]
+                    totals /= (offsets[1:] - offsets[:-1])[which][:, None]
                 results[which] = totals  # (cast to the result dtype)
 
     return run
