@@ -34,6 +34,7 @@ The composition keeps the calls that this does not take: segment ids, complex da
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -181,8 +182,13 @@ def _in_one_kernel(ctx: Any, g: torch.Tensor, offsets: Any, lengths: Any, saved:
         if offsets is None:
             offsets = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0))
         segments, m = {"offsets": offsets}, offsets.shape[0] - 1
+    least = _softmax_kernel.GRAD_PARTS_MIN_MEAN.get(ctx.name)
+    if least is not None and ctx.n >= least * m > 0:  # (long enough that two passes over the GPU win)
+        fast = _from_parts(ctx, g, offsets, m, a, saved, names, device)
+        if fast is not None:
+            return fast
     if not _softmax_kernel._enough_workers(a, ctx.axis, segments, device, ctx.name, True, a.element_size()):
-        return None
+        return _from_parts(ctx, g, offsets, m, a, saved, names, device)
     g = g.to(ctx.out_dtype).contiguous()
     res = saved[1].contiguous() if ctx.name in ("segmented_logsumexp", "segmented_std") else None
     dx = torch.empty(a.shape, dtype=ctx.x_dtype, device=g.device)
@@ -193,6 +199,45 @@ def _in_one_kernel(ctx: Any, g: torch.Tensor, offsets: Any, lengths: Any, saved:
     stream = torch.cuda.current_stream(g.device).cuda_stream
     _softmax_kernel.run_backward(ctx.name, (names[0], names[1], names[2], compute), pointers, tuple(a.shape),
                                  ctx.axis, m, ctx.segment_length, index, ctx.ddof, device, stream)  # fmt: skip
+    return dx
+
+
+def _from_parts(
+    ctx: Any, g: torch.Tensor, offsets: Any, m: int, a: torch.Tensor, saved: list, names: tuple, device: int
+) -> torch.Tensor | None:
+    """The derivative of one feature column of CUDA tensors whose segments the backward kernel's
+    workers would each read alone (few, or long on average), from per-segment values
+    (``linred_grad_from_parts``, softmax_grad.cuh): the sums and means linred's reductions make
+    (softmax's of ``g * y``, log_softmax's of ``g``, var's and std's mean of ``x``), which spread a
+    long segment over the whole GPU, then one pass over the elements; None for feature rows (the
+    composition).  The composition's formulas, computed in float32 (float64 for float64)."""
+    axis, shape = ctx.axis, tuple(a.shape)
+    if math.prod(shape[axis + 1 :]) != 1:
+        return None
+    batch, n, name = math.prod(shape[:axis]), shape[axis], ctx.name
+    c = "float64" if ctx.compute == torch.float64 else "float32"  # (the kernel's C)
+    g = g.to(ctx.out_dtype).contiguous()
+
+    def per_segment(reduction: str, v: torch.Tensor) -> torch.Tensor:  # (unchecked: the forward checked them)
+        return _plan_cache.call(reduction, v, ctx.segment_length, offsets, None, axis, c, None, "auto", None, False)
+
+    p = res = None
+    if name == "segmented_softmax":
+        tc = getattr(torch, c)
+        p = per_segment("sum", g.to(tc) * a.to(tc))
+    elif name == "segmented_log_softmax":
+        p = per_segment("sum", g)
+    elif name in ("segmented_var", "segmented_std"):
+        p = per_segment("mean", a)
+    if name in ("segmented_logsumexp", "segmented_std"):
+        res = saved[1].contiguous()
+    dx = torch.empty(shape, dtype=ctx.x_dtype, device=g.device)
+    pointers = (a.data_ptr(), g.data_ptr(), 0 if res is None else res.data_ptr(), 0 if p is None else p.data_ptr(),
+                dx.data_ptr(), 0 if offsets is None else offsets.data_ptr())  # fmt: skip
+    index = None if offsets is None else dtype_name(offsets.dtype)
+    stream = torch.cuda.current_stream(g.device).cuda_stream
+    _softmax_kernel.run_grad_from_parts(name, (names[0], names[1], names[2], c), pointers, batch, n, m,
+                                        ctx.segment_length, index, ctx.ddof, device, stream)  # fmt: skip
     return dx
 
 

@@ -295,6 +295,66 @@ def _from_parts(name: str, x: Any, out: Any, seg: Any, adapter: Any, device: int
            0 if fixed else adapter.pointer(seg.offsets), seg.length if fixed else 0, batch, n, m)  # fmt: skip
 
 
+#: grad_from_parts (softmax_grad.cuh): threads a block, and values a thread; 4 where each value
+#: reads two arrays (y and g: as many loads in flight; at 8 ptxas spilled a register there)
+GRAD_PARTS_THREADS = 256
+#: the backward of one column from the parts (:func:`run_grad_from_parts`) where the workers'
+#: kernel would serve it too, from this mean length: segments read by one worker each lose to
+#: passes that spread them over the GPU (H200, 64M float32 values, µs per backward, workers
+#: against the parts: mean 1,024 softmax 450 / 569, log_softmax 364 / 383, var 236 / 428;
+#: 2,048: 539 / 526, 432 / 340, var 352 / 371; 4,088: 623 / 501, 490 / 319, var 434 / 318,
+#: logsumexp 188 / 187).  logsumexp keeps the workers while they serve.
+GRAD_PARTS_MIN_MEAN = {"segmented_softmax": 2048, "segmented_log_softmax": 2048, "segmented_var": 3072,
+                       "segmented_std": 3072}  # fmt: skip
+GRAD_PARTS_ITEMS = 8
+GRAD_PARTS_ITEMS_TWO_ARRAYS = 4
+
+
+def run_grad_from_parts(
+    name: str,
+    dtypes: tuple[str, str, str, str],
+    pointers: tuple[int, int, int, int, int, int],
+    batch: int,
+    n: int,
+    m: int,
+    length: int | None,
+    index_dtype: str | None,
+    ddof: float,
+    device: int,
+    stream: int,
+) -> None:
+    """The derivative of ``name`` for one feature column of ``batch`` rows of ``n`` values from
+    per-segment values (``linred_grad_from_parts``, softmax_grad.cuh: one read of the data, and of
+    the gradient for softmax and log_softmax, and one write): ``dtypes`` are the names of the
+    input's (the data for logsumexp, var and std, the result for softmax and log_softmax), the
+    result's and its gradient's, ``dx``'s and the computation's (float32 or float64, ``p``'s dtype);
+    ``pointers`` those of the input, the gradient (per element for softmax and log_softmax, else
+    per segment), the per-segment result (logsumexp, std; else 0), ``p`` (the per-segment sum for
+    softmax and log_softmax, the mean for var and std; else 0), ``dx`` and the offsets (0 for a
+    fixed ``length``), C-contiguous on ``device``, per-segment arrays ``batch x m``; the offsets
+    valid."""
+    if not (batch and n):
+        return
+    a_dtype, r_dtype, dx_dtype, compute = dtypes
+    key = ("grad_parts", device, name, a_dtype, r_dtype, dx_dtype, compute, index_dtype)
+    items = GRAD_PARTS_ITEMS_TWO_ARRAYS if name in PARTS_MODES else GRAD_PARTS_ITEMS
+    launch = getattr(_local, "launches", _NONE).get(key)
+    if launch is None:
+        index = "long long" if index_dtype is None else CTYPES[index_dtype]
+        bounds = "FixedOffsets{L}" if index_dtype is None else f"ArrayOffsets<{index}>{{offsets}}"
+        source = (
+            '#include "softmax_grad.cuh"\n'
+            f"LINRED_GRAD_FROM_PARTS({CTYPES[a_dtype]}, {CTYPES[r_dtype]}, {CTYPES[dx_dtype]}, {CTYPES[compute]}, "
+            f"{GRAD_MODES[name]}, {GRAD_PARTS_THREADS}, {items}, {index}, {bounds})\n"
+        )
+        launch = thread_launch(_local, key, device, source, "linred_grad_from_parts", 11)
+    chunks = batch * -(-n // (GRAD_PARTS_THREADS * items))
+    grid = max(1, min(chunks, BLOCKS_PER_SM * multiprocessors(device)))
+    ddof_bits = _DOUBLE_BITS.unpack(_DOUBLE.pack(float(ddof)))[0] if ddof else 0
+    a, g, res, p, dx, offsets = pointers
+    launch(stream, grid, GRAD_PARTS_THREADS, 0, a, g, res, p, dx, offsets, length or 0, batch, n, m, ddof_bits)
+
+
 def _nvrtc_backend() -> Any:
     """The nvrtc backend (its options are read per call: ``linred.backends.configure`` replaces them)."""
     from linred.backends.nvrtc import BACKEND

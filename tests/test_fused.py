@@ -660,6 +660,142 @@ def test_gpu_backward_kernel(name, features, spec, dtype, group, monkeypatch):
         np.testing.assert_allclose(got, expected, rtol=tol, atol=tol * (1 + np.abs(expected).max()))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("spec", ["offsets", "offsets32", "lengths", "fixed", "batch", "trailing"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_gpu_backward_from_parts(name, spec, dtype, monkeypatch):
+    """The backward of one feature column from two values per segment (grad_from_parts,
+    softmax_grad.cuh), which every call here takes (the workers' kernel told it does not serve
+    them): chunks of 1,024 and 2,048 values (softmax and log_softmax read two arrays), segments
+    of 0, 1 and k * C - 1, k * C, k * C + 1 values for both chunk sizes, several in one chunk, a
+    batch of two rows along axis 1 (each row not a whole number of chunks), a trailing feature
+    axis of 1; against float64 NumPy's derivative on finite data, and against the composition's
+    backward with NaN and infinities."""
+    from linred import _fused_grad
+
+    real = _softmax_kernel._enough_workers
+    monkeypatch.setattr(_softmax_kernel, "_enough_workers",
+                        lambda *a, **k: False if len(a) > 5 and a[5] else real(*a, **k))  # fmt: skip
+    runs = []
+    run = _softmax_kernel.run_grad_from_parts
+    monkeypatch.setattr(_softmax_kernel, "run_grad_from_parts", lambda *a: runs.append(a[0]) or run(*a))
+    lengths = [0, 1, 1023, 1024, 1025, 3, 0, 2047, 2048, 2049, 5, 4095, 4097, 1, 6000, 0]
+    if spec == "fixed":
+        lengths = [2049] * 7
+    rng = np.random.default_rng(len(name) + len(spec))
+    ddof = 1 if name in VARIANCE else 0
+    kw = {"ddof": ddof} if name in VARIANCE else {}
+    bounds = np.r_[0, np.cumsum(lengths)]
+    segs = {
+        "offsets": torch.tensor(bounds, device="cuda"),
+        "offsets32": torch.tensor(bounds, dtype=torch.int32, device="cuda"),
+        "lengths": torch.tensor(lengths, device="cuda"),
+        "batch": torch.tensor(bounds, device="cuda"),
+        "trailing": torch.tensor(bounds, device="cuda"),
+        "fixed": lengths[0],
+    }
+    key = {"offsets32": "offsets", "batch": "offsets", "trailing": "offsets", "fixed": "segment_length"}.get(spec, spec)
+    tdt = getattr(torch, dtype)
+    for special in (False, True):
+        xv = _grad_case(rng, 1, lengths, special)
+        if spec == "batch":  # (2, n), the segments along axis 1
+            xv = np.stack([xv[:, 0], _grad_case(rng, 1, lengths, special)[:, 0]])
+        elif spec != "trailing":
+            xv = xv[:, 0]
+        x = torch.tensor(xv, dtype=tdt, device="cuda", requires_grad=True)
+        axis = 1 if spec == "batch" else 0
+        y = fn(name)(x, axis=axis, **{key: segs[spec]}, **kw)
+        g = torch.tensor(rng.standard_normal(tuple(y.shape)), dtype=y.dtype, device="cuda")
+        before = len(runs)
+        (gx,) = torch.autograd.grad(y, x, g)
+        assert runs[before:] == [f"segmented_{name}"]
+        with monkeypatch.context() as patch:  # the same backward from PyTorch operations
+            patch.setattr(_fused_grad, "_in_one_kernel", lambda *a: None)
+            y2 = fn(name)(x, axis=axis, **{key: segs[spec]}, **kw)
+            (gx2,) = torch.autograd.grad(y2, x, g)
+        tol = {"float64": 1e-9, "float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}[dtype]
+        got, other = gx.double().cpu().numpy(), gx2.double().cpu().numpy()
+        assert got.shape == tuple(x.shape) and gx.dtype == x.dtype
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(other))
+        if special:
+            finite = np.isfinite(got) & np.isfinite(other)
+            np.testing.assert_array_equal(got[~finite], other[~finite])
+            scale = 1 + np.abs(other[finite]).max(initial=0)
+            np.testing.assert_allclose(got[finite], other[finite], rtol=tol, atol=tol * scale)
+            continue
+        xs = x.detach().double().cpu().numpy()  # (the values as rounded to the dtype)
+        gs = g.double().cpu().numpy()
+        rows = [(xs.reshape(-1, 1), gs.reshape(-1, 1))] if spec != "batch" else [
+            (a[:, None], b[:, None]) for a, b in zip(xs, gs, strict=True)]  # fmt: skip
+        expected = np.stack([_reference_gradient(name, a, bounds.tolist(), b, ddof) for a, b in rows])
+        expected = expected.reshape(got.shape)
+        np.testing.assert_allclose(got, expected, rtol=tol, atol=tol * (1 + np.abs(expected).max()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_gpu_backward_from_parts_by_default(name):
+    """With the defaults, the backward of long segments of one column (a mean past the workers'
+    MAX_MEAN_ROWS) comes from the segments' parts, with chunks enough that each block takes
+    several (20M values): against float64 NumPy's derivative."""
+    from linred import _softmax_kernel as sk
+
+    rng = np.random.default_rng(5)
+    n = 20_000_003
+    bounds = np.r_[0, np.sort(rng.choice(np.arange(1, n), 40, replace=False)), n]
+    x = torch.tensor(rng.standard_normal(n).astype(np.float32), device="cuda", requires_grad=True)
+    off = torch.tensor(bounds, device="cuda")
+    kw = {"ddof": 1} if name in VARIANCE else {}
+    runs = []
+    real = sk.run_grad_from_parts
+    sk.run_grad_from_parts = lambda *a: runs.append(a[0]) or real(*a)
+    try:
+        y = fn(name)(x, offsets=off, **kw)
+        g = torch.tensor(rng.standard_normal(tuple(y.shape)).astype(np.float32), device="cuda")
+        (gx,) = torch.autograd.grad(y, x, g)
+    finally:
+        sk.run_grad_from_parts = real
+    assert runs == [f"segmented_{name}"]
+    got = gx.double().cpu().numpy()
+    expected = _reference_gradient(name, x.detach().double().cpu().numpy()[:, None], bounds.tolist(),
+                                   g.double().cpu().numpy()[:, None], kw.get("ddof", 0))[:, 0]  # fmt: skip
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("mean", [1024, 2048, 4096])
+def test_gpu_backward_route_by_mean(name, mean):
+    """Segments the workers' kernel serves: softmax and log_softmax from GRAD_PARTS_MIN_MEAN rows
+    on average take the parts, shorter ones (and every other function) the workers; each right."""
+    from linred import _softmax_kernel as sk
+
+    rng = np.random.default_rng(mean)
+    m = 64
+    bounds = np.r_[0, np.cumsum(rng.integers(1, 2 * mean, m))]
+    x = torch.tensor(rng.standard_normal(int(bounds[-1])).astype(np.float32), device="cuda", requires_grad=True)
+    kw = {"ddof": 1} if name in VARIANCE else {}
+    runs = []
+    parts, workers = sk.run_grad_from_parts, sk.run_backward
+    sk.run_grad_from_parts = lambda *a: runs.append("parts") or parts(*a)
+    sk.run_backward = lambda *a: runs.append("workers") or workers(*a)
+    try:
+        y = fn(name)(x, offsets=torch.tensor(bounds, device="cuda"), **kw)
+        g = torch.tensor(rng.standard_normal(tuple(y.shape)).astype(np.float32), device="cuda")
+        (gx,) = torch.autograd.grad(y, x, g)
+    finally:
+        sk.run_grad_from_parts, sk.run_backward = parts, workers
+    least = sk.GRAD_PARTS_MIN_MEAN.get(f"segmented_{name}")
+    assert runs == ["parts" if least is not None and bounds[-1] >= least * m else "workers"]
+    expected = _reference_gradient(name, x.detach().double().cpu().numpy()[:, None], bounds.tolist(),
+                                   g.double().cpu().numpy()[:, None], kw.get("ddof", 0))[:, 0]  # fmt: skip
+    np.testing.assert_allclose(gx.double().cpu().numpy(), expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
 @needs_torch
 def test_what_the_recorded_function_saves():
     """As torch.var's backward, var's reads the data only: its result may be changed in place

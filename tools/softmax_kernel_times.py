@@ -15,9 +15,13 @@ in segments of 1 .. 31 and 1 .. 8191 rows), and smaller calls (2M x 8, 4M x 1, 4
 instead of two (the kernel before pairs of rows); ``--group G`` forces the lanes of a worker.
 Short segments (``m4`` to ``m64``, 8 features ``8Mx8``) compare the lanes per worker.
 ``--backward`` times ``torch.autograd.grad`` of a result instead (the backward kernel, and
-autograd's own work per call).  ``--workers`` gives logsumexp of one column workers per segment
-(``linred._softmax_kernel.LSE_RUNS = False``) where ``warp_reduce`` reads it by default (longer
-means than ``MAX_MEAN_ROWS``, ``64Mx1 m1M``, then go to the composition).
+autograd's own work per call); ``--backward-by parts`` takes every backward of one column from
+the segments' parts (``grad_from_parts``, where the workers' kernel would serve it too),
+``--backward-by workers`` none where the workers' kernel serves it, ``--backward-by composed``
+none at all (the workers' kernel or the composition, as before that kernel).  ``--workers`` gives
+logsumexp of one column workers per segment (``linred._softmax_kernel.LSE_RUNS = False``) where
+``warp_reduce`` reads it by default (longer means than ``MAX_MEAN_ROWS``, ``64Mx1 m1M``, then go
+to the composition).
 
 ``--accuracy`` prints instead the relative error of the float32 results against float64 (the
 same data) for logsumexp, softmax, log_softmax, var and std on 4,000,000 values (and var and
@@ -176,6 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--functions", nargs="+", default=list(FUNCTIONS), choices=CHOICES)
     parser.add_argument("--group", type=int, help="lanes per worker (linred._softmax_kernel.GROUP)")
     parser.add_argument("--backward", action="store_true", help="time the backward (autograd.grad) instead")
+    parser.add_argument("--backward-by", choices=("default", "parts", "workers", "composed"), default="default",
+                        help="the backward of one column: from the parts, by the workers, or composed")  # fmt: skip
     parser.add_argument("--single-rows", action="store_true",
                         help="16-bit data read a row at a time (linred._softmax_kernel.PAIRS = False)")  # fmt: skip
     parser.add_argument("--accuracy", action="store_true", help="relative errors against float64 instead of times")
@@ -190,6 +196,15 @@ def main(argv: list[str] | None = None) -> None:
         _softmax_kernel.GROUP = args.group
     if args.workers:
         _softmax_kernel.LSE_RUNS = False
+    if args.backward_by == "composed":
+        from linred import _fused_grad
+
+        _fused_grad._from_parts = lambda *a: None
+    elif args.backward_by == "workers":
+        _softmax_kernel.GRAD_PARTS_MIN_MEAN = {}
+    elif args.backward_by == "parts":
+        workers = _softmax_kernel._enough_workers
+        _softmax_kernel._enough_workers = lambda *a, **k: False if len(a) > 5 and a[5] else workers(*a, **k)
     if args.accuracy:
         accuracy(args.label)
     else:

@@ -12,8 +12,9 @@
 //  - the overloads of shfl_xor, shfl_up, shfl_idx (common.cuh) and load (fixup.cuh) that move an
 //    LseAcc as its two words;
 //  - softmax_from_parts: softmax and log_softmax of a call whose segments' parts warp_reduce
-//    computed (a second read of the data; offsets.cuh's segment_from finds a row's segment from
-//    an earlier row's): its entry point LINRED_SOFTMAX_FROM_PARTS (linred_softmax_from_parts).
+//    computed (a second read of the data, walked by offsets.cuh's segment_chunks with the body
+//    SoftmaxFromParts; SoftmaxPart, a segment's shift and scale): its entry point
+//    LINRED_SOFTMAX_FROM_PARTS (linred_softmax_from_parts).
 //
 // warp_reduce (warp.cuh) reads any segments of aligned contiguous rows alike: every lane reads its
 // own consecutive values and the pieces that cross lanes, warps and runs are joined by the
@@ -173,87 +174,39 @@ template <bool COHERENT, class F> __device__ __forceinline__ LseAcc<F> load(cons
 // segment], the maximum and the sum of exp(x - maximum)): exp(x - m) / s, or (x - m) - log(s), by
 // the formulas of softmax.cuh (the shift the segment's maximum, exp, not sum_exp, for each
 // result); NaN in every value of a segment whose maximum is not finite (+inf, NaN, all -inf), as
-// there.
-//
-// Each block takes consecutive chunks of THREADS * ITEMS values of a row, a thread every
-// THREADS-th value of a chunk.  The block's first thread finds the segments of the chunk's first
-// and last values (segment_of_row for the block's first chunk, segment_from after it: a load or
-// two where segments are long); where they are one, every thread takes its parts from shared
-// memory, reads no offsets and issues all its loads at once; else a thread finds its values'
-// segments from the first, again only past the end of the one it holds.  (A search per value, or per thread and chunk, made the
-// kernel wait on the offsets' loads: 64M float32 values in segments of 4,096 rows took 250-330 us
-// beside a copy's 128.)  Segments are bounded to [0, segments): with offsets that break the rules
-// (check=True: the host raises after the call) nothing is read or written out of bounds.
+// there.  The values are walked by offsets.cuh's segment_chunks: a chunk inside one segment reads
+// no offsets.  (With offsets that break the rules, check=True, the host raises after the call.)
+struct SoftmaxPart {
+    float top;    // the segment's maximum
+    float scale;  // 1 / s (softmax) or log(s) (log_softmax)
+    bool finite;  // whether top is finite
+};
+template <class T, class O, int MODE> struct SoftmaxFromParts {  // (segment_chunks' Body)
+    typedef SoftmaxPart P;
+    typedef float V;
+    const T* __restrict__ x;
+    O* __restrict__ y;
+    const LseAcc<float>* __restrict__ parts;
+    i64 n, segments;
+    __device__ __forceinline__ P part(i64 r, i64 s) const {
+        const LseAcc<float> p = parts[r * segments + s];
+        P q;
+        q.top = p.m;
+        q.finite = p.m - p.m == 0.0f;
+        q.scale = MODE == SOFTMAX_FROM_PARTS_SOFTMAX ? 1.0f / p.s : log(p.s);
+        return q;
+    }
+    __device__ __forceinline__ V load(i64 r, i64 i) const { return (float)promote(x[r * n + i]); }
+    __device__ __forceinline__ void write(i64 r, i64 i, const P& q, V v) const {
+        const float result = MODE == SOFTMAX_FROM_PARTS_SOFTMAX ? exp(v - q.top) * q.scale : (v - q.top) - q.scale;
+        y[r * n + i] = Store<O>::from(q.finite ? result : __int_as_float(0x7fc00000));
+    }
+};
 template <class T, class O, int MODE, int THREADS, int ITEMS, class Off>
 __device__ __forceinline__ void softmax_from_parts(const T* __restrict__ x, O* __restrict__ y,
                                                    const LseAcc<float>* __restrict__ parts, Off off, i64 rows,
                                                    i64 n, i64 segments) {
-    constexpr i64 CHUNK = (i64)THREADS * ITEMS;
-    const i64 per_row = (n + CHUNK - 1) / CHUNK, total = rows * per_row;
-    const i64 per_block = (total + gridDim.x - 1) / gridDim.x;
-    const i64 c0 = blockIdx.x * per_block, c1 = min(c0 + per_block, total);
-    __shared__ i64 span[2];  // the segments of the chunk's first and last values
-    __shared__ LseAcc<float> one;  // their parts, where they are one
-    i64 last = -1;  // (thread 0: the previous chunk's last segment, in this row)
-    for (i64 item = c0; item < c1; ++item) {
-        const i64 r = item / per_row;
-        const i64 base = (item - r * per_row) * CHUNK;
-        const T* __restrict__ xr = x + r * n;
-        O* __restrict__ yr = y + r * n;
-        const LseAcc<float>* __restrict__ pr = parts + r * segments;
-        if (threadIdx.x == 0) {
-            if (base == 0) last = -1;  // (a new row of the batch)
-            const i64 lo = min(last < 0 ? segment_of_row(off, segments, n, base) : segment_from(off, segments, last, base),
-                               segments - 1);
-            const i64 hi = min(segment_from(off, segments, lo, min(base + CHUNK, n) - 1), segments - 1);
-            span[0] = lo;
-            span[1] = last = hi;
-            if (lo == hi) one = pr[lo];
-        }
-        __syncthreads();
-        const i64 lo = span[0];
-        const bool uniform = lo == span[1];
-        i64 s = lo, end = -1;
-        float top = 0.0f, scale = 0.0f;
-        bool finite = false;
-        auto take = [&](const LseAcc<float>& p) {
-            top = p.m;
-            finite = top - top == 0.0f;
-            scale = MODE == SOFTMAX_FROM_PARTS_SOFTMAX ? 1.0f / p.s : log(p.s);
-        };
-        if (uniform) {  // every load of the chunk out before the first is used
-            take(one);
-            float v[ITEMS];
-#pragma unroll
-            for (int k = 0; k < ITEMS; ++k) {
-                const i64 i = base + threadIdx.x + (i64)k * THREADS;
-                v[k] = i < n ? (float)promote(xr[i]) : 0.0f;
-            }
-#pragma unroll
-            for (int k = 0; k < ITEMS; ++k) {
-                const i64 i = base + threadIdx.x + (i64)k * THREADS;
-                const float result = MODE == SOFTMAX_FROM_PARTS_SOFTMAX ? exp(v[k] - top) * scale : (v[k] - top) - scale;
-                if (i < n) yr[i] = Store<O>::from(finite ? result : __int_as_float(0x7fc00000));
-            }
-            __syncthreads();  // (span and one are read before the next chunk's are written)
-            continue;
-        }
-#pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
-            const i64 i = base + threadIdx.x + (i64)k * THREADS;
-            if (i < n) {
-                if (i >= end) {  // (the first value, or past the segment's end: never where uniform)
-                    s = min(segment_from(off, segments, s, i), segments - 1);
-                    end = off(s + 1);
-                    take(pr[s]);
-                }
-                const float v = (float)promote(xr[i]);
-                const float result = MODE == SOFTMAX_FROM_PARTS_SOFTMAX ? exp(v - top) * scale : (v - top) - scale;
-                yr[i] = Store<O>::from(finite ? result : __int_as_float(0x7fc00000));
-            }
-        }
-        __syncthreads();  // (span and one are read before the next chunk's are written)
-    }
+    segment_chunks<THREADS, ITEMS>(off, rows, n, segments, SoftmaxFromParts<T, O, MODE>{x, y, parts, n, segments});
 }
 
 // linred_softmax_from_parts: softmax_from_parts; OFFSETS is FixedOffsets{L} or

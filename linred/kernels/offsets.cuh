@@ -1,13 +1,13 @@
 // Segment boundaries and the tiling of rows, shared by tile_reduce, warp_reduce,
-// tile_fixup, features_reduce and softmax_from_parts.
+// tile_fixup, features_reduce, softmax_from_parts and grad_from_parts.
 //
 // Holds: ArrayOffsets and FixedOffsets (offsets[s] from an array, or s * L),
 // checked_bounds (a segment's bounds checked by the kernel that reads them),
 // segment_of_row and segment_from (the segment a row lies in; gallop_forward and last_at_most,
-// their steps), segment_at_or_after and
-// warp_segment_at_or_after (the first segment at or after an element), TileArgs (a row's tiling), the carry modes, and the parameter list and
-// TileArgs construction every tile kernel's entry point shares (LINRED_TILE_PARAMS,
-// LINRED_TILE_ARGS).
+// their steps), segment_chunks (a walk over chunks of rows, each value with its segment's
+// parameters), segment_at_or_after and warp_segment_at_or_after (the first segment at or after
+// an element), TileArgs (a row's tiling), the carry modes, and the parameter list and TileArgs
+// construction every tile kernel's entry point shares (LINRED_TILE_PARAMS, LINRED_TILE_ARGS).
 
 #pragma once
 
@@ -98,11 +98,83 @@ template <class Off> __device__ __forceinline__ i64 segment_of_row(Off off, i64 
 }
 
 // The same from segment s0 on (off(s0) <= v < n): the last s in [s0, m] with off(s) <= v, a few
-// loads where v lies in s0 or a segment soon after it (softmax_from_parts, lse.cuh).
+// loads where v lies in s0 or a segment soon after it (segment_chunks).
 template <class Off> __device__ __forceinline__ i64 segment_from(Off off, i64 m, i64 s0, i64 v) {
     i64 lo = s0, hi;
     gallop_forward(off, m, v, lo, hi);
     return last_at_most(off, lo, hi, v);
+}
+
+// segment_chunks: a grid's walk over `rows` rows of n values of one feature, each value given its
+// segment's parameters (softmax_from_parts, lse.cuh; grad_from_parts, softmax_grad.cuh).  Each
+// block takes consecutive chunks of THREADS * ITEMS values of a row, a thread every THREADS-th
+// value of a chunk.  The block's first thread finds the segments of the chunk's first and last
+// values (segment_of_row for the block's first chunk, segment_from after it: a load or two where
+// segments are long); where they are one, it makes that segment's parameters (body.part(r, s), a
+// Body::P) for the whole block, and every thread reads no offsets and issues all its loads
+// (body.load(r, i), a Body::V) before the first write (body.write(r, i, p, v)); else a thread
+// finds its values' segments from the first, again only past the end of the one it holds.  (A
+// search per value, or per thread and chunk, made the kernel wait on the offsets' loads: 64M
+// float32 values in segments of 4,096 rows took 250-330 us beside a copy's 128.)  Segments are
+// bounded to [0, segments): with offsets that break the rules nothing is read or written out of
+// bounds.  P is trivially constructible (it lives in shared memory); V is default-constructible:
+// a value past the row's end is V() (assigned on a condition, ptxas kept the loads apart and
+// used 40 registers, or spilled).
+template <int THREADS, int ITEMS, class Off, class Body>
+__device__ __forceinline__ void segment_chunks(Off off, i64 rows, i64 n, i64 segments, const Body& body) {
+    typedef typename Body::P P;
+    typedef typename Body::V V;
+    constexpr i64 CHUNK = (i64)THREADS * ITEMS;
+    const i64 per_row = (n + CHUNK - 1) / CHUNK, total = rows * per_row;
+    const i64 per_block = (total + gridDim.x - 1) / gridDim.x;
+    const i64 c0 = blockIdx.x * per_block, c1 = min(c0 + per_block, total);
+    __shared__ i64 span[2];  // the segments of the chunk's first and last values
+    __shared__ P one;        // their parameters, where they are one
+    i64 last = -1;           // (thread 0: the previous chunk's last segment, in this row)
+    for (i64 item = c0; item < c1; ++item) {
+        const i64 r = item / per_row;
+        const i64 base = (item - r * per_row) * CHUNK;
+        if (threadIdx.x == 0) {
+            if (base == 0) last = -1;  // (a new row of the batch)
+            const i64 lo = min(last < 0 ? segment_of_row(off, segments, n, base) : segment_from(off, segments, last, base),
+                               segments - 1);
+            const i64 hi = min(segment_from(off, segments, lo, min(base + CHUNK, n) - 1), segments - 1);
+            span[0] = lo;
+            span[1] = last = hi;
+            if (lo == hi) one = body.part(r, lo);
+        }
+        __syncthreads();
+        if (span[0] == span[1]) {  // every load of the chunk out before the first is used
+            const P p = one;
+            V v[ITEMS];
+#pragma unroll
+            for (int k = 0; k < ITEMS; ++k) {
+                const i64 i = base + threadIdx.x + (i64)k * THREADS;
+                v[k] = i < n ? body.load(r, i) : V();
+            }
+#pragma unroll
+            for (int k = 0; k < ITEMS; ++k) {
+                const i64 i = base + threadIdx.x + (i64)k * THREADS;
+                if (i < n) body.write(r, i, p, v[k]);
+            }
+        } else {
+            i64 s = span[0], end = -1;
+            P p;
+#pragma unroll
+            for (int k = 0; k < ITEMS; ++k) {
+                const i64 i = base + threadIdx.x + (i64)k * THREADS;
+                if (i < n) {
+                    if (i >= end) {  // (the first value, or past the segment's end)
+                        s = min(segment_from(off, segments, s, i), segments - 1);
+                        end = off(s + 1);
+                        p = body.part(r, s);
+                    }
+                    body.write(r, i, p, body.load(r, i));
+                }
+            }
+        }
+        __syncthreads();  // (span and one are read before the next chunk's are written)
+    }
 }
 
 // The first segment starting at or after tile j's first element: read from the

@@ -22,7 +22,10 @@
 //    whole.  The offsets are not checked: the forward checked them;
 //  - grad_segment: one worker's segment;
 //  - grad_lanes_sum: the sum of the lanes that share a feature;
-//  - its entry point: LINRED_SOFTMAX_GRAD (linred_softmax_grad).
+//  - its entry point: LINRED_SOFTMAX_GRAD (linred_softmax_grad);
+//  - grad_from_parts: the same derivatives of long segments of one feature from per-segment
+//    values (GradFromParts, GradPart, GradValues), its entry point LINRED_GRAD_FROM_PARTS
+//    (linred_grad_from_parts).
 
 #pragma once
 
@@ -134,6 +137,78 @@ __device__ __forceinline__ void softmax_grad(const TA* __restrict__ a, const R* 
     }
 }
 
+// ---- long segments of one feature: from per-segment values -----------------------------------
+// grad_from_parts: the same derivatives where softmax_grad's workers would each read a long
+// segment alone (few segments, or long ones on average), for one feature column: `rows` rows of
+// n values walked by offsets.cuh's segment_chunks (GradFromParts its body), each value with its
+// segment's shift and scale (GradPart, made by the block's first thread from per-segment values;
+// GradValues an element's a and g):
+//      logsumexp   (MODE 0)  dx = exp(x - r) * g      r, g: the segment's (res, g)
+//      softmax     (MODE 1)  dx = y * (g - p)         p: the sum of g * y  (linred's sums, which
+//      log_softmax (MODE 2)  dx = g - exp(y) * p      p: the sum of g       spread a segment over
+//      var, std    (MODE 3, 4) dx = (x - p) * scale   p: the mean           the whole GPU)
+// with softmax_grad's scale for var and std (from the segment's count, g and, for std, res).
+// The offsets are not checked.
+template <class C> struct GradPart {
+    C shift, scale;
+};
+template <class C> struct GradValues {
+    C a, g;
+};
+template <class TA, class R, class DX, class C, int MODE, class Off> struct GradFromParts {  // (segment_chunks' Body)
+    typedef GradPart<C> P;
+    typedef GradValues<C> V;
+    static constexpr bool PER_ELEMENT = MODE == GRAD_SOFTMAX || MODE == GRAD_LOG_SOFTMAX;
+    const TA* __restrict__ a;
+    const R* __restrict__ g;    // per element (softmax, log_softmax), else per segment
+    const R* __restrict__ res;  // the result per segment (logsumexp, std)
+    const C* __restrict__ p;    // per segment (softmax, log_softmax, var, std)
+    DX* __restrict__ dx;
+    Off off;
+    i64 n, segments;
+    double ddof;
+    __device__ __forceinline__ P part(i64 r, i64 s) const {
+        const i64 k = r * segments + s;
+        P v;
+        if constexpr (MODE == GRAD_LOGSUMEXP) {
+            v.shift = to_acc<C>(res[k]);
+            v.scale = to_acc<C>(g[k]);
+        } else if constexpr (PER_ELEMENT) {
+            v.shift = p[k];
+            v.scale = C(0);
+        } else {
+            const double free = (double)(off(s + 1) - off(s)) - ddof, ge = (double)to_acc<C>(g[k]);
+            v.shift = p[k];
+            if constexpr (MODE == GRAD_VAR) {
+                v.scale = free > 0 ? (C)(2.0 * ge / free) : C(0);
+            } else {
+                const double sd = (double)to_acc<C>(res[k]);
+                v.scale = free > 0 && sd != 0 ? (C)(ge / (free * sd)) : C(0);
+            }
+        }
+        return v;
+    }
+    __device__ __forceinline__ V load(i64 r, i64 i) const {
+        V v;
+        v.a = to_acc<C>(a[r * n + i]);
+        v.g = PER_ELEMENT ? to_acc<C>(g[r * n + i]) : C(0);
+        return v;
+    }
+    __device__ __forceinline__ void write(i64 r, i64 i, const P& s, V v) const {
+        C d;
+        if constexpr (MODE == GRAD_LOGSUMEXP) {
+            d = exp(v.a - s.shift) * s.scale;
+        } else if constexpr (MODE == GRAD_SOFTMAX) {
+            d = v.a * (v.g - s.shift);
+        } else if constexpr (MODE == GRAD_LOG_SOFTMAX) {
+            d = v.g - exp(v.a) * s.shift;
+        } else {
+            d = (v.a - s.shift) * s.scale;
+        }
+        dx[r * n + i] = Store<DX>::from(d);
+    }
+};
+
 // ---- entry point --------------------------------------------------------------------
 // linred_softmax_grad: softmax_grad; OFFSETS is FixedOffsets{L} or ArrayOffsets<I>{offsets}; ddof: the
 // bits of a double (var and std; the other modes ignore it).
@@ -144,4 +219,15 @@ __device__ __forceinline__ void softmax_grad(const TA* __restrict__ a, const R* 
         static_assert(THREADS % 32 == 0, "a block is whole warps");                                           \
         softmax_grad<TA, R, DX, C, MODE, G, DW>(a, g, res, dx, OFFSETS, n, m, d, workers,                     \
                                                  __longlong_as_double(ddof));                                 \
+    }
+
+// linred_grad_from_parts: grad_from_parts; OFFSETS and ddof as linred_softmax_grad's.
+#define LINRED_GRAD_FROM_PARTS(TA, R, DX, C, MODE, THREADS, ITEMS, I, OFFSETS)                                 \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                    \
+        linred_grad_from_parts(const TA* a, const R* g, const R* res, const C* p, DX* dx, const I* offsets,   \
+                               long long L, long long rows, long long n, long long m, long long ddof) {      \
+        const auto off = OFFSETS;                                                                            \
+        const GradFromParts<TA, R, DX, C, MODE, decltype(off)> body{a,   g,    res, p, dx,                   \
+                                                                   off, n, m, __longlong_as_double(ddof)};  \
+        segment_chunks<THREADS, ITEMS>(off, rows, n, m, body);                                               \
     }
