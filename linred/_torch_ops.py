@@ -307,12 +307,17 @@ def _torch_adapter() -> Any:
 
 def _arg(ctx: Any, x: Tensor, extreme: Tensor, offsets: Optional[Tensor], lengths: Optional[Tensor]) -> Tensor:  # noqa: UP045
     """The first position along the axis that attains each segment's extreme (``n`` for an
-    empty segment), from the saved input and result: where eager, as ``segmented_argmax`` finds
+    empty segment), from the saved input and result (or, where the result has another dtype than
+    the input, the extreme in the input's dtype): where eager, as ``segmented_argmax`` finds
     it (one kernel on the GPU, a loop over segments for wide rows on the host), else torch
     operations and linred's minimum, so that it is traced as it is (also with fake tensors, by
     torch.compile's backward)."""
     n = ctx.n
     x, extreme = x.detach(), extreme.detach()
+    if extreme.dtype != x.dtype:
+        # A result of another dtype (dtype=) is the extreme rounded: no element may equal it.  The
+        # selected element is the extreme of x itself, found again in x's dtype.
+        extreme = _reduce(x, (offsets, lengths, ctx.segment_length, ctx.axis), ctx.reduction)
     if type(x) is Tensor and not torch.compiler.is_compiling() and _transform_level() is None:
         # One kernel on the GPU, a loop over segments on the host, where they take the call
         # (linred._arg.first_positions), in place of the operations below.

@@ -83,6 +83,39 @@ def test_max_gradient_goes_to_the_first_of_tied_elements(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["max", "min"])
+@pytest.mark.parametrize("dtypes", [("float32", "float16"), ("float32", "bfloat16"), ("float64", "float32"),
+                                    ("float64", "float16"), ("float32", "float64")])  # fmt: skip
+@pytest.mark.parametrize("how", ["fixed", "offsets", "ids", "func"])
+def test_max_gradient_with_another_result_dtype(device, reduction, dtypes, how):
+    """A result of another dtype (dtype=) is the extreme rounded, which may equal no element: the
+    gradient goes to the segment's first extreme of x itself, as NumPy's float64 argmax finds it,
+    values that round to the same result included (0.30001 beside 0.3)."""
+    x_dtype, dtype = (getattr(torch, d) for d in dtypes)
+    values = [0.1, 0.7, 0.3, 0.30001, 0.3, 0.2, 0.25, 0.25000003, 0.1]
+    x = torch.tensor(values, dtype=x_dtype, device=device, requires_grad=True)
+    f = getattr(linred, f"segmented_{reduction}")
+    call = {
+        "fixed": lambda t: f(t, 3, dtype=dtype),
+        "offsets": lambda t: f(t, offsets=torch.tensor([0, 3, 6, 9], device=device), dtype=dtype),
+        "ids": lambda t: f(t, segment_ids=torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2], device=device), num_segments=3,
+                           dtype=dtype),
+        "func": lambda t: f(t, 3, dtype=dtype),
+    }[how]
+    g = torch.tensor([1.0, 2.0, 4.0], dtype=dtype, device=device)
+    if how == "func":
+        gx = torch.func.grad(lambda t: (call(t) * g).sum())(x.detach())
+    else:
+        (gx,) = torch.autograd.grad(call(x), x, g)
+    xs = x.detach().double().cpu().numpy().reshape(3, 3)
+    first = (xs.argmax if reduction == "max" else xs.argmin)(axis=1)
+    expected = np.zeros((3, 3))
+    expected[np.arange(3), first] = [1.0, 2.0, 4.0]
+    assert gx.dtype == x_dtype
+    np.testing.assert_array_equal(gx.double().cpu().numpy(), expected.reshape(-1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_empty_segments_get_no_gradient(device, reduction):
     x = torch.arange(1.0, 7.0, device=device, requires_grad=True)
