@@ -3,9 +3,11 @@
 A JAX array on the CPU is read as a NumPy array and one on a GPU as a CuPy array, both by
 DLPack, which shares the memory; the result (a new NumPy or CuPy array) goes back to JAX
 the same way, on the same device.  Offsets and lengths given as JAX arrays cross the same
-way.  JAX arrays are immutable and JAX orders its own work, so ``out=`` and ``stream=``
-are refused for them; inside ``jax.jit`` or ``jax.grad`` (tracers, which hold no data) a
-call raises ``TypeError``: linred reduces concrete arrays only.
+way.  With JAX's 64-bit types off (its default), a 64-bit result is refused (positions come
+back as int32, as ``jnp.argmax`` gives them): JAX would truncate it.  JAX arrays are immutable
+and JAX orders its own work, so ``out=`` and ``stream=`` are refused for them; inside
+``jax.jit`` or ``jax.grad`` (tracers, which hold no data) a call raises ``TypeError``: linred
+reduces concrete arrays only.
 """
 
 from __future__ import annotations
@@ -74,4 +76,26 @@ def call_jax(function: Any, x: Any, segment_length: Any, *, offsets: Any, length
         # (a result can be a view of a larger buffer, as unsorted ids with check=False give;
         # JAX takes only compact strides through DLPack)
         result = result.copy()
-    return jax.dlpack.from_dlpack(result)
+    if result.dtype.itemsize >= 8 and result.dtype.kind in "iufc" and not jax.config.read("jax_enable_x64"):
+        result = _without_x64(function, result, x.shape)
+    # (DLPack names a host array's device as the CPU, which JAX reads as its first CPU device)
+    return jax.dlpack.from_dlpack(result, device=next(iter(x.devices())))
+
+
+#: the functions whose results are positions (int64), which int32 holds where the axis is shorter
+#: than 2**31
+_POSITIONS = ("segmented_argmax", "segmented_argmin")
+
+
+def _without_x64(function: Any, result: Any, shape: tuple[int, ...]) -> Any:
+    """A 64-bit result for JAX with x64 off (its default), which would truncate it to 32 bits:
+    positions as int32 where every position fits (the axis has fewer than 2**31 elements, as
+    ``jnp.argmax`` gives them); anything else (the int64 sums of int32 data, the float64 means of
+    integers, a dtype= of 64 bits) raises ``TypeError``: its values may not survive."""
+    if getattr(function, "__name__", "") in _POSITIONS and max(shape, default=0) < 2**31:
+        return result.astype("int32")
+    raise TypeError(
+        f"the result is {result.dtype}, which JAX with 64-bit types disabled (jax_enable_x64 off, its "
+        f"default) would truncate to 32 bits; enable them (jax.config.update('jax_enable_x64', True)) "
+        f"or pass a 32-bit dtype= (the sums of int32 data are int64, the means of integers float64)"
+    )

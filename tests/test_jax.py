@@ -61,6 +61,55 @@ def test_jax_results_that_are_views_come_back(reduction):
     np.testing.assert_allclose(np.asarray(got)[:, 1], host[:, 2])
 
 
+def test_jax_64_bit_results_without_x64():
+    """With JAX's 64-bit types off (its default), a result JAX would truncate is refused (the
+    int64 sum of int32 data: 2**32 would come back as 0), positions come back as int32 (as
+    jnp.argmax gives them), and a 32-bit dtype= is served; with them on, the int64 result."""
+    if jax.config.read("jax_enable_x64"):
+        pytest.skip("JAX's 64-bit types are on in this process")
+    big = jnp.asarray([2**30] * 4, dtype=jnp.int32)
+    with pytest.raises(TypeError, match=r"int64, which JAX with 64-bit types disabled"):
+        linred.segmented_sum(big, 4)
+    with pytest.raises(TypeError, match=r"float64, which JAX with 64-bit types disabled"):
+        linred.segmented_mean(jnp.arange(4), 2)
+    np.testing.assert_array_equal(np.asarray(linred.segmented_sum(big, 4, dtype="float32")), [2.0**32])
+    np.testing.assert_array_equal(np.asarray(linred.segmented_mean(jnp.arange(4), 2, dtype="float32")), [0.5, 2.5])
+    for name, expected in (("argmax", [2, 3]), ("argmin", [0, 5])):  # (positions along the axis)
+        got = getattr(linred, f"segmented_{name}")(jnp.asarray([1.0, 2.0, 3.0, 6.0, 5.0, 4.0]), 3)
+        assert got.dtype == jnp.int32
+        np.testing.assert_array_equal(np.asarray(got), expected)
+    try:
+        jax.config.update("jax_enable_x64", True)
+        got = linred.segmented_sum(jnp.asarray([2**30] * 4, dtype=jnp.int32), 4)
+        assert got.dtype == jnp.int64 and int(got[0]) == 2**32
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+
+def test_jax_results_stay_on_the_inputs_cpu_device():
+    """A JAX array on a second CPU device (XLA's forced host devices) gets its result there, for
+    the reductions, the fused functions, the positions and segment ids (DLPack names every host
+    array's device as the CPU, which JAX reads as its first)."""
+    import subprocess
+    import sys
+
+    code = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax, jax.numpy as jnp, numpy as np, linred
+second = jax.devices("cpu")[1]
+x = jax.device_put(jnp.arange(6.0), second)
+for got in (linred.segmented_sum(x, 3), linred.segmented_softmax(x, 3), linred.segmented_argmax(x, 3),
+            linred.segmented_var(x, offsets=[0, 2, 6]), linred.segmented_max(x, segment_ids=[0, 1, 0, 1, 1, 0],
+                                                                             num_segments=2)):
+    assert got.devices() == {second}, got.devices()
+np.testing.assert_array_equal(np.asarray(linred.segmented_sum(x, 3)), [3.0, 12.0])
+print("ok")
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]
+
+
 def _jax_gpu() -> object | None:
     try:
         return next(iter(jax.devices("gpu")), None)
