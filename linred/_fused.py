@@ -315,6 +315,14 @@ def _run(
                         device, handle, shape, options)  # fmt: skip
 
 
+def _compiling() -> bool:
+    """Whether torch.compile is tracing the call: the NumPy views of CPU tensors cannot be traced
+    (Dynamo stops at NumPy's ``astype``), the composition's PyTorch operations can."""
+    import torch
+
+    return torch.compiler.is_compiling()
+
+
 def _compute(
     name: str,
     body: Callable[..., Any],
@@ -338,8 +346,8 @@ def _compute(
     :mod:`linred._softmax_kernel` serves the call, else the composition ``body`` (for a CPU
     tensor that autograd does not record, on the NumPy views of its memory: PyTorch's
     ``index_select`` on the host made the composition of 20,000 values 2.6x slower than
-    NumPy's ``repeat``)."""
-    if adapter.kind == "torch" and device is None and not grad and backend in ("auto", "numpy"):
+    NumPy's ``repeat``; not while torch.compile traces it)."""
+    if adapter.kind == "torch" and device is None and not grad and backend in ("auto", "numpy") and not _compiling():
         names = tuple(k for k in ("offsets", "lengths", "segment_ids") if segments.get(k) is not None)
         views = None if result == "bfloat16" else numpy_views(x, *(segments[k] for k in names))
         if views is not None:

@@ -838,6 +838,21 @@ def test_half_results_differentiate_the_float32_values(name, kind):
 
 @needs_torch
 @pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("spec", ["fixed", "offsets"])
+def test_compile_fullgraph_of_cpu_tensors_without_grad(name, spec):
+    """torch.compile(fullgraph=True) traces the fused functions of CPU tensors that autograd does
+    not record (eagerly they run on NumPy views of the tensors' memory, which Dynamo cannot
+    trace): one graph, the eager results."""
+    x = torch.randn(10, 4, dtype=torch.float64)
+    kw = {"segment_length": 5} if spec == "fixed" else {"offsets": torch.tensor([0, 3, 3, 10])}
+    f = fn(name)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda h: f(h, **kw), fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x), f(x, **kw), equal_nan=True)
+
+
+@needs_torch
+@pytest.mark.parametrize("name", FUNCTIONS)
 def test_forward_mode_ad_is_refused(name):
     """A dual tensor of forward-mode AD raises the documented TypeError (its result would come
     back without a tangent), whether or not it requires grad."""
