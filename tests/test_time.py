@@ -66,6 +66,30 @@ def test_time_mean_rounds_to_the_nearest_unit_ties_to_even():
     assert linred.segmented_mean(day, 2)[0] == np.datetime64("2024-06-02")
 
 
+@pytest.mark.parametrize("dtype", ["M8[ns]", "m8[ns]"])
+def test_time_mean_of_sums_past_int64(dtype):
+    """Means whose sums of offsets pass 2**63 (120,000 timestamps a day after the array's
+    smallest), whose values span all of int64 (an offset past 2**63), and an old value elsewhere
+    in the array beside a segment of ordinary ones: exact, as Python's integers give them."""
+    rng = np.random.default_rng(3)
+    day = 86_400 * 10**9
+    cases = [
+        (np.r_[0, np.full(120_000, day)] + 1_700_000_000 * 10**9, [0, 120_001]),
+        (np.r_[631_152_000 * 10**9, np.full(10, 1_592_222_400 * 10**9)], [0, 1, 11]),
+        (np.array([2**63 - 1, -(2**63) + 1]), [0, 2]),
+        (
+            np.r_[rng.integers(-(2**63) + 1, 2**63 - 1, 40), NAT, rng.integers(-(2**63) + 1, 2**63 - 1, 9)],
+            [0, 7, 7, 30, 41, 50],
+        ),
+    ]
+    for counts, bounds in cases:
+        x = np.asarray(counts, dtype=np.int64).view(dtype)
+        got = linred.segmented_mean(x, offsets=bounds)
+        expected = [_expected("mean", x.view(np.int64)[a:b].tolist()) if b > a else NAT
+                    for a, b in itertools.pairwise(bounds)]  # fmt: skip
+        np.testing.assert_array_equal(got.view(np.int64), np.array(expected, dtype=np.int64))
+
+
 def test_time_along_an_axis_with_features():
     x = np.arange(24, dtype=np.int64).reshape(4, 6).view("m8[ms]")
     got = linred.segmented_sum(x, 3, axis=1)
