@@ -236,6 +236,20 @@ def test_integers_beyond_int64_in_a_list_are_out_of_range(kind, kwargs):
         linred.segmented_sum(x, offsets=[0, "6", 12])
 
 
+@pytest.mark.parametrize(
+    "kind", ["numpy", pytest.param("torch", marks=pytest.mark.skipif(not HAS_TORCH, reason="needs PyTorch"))]
+)
+def test_object_arrays_of_small_integers_are_taken_as_lists(kind):
+    """An object array of Python integers that fit in int64 is taken as the list it holds (it was
+    refused as not fitting in int64, naming a value that fits); one beyond int64 is refused."""
+    x = np.arange(12.0) if kind == "numpy" else to_kind(np.arange(12.0), "torch-cpu")
+    for kwargs in ({"offsets": np.array([0, 5, 12], dtype=object)}, {"lengths": np.array([5, 7], dtype=object)},
+                   {"segment_ids": np.array([0] * 5 + [1] * 7, dtype=object)}):  # fmt: skip
+        np.testing.assert_array_equal(np.asarray(linred.segmented_sum(x, **kwargs)), [10.0, 56.0])
+    with pytest.raises(ValueError, match=r"offsets must fit in int64; got 1180591620717411303424"):
+        linred.segmented_sum(x, offsets=np.array([0, 5, 2**70], dtype=object))
+
+
 def _unusual_layout(layout: str) -> np.ndarray:
     """``np.arange(1, 13)`` as float32: big-endian, a field of a structured array (5-byte strides)
     or at an odd address."""

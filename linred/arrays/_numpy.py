@@ -11,12 +11,17 @@ from linred._dtypes import dtype_name, numpy_dtype
 from linred.arrays._base import ArrayAdapter, ArrayInfo, adapters
 
 
-def refuse_huge_integers(a: np.ndarray, name: str) -> None:
-    """Raise ValueError where ``a`` (an object array) holds Python integers only: NumPy keeps
-    integers beyond int64 and uint64 as objects, and such a value is out of range, not of the
-    wrong type (as a uint64 array's values beyond int64 are)."""
+def refuse_huge_integers(a: np.ndarray, name: str) -> np.ndarray:
+    """``a`` (an object array) as int64 where it holds Python integers that fit (an object array
+    made of a list, as a list is taken); ValueError where one does not: NumPy keeps integers
+    beyond int64 and uint64 as objects, and such a value is out of range, not of the wrong type
+    (as a uint64 array's values beyond int64 are).  Anything else comes back as it is."""
     if a.size and all(type(v) is int for v in a.flat):
-        raise ValueError(f"{name} must fit in int64; got {max(a.flat, key=abs)}")
+        largest = max(a.flat, key=abs)
+        if not -(2**63) <= largest < 2**63:
+            raise ValueError(f"{name} must fit in int64; got {largest}")
+        return a.astype(np.int64)
+    return a
 
 
 def _int_array(xp: Any, obj: Any, name: str, **asarray_kwargs: Any) -> Any:
@@ -29,7 +34,8 @@ def _int_array(xp: Any, obj: Any, name: str, **asarray_kwargs: Any) -> Any:
         a = a.astype(xp.int64)
     kind = a.dtype.kind
     if kind == "O":
-        refuse_huge_integers(a, name)
+        a = refuse_huge_integers(a, name)
+        kind = a.dtype.kind
     if kind == "b" or kind not in "iu":
         raise TypeError(f"{name} must be an array of integers; got dtype {a.dtype}")
     if a.dtype.name not in ("int32", "int64"):

@@ -242,7 +242,7 @@ class TorchAdapter(ArrayAdapter):
             if isinstance(a, np.ndarray) and a.dtype.kind == "O":
                 from linred.arrays._numpy import refuse_huge_integers
 
-                refuse_huge_integers(a, name)
+                a = refuse_huge_integers(a, name)
             try:
                 t = torch.as_tensor(a, device=_device(device))
             except (TypeError, ValueError, RuntimeError) as e:
