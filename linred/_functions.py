@@ -497,7 +497,10 @@ def segmented_argmax(
     try:
         return argextreme("max", x, segment_length, offsets, lengths, axis, backend, stream, check)
     except TypeError:
-        if not is_jax(x):  # (positions of time data are not served)
+        if is_time(x):  # (positions of time data are not served)
+            raise TypeError(f"segmented_argmax does not take {x.dtype} data (sum, mean, max and min do); its "
+                            "int64 counts are x.view('int64'), where NaT is the smallest value") from None  # fmt: skip
+        if not is_jax(x):
             from linred.dask import _from_function, is_dask
 
             if is_dask(x):
@@ -532,7 +535,10 @@ def segmented_argmin(
     try:
         return argextreme("min", x, segment_length, offsets, lengths, axis, backend, stream, check)
     except TypeError:
-        if not is_jax(x):  # (positions of time data are not served)
+        if is_time(x):  # (positions of time data are not served)
+            raise TypeError(f"segmented_argmin does not take {x.dtype} data (sum, mean, max and min do); its "
+                            "int64 counts are x.view('int64'), where NaT is the smallest value") from None  # fmt: skip
+        if not is_jax(x):
             from linred.dask import _from_function, is_dask
 
             if is_dask(x):
