@@ -98,8 +98,9 @@ def test_max_gradient_with_another_result_dtype(device, reduction, dtypes, how):
     call = {
         "fixed": lambda t: f(t, 3, dtype=dtype),
         "offsets": lambda t: f(t, offsets=torch.tensor([0, 3, 6, 9], device=device), dtype=dtype),
-        "ids": lambda t: f(t, segment_ids=torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2], device=device), num_segments=3,
-                           dtype=dtype),
+        "ids": lambda t: f(
+            t, segment_ids=torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2], device=device), num_segments=3, dtype=dtype
+        ),
         "func": lambda t: f(t, 3, dtype=dtype),
     }[how]
     g = torch.tensor([1.0, 2.0, 4.0], dtype=dtype, device=device)
