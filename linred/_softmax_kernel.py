@@ -453,7 +453,7 @@ def _pairs(name: str, x: Any, out: Any, adapter: Any, group: int, width: int, ba
 
 
 def wrapper(name: str, data: str, compute: str, result: str, group: int, width: int, pairs: int,
-            index: str | None) -> str:  # fmt: skip
+            index: str | None, lists: bool = False) -> str:  # fmt: skip
     """The kernel's source for ``name`` of ``data`` (dtype names) computed in ``compute``, giving
     ``result``, with ``group`` lanes a worker over ``width`` features a step, ``pairs`` rows a lane
     reads at once (1, or 2: pairs of 16-bit rows), and offsets of dtype ``index`` (None: a fixed
@@ -464,18 +464,71 @@ def wrapper(name: str, data: str, compute: str, result: str, group: int, width: 
     a = CTYPES["float64" if name in VARIANCE else "float32" if compute in HALF else compute]
     return (
         f'#include "softmax.cuh"\n'
-        f"LINRED_SOFTMAX({t}, {a}, {o}, {MODES[name]}, {group}, {width}, {pairs}, {THREADS}, {ctype}, {bounds})\n"
+        f"LINRED_SOFTMAX({t}, {a}, {o}, {MODES[name]}, {group}, {width}, {pairs}, {str(lists).lower()}, {THREADS}, "
+        f"{ctype}, {bounds})\n"
     )
+
+
+#: segments longer than this are listed by the workers' warps and read by linred_softmax_long, a
+#: block of LONG_THREADS threads each (SOFTMAX_LONG_ROWS in softmax.cuh); the list has room for
+#: LONG_LIST of them (32 bytes each, after a 16-byte head: LongList), the rest read by their warps
+LONG_ROWS = 1 << 15
+LONG_LIST = 1024
+LONG_THREADS = 1024
+#: the fewest rows of a call whose very long segments are listed: the list's code costs the
+#: workers' loop registers, the second kernel a launch (about 30 µs of host time a call on an
+#: H200's host, 94 -> 129 µs at 4M rows), which only calls this large hide behind their device time
+LONG_MIN_ROWS = 1 << 24
+
+
+def _lists(name: str, n: int, group: int, features: int) -> bool:
+    """Whether the workers' kernel lists segments longer than LONG_ROWS for linred_softmax_long:
+    calls of LONG_MIN_ROWS rows or more, workers of a layout linred_softmax_long takes (groups of
+    lanes, or a thread of one feature), and not logsumexp's warps per segment (the list's
+    registers cost them 20% at segments of 256 rows; where segments are long on average
+    ``warp_reduce`` reads logsumexp instead, :func:`_by_runs`)."""
+    return n >= LONG_MIN_ROWS and (group > 1 or features == 1) and not (group == 32 and name == "segmented_logsumexp")
+
+
+def _long_list(adapter: Any, device: int, stream: int) -> int:
+    """The address of this thread's list of long segments for ``stream`` (softmax.cuh's LongList:
+    device memory made zero once, which every pair of kernels leaves zero), or 0 where the stream is
+    being captured into a CUDA graph (its long segments are read by their warps): a list per thread
+    and stream, so that two calls' kernels never share one."""
+    from linred.backends._device import capturing, on_device
+
+    with on_device(device):
+        if capturing(stream):
+            return 0
+    lists = getattr(_local, "longs", None)
+    if lists is None:
+        lists = _local.longs = {}
+    key = (device, stream, adapter.kind, LONG_LIST)
+    buffer = lists.get(key)
+    if buffer is None:
+        buffer = lists[key] = adapter.allocator("int32", device)(((16 + 32 * LONG_LIST) // 4,))
+        adapter.fill(buffer, 0, stream)
+    return adapter.pointer(buffer)
+
+
+def _compile_long(key: tuple[Any, ...]) -> PackedLaunch:
+    """This thread's launch of linred_softmax_long for ``key`` (device, function, data dtype,
+    compute and result dtypes, DW: the workers' kernel's features a step), compiled and kept."""
+    _, device, name, x_dtype, compute, result, width = key
+    t, o = CTYPES[dtype_name(x_dtype)], CTYPES[result]
+    a = CTYPES["float64" if name in VARIANCE else "float32" if compute in HALF else compute]
+    source = f'#include "softmax.cuh"\nLINRED_SOFTMAX_LONG({t}, {a}, {o}, {MODES[name]}, {width}, {LONG_THREADS})\n'
+    return thread_launch(_local, key, device, source, "linred_softmax_long", 7)
 
 
 def _compile(key: tuple[Any, ...]) -> PackedLaunch:
     """This thread's launch of the kernel for ``key`` (what a call's kernel depends on: device,
     function, data dtype, compute and result dtypes, worker layout (G, DW), rows a lane reads at
     once (1, or 2 for pairs), and the offsets' dtype, None for a fixed length), compiled and kept."""
-    device, name, x_dtype, compute, result, group, width, pairs, index_dtype = key
+    device, name, x_dtype, compute, result, group, width, pairs, index_dtype, lists = key
     index = None if index_dtype is None else dtype_name(index_dtype)
-    source = wrapper(name, dtype_name(x_dtype), compute, result, group, width, pairs, index)
-    return thread_launch(_local, key, device, source, "linred_softmax", 10)
+    source = wrapper(name, dtype_name(x_dtype), compute, result, group, width, pairs, index, lists)
+    return thread_launch(_local, key, device, source, "linred_softmax", 12)
 
 
 def run(
@@ -523,15 +576,25 @@ def run(
             index_dtype, offsets_pointer, word, length = seg.offsets.dtype, adapter.pointer(seg.offsets), seg.word, 0
         pairs = 2 if _pairs(name, x, out, adapter, group, width, batch, n, m) else 1
         # (the key is made of cheap values: the kernel's C source is built only to compile it)
-        key = (device, name, x.dtype, compute, result, group, width, pairs, index_dtype)
+        # (the list, where the call lists: none where the stream is being captured)
+        longs = _long_list(adapter, device, stream) if _lists(name, n, group, features) else 0
+        lists = longs != 0
+        key = (device, name, x.dtype, compute, result, group, width, pairs, index_dtype, lists)
         launch = getattr(_local, "launches", _NONE).get(key)
         if launch is None:
             launch = _compile(key)
         grid = max(1, min(-(-workers * group // THREADS), BLOCKS_PER_SM * multiprocessors(device)))
         # (var and std read ddof as the bits of a double; the other functions ignore it)
         ddof_bits = _DOUBLE_BITS.unpack(_DOUBLE.pack(float(ddof)))[0] if ddof else 0
-        launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(out), offsets_pointer, word, length, n, m,
-               features, workers, ddof_bits)  # fmt: skip
+        launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(out), offsets_pointer, word, longs,
+               LONG_LIST, length, n, m, features, workers, ddof_bits)  # fmt: skip
+        if longs:  # (the segments the warps listed, a block each; none: every block returns at once)
+            key = ("long", device, name, x.dtype, compute, result, width)
+            long_launch = getattr(_local, "launches", _NONE).get(key)
+            if long_launch is None:
+                long_launch = _compile_long(key)
+            long_launch(stream, multiprocessors(device), LONG_THREADS, 0, adapter.pointer(x), adapter.pointer(out),
+                        longs, LONG_LIST, n, features, ddof_bits)  # fmt: skip
     if not isinstance(seg, FixedSegments) and seg.word:
         verify(seg, adapter, stream, lengths, n=n, axis=axis, device=device)
     return out

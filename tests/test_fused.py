@@ -1364,6 +1364,112 @@ def test_gpu_kernel_long_segments_among_short_ones(kernel_calls, monkeypatch, na
     np.testing.assert_allclose(got, ref, rtol=gtol, atol=gtol * (1 + np.abs(ref).max()))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("group", [1, 2, 8, 32])
+@pytest.mark.parametrize("features, dtype", [(1, "float32"), (1, "float64"), (1, "float16"), (8, "float32"),
+                                             (3, "float32")])  # fmt: skip
+@pytest.mark.parametrize("room", [None, 4])
+def test_gpu_kernel_very_long_segments_to_blocks(kernel_calls, monkeypatch, name, group, features, dtype, room):
+    """A segment longer than SOFTMAX_LONG_ROWS (softmax.cuh: 2**15 rows) is listed by its warp and
+    read by a whole block of linred_softmax_long (in calls of any size here; logsumexp's warps per
+    segment never list): lengths at 2**15 (read by the warp) and 2**15 + 1,
+    20 very long ones side by side, one among 300 short ones far from them, the groups' own
+    segments between; a list with room for 4 (the warps read the rest); 3 features: a thread per
+    feature, which lists none.  Against float64 NumPy."""
+    monkeypatch.setattr(_softmax_kernel, "GROUP", None if features == 3 else group)
+    monkeypatch.setattr(_softmax_kernel, "LONG_MIN_ROWS", 0)  # (a small call: listed too)
+    if room is not None:
+        monkeypatch.setattr(_softmax_kernel, "LONG_LIST", room)
+    listed = []
+    real = _softmax_kernel._compile_long
+    monkeypatch.setattr(_softmax_kernel, "_compile_long", lambda key: listed.append(key) or real(key))
+    rng = np.random.default_rng(group + features)
+    lengths = rng.integers(0, 10, 300).tolist()
+    for at in range(20):
+        lengths[at] = int(rng.integers(32_769, 40_000))
+    lengths[3], lengths[4], lengths[250] = 32_768, 32_769, 50_001
+    bounds = np.r_[0, np.cumsum(lengths)]
+    xv = (rng.normal(size=(int(bounds[-1]), features)) * 3).astype(dtype)
+    x = torch.tensor(xv if features > 1 else xv[:, 0], device="cuda")
+    y = fn(name)(x, offsets=torch.tensor(bounds, device="cuda"))
+    expected = _fast_reference(name, xv.astype(np.float64), bounds, 0)
+    tol = {"float64": 1e-10, "float32": 2e-5, "float16": 2e-3}[dtype]
+    check(y, expected if features > 1 else expected[..., 0], dtype, tol)
+    assert kernel_calls == [f"segmented_{name}"]
+    lists = features != 3 and not (name == "logsumexp" and group == 32)
+    assert len(listed) <= int(lists)  # (compiled once per thread)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("name", ["logsumexp", "softmax", "var"])
+def test_gpu_kernel_very_long_segments_on_streams_threads_and_graphs(kernel_calls, monkeypatch, name):
+    """The list of very long segments is this thread's for its stream: calls on a side stream and
+    the current one in turn, four threads at once, and a call captured into a CUDA graph (which
+    lists none: its warps read them) and replayed on new data, each right."""
+    import concurrent.futures
+
+    monkeypatch.setattr(_softmax_kernel, "LONG_MIN_ROWS", 0)
+    rng = np.random.default_rng(9)
+    lengths = rng.integers(0, 20, 4000).tolist()
+    lengths[10], lengths[2000] = 60_000, 40_000
+    bounds = np.r_[0, np.cumsum(lengths)]
+    off = torch.tensor(bounds, device="cuda")
+    f = fn(name)
+
+    def case(seed):
+        xv = np.random.default_rng(seed).normal(size=int(bounds[-1])).astype(np.float32)
+        return torch.tensor(xv, device="cuda"), _fast_reference(name, xv[:, None].astype(np.float64), bounds, 0)[..., 0]
+
+    side = torch.cuda.Stream()
+    for seed in range(3):
+        x, expected = case(seed)
+        with torch.cuda.stream(side):
+            a = f(x, offsets=off)
+        b = f(x, offsets=off)
+        torch.cuda.synchronize()
+        check(a, expected, "float32", 2e-5)
+        check(b, expected, "float32", 2e-5)
+
+    def in_a_thread(seed):
+        x, expected = case(seed)
+        got = f(x, offsets=off)
+        torch.cuda.current_stream().synchronize()
+        return got.cpu().numpy(), expected
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for got, expected in pool.map(in_a_thread, range(10, 18)):
+            check(got, expected, "float32", 2e-5)
+
+    x, _ = case(30)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        f(x, offsets=off, check=False)  # (warm: kernels compiled before the capture)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        y = f(x, offsets=off, check=False)
+    fresh, expected = case(31)
+    x.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    check(y, expected, "float32", 2e-5)
+
+
+def test_kernel_lists_very_long_segments_in_large_calls():
+    """(No GPU needed.) The workers' kernel lists very long segments for linred_softmax_long in
+    calls of LONG_MIN_ROWS rows or more, for groups of lanes and a thread of one feature, not for
+    a thread per feature of several nor logsumexp's warps per segment."""
+    lists, big = _softmax_kernel._lists, _softmax_kernel.LONG_MIN_ROWS
+    assert lists("segmented_softmax", big, 32, 1) and lists("segmented_var", big, 2, 1)
+    assert lists("segmented_logsumexp", big, 8, 8) and lists("segmented_log_softmax", big, 1, 1)
+    assert not lists("segmented_softmax", big - 1, 32, 1)
+    assert not lists("segmented_softmax", big, 1, 3)
+    assert not lists("segmented_logsumexp", big, 32, 1)
+
+
 def test_kernel_lane_groups_follow_the_mean_length(monkeypatch):
     """The worker layout (no GPU needed): lanes that leave each about 16 values of a segment of the
     mean length (8 for softmax and log_softmax), a power of two from 2 (4 for softmax and

@@ -34,16 +34,22 @@
 //    sum_exp, which it takes from common.cuh, keep the instructions per element few: the kernel's
 //    work is mostly the instructions it issues);
 //  - family_segment: one worker's segment (its passes and results);
-//  - lanes_max and lanes_sum: the maximum and the sum of a worker's lanes that share a feature;
-//  - its entry point: LINRED_SOFTMAX (linred_softmax).
+//  - lanes_max and lanes_sum: the maximum and the sum of a worker's lanes that share a feature
+//    (block_lanes: for a worker of a whole block);
+//  - softmax_long: segments longer than SOFTMAX_LONG_ROWS, which the workers' warps list
+//    (list_long, into a LongList of LongSegment) instead of reading them, in large calls, each
+//    read by a whole block in a second kernel: one far longer than the others kept one warp busy
+//    for the rest of the call (std_conditional: the standard library's, which NVRTC lacks);
+//  - its entry points: LINRED_SOFTMAX (linred_softmax), LINRED_SOFTMAX_LONG (linred_softmax_long).
 //
 // The results are those of linred's composition (linred/_fused.py), by the same formulas: the
 // shift is the segment's maximum, or 0 where that is not finite (logsumexp) or is -inf (softmax,
 // log_softmax); logsumexp = log(sum) + shift, softmax = exp(x - shift) / sum, log_softmax =
 // (x - shift) - log(sum), with sum the sum of exp(x - shift).  So a segment holding NaN gives
 // NaN, one holding +inf gives +inf (logsumexp) or NaN, an all -inf or empty one -inf
-// (logsumexp) or NaN.  Sums in A (float32 for 16-bit and float32 data, float64 for float64;
-// var and std: float64 for every dtype);
+// (logsumexp) or NaN.  Sums in A (float32 for 16-bit and float32 data, float64 for float64; a
+// thread per feature adds its loop steps' sums of exps in double); var and std: float64 for every
+// dtype;
 // lanes are added by a fixed shuffle tree: the same bits every run.  var = (sum of (x - mean)^2)
 // / (length - ddof), NaN where length <= ddof (an empty segment too) and, through inf - inf or
 // NaN, where the segment holds an infinity or a NaN; std = sqrt(var), as the composition's.
@@ -66,20 +72,48 @@ template <class T, int G> __device__ constexpr int softmax_unroll() { return G >
 // float32 value's loads for half its bytes).
 template <int G, int DW, int P> __device__ constexpr int softmax_rows_a_step() { return P == 2 ? 64 : G / DW; }
 
+// (the standard library's conditional: NVRTC compiles without its headers)
+template <bool C, class A, class B> struct std_conditional { typedef A type; };
+template <class A, class B> struct std_conditional<false, A, B> { typedef B type; };
+
 enum { SOFTMAX_LOGSUMEXP = 0, SOFTMAX_SOFTMAX = 1, SOFTMAX_LOG_SOFTMAX = 2, SOFTMAX_VAR = 3, SOFTMAX_STD = 4 };
 
 // The maximum and the sum of the lanes of a worker of G lanes that share a feature (lanes lane ^ o
 // for DW <= o < G), added by a fixed tree.  Every lane of the warp calls them (the groups of a
 // warp together).
-template <int G, int DW, class A> __device__ __forceinline__ A lanes_max(A v) {
+// A worker of a whole block (G > 32: block_lanes) adds its warps' values through shared memory,
+// in the order of the warps; every thread of the block calls them.
+template <int G, int DW, bool SUM, class A> __device__ __forceinline__ A block_lanes(A v) {
+    static_assert(G % 32 == 0 && DW <= 32, "a block's worker is whole warps");
 #pragma unroll
-    for (int o = G / 2; o >= DW; o /= 2) v = OpMax::combine(v, shfl_xor(v, o));
+    for (int o = 16; o >= DW; o /= 2) v = SUM ? v + shfl_xor(v, o) : OpMax::combine(v, shfl_xor(v, o));
+    __shared__ A part[G / 32][32];
+    const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
+    if (lane < DW) part[warp][lane] = v;
+    __syncthreads();
+    v = part[0][lane % DW];
+#pragma unroll
+    for (int k = 1; k < G / 32; ++k) v = SUM ? v + part[k][lane % DW] : OpMax::combine(v, part[k][lane % DW]);
+    __syncthreads();  // (part is written again by the next call)
     return v;
 }
-template <int G, int DW, class A> __device__ __forceinline__ A lanes_sum(A v) {
+template <int G, int DW, class A> __device__ __forceinline__ A lanes_max(A v) {
+    if constexpr (G > 32) {
+        return block_lanes<G, DW, false>(v);
+    } else {
 #pragma unroll
-    for (int o = G / 2; o >= DW; o /= 2) v += shfl_xor(v, o);
-    return v;
+        for (int o = G / 2; o >= DW; o /= 2) v = OpMax::combine(v, shfl_xor(v, o));
+        return v;
+    }
+}
+template <int G, int DW, class A> __device__ __forceinline__ A lanes_sum(A v) {
+    if constexpr (G > 32) {
+        return block_lanes<G, DW, true>(v);
+    } else {
+#pragma unroll
+        for (int o = G / 2; o >= DW; o /= 2) v += shfl_xor(v, o);
+        return v;
+    }
 }
 
 // UNROLL steps of a lane from row i of p (RS rows a step) into v, as A; with FULL every row is
@@ -376,15 +410,22 @@ __device__ __forceinline__ void family_segment(const T* __restrict__ x, O* __res
     // 2. the sum of exp(x - shift) (these reads mostly hit L1/L2: the segment was just read);
     // rows past the end read as -inf add exp(-inf - shift) = 0 where the shift is finite, and
     // where it is not (+inf or NaN), the segment's own rows make the sum NaN whatever they add
-    A sum = 0;
+    // A thread per feature (G = 1) may read a long segment alone: its steps' sums are added in
+    // double (a float sum over 40,000 rows drifted by 1e-4).  Lanes of a worker add in A (a
+    // double a step cost a warp per segment of logsumexp 5% at segments of 256 rows).
+    typedef typename std_conditional<G == 1, double, A>::type S;
+    S total = 0;
     each_step<UNROLL, RS, G, 0, P>(
         p, begin, end, last, D, Limits<A>::lowest(),
         [&](A(&v)[UNROLL]) {
+            A part = 0;
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) sum += sum_exp(v[u] - shift);
+            for (int u = 0; u < UNROLL; ++u) part += sum_exp(v[u] - shift);
+            total += (S)part;
         },
         (const T*)nullptr, 0, first, nlast);
-    if (G > 1) sum = lanes_sum<G, DW>(sum);
+    if (G > 1) total = lanes_sum<G, DW>(total);
+    const A sum = (A)total;
     // 3. the results
     if constexpr (MODE == SOFTMAX_LOGSUMEXP) {
         if (write && r0 == 0) out[bs * D + d] = finish<O, false>(log(sum) + shift, 1);
@@ -439,6 +480,35 @@ __device__ __forceinline__ void family_segment(const T* __restrict__ x, O* __res
     }
 }
 
+// Rows past which a worker's segment is left to softmax_long (a block per segment, after the
+// workers' kernel).  One segment of 641,841 rows among 4M of 16 read by a warp took 12 times the
+// rest of the call (logsumexp of 64M float32 values on an H200).
+constexpr i64 SOFTMAX_LONG_ROWS = 1 << 15;
+struct LongSegment {
+    i64 b, bs, begin, end;  // row of the batch, row of the batch * m + segment, bounds
+};
+// The list a workers' kernel fills and softmax_long empties: device memory of the host's, room for
+// `room` segments (the kernels' argument), zero before the pair of kernels and after it (the last
+// block of softmax_long empties it).
+struct LongList {
+    int count;  // segments added (past the room: the warps read the rest)
+    int done;   // softmax_long's blocks that have read their segments
+    int pad[2];
+    LongSegment segment[1];  // (room of them)
+};
+
+// A very long segment of a warp's worker added to `longs` (every lane calls it with the same
+// values), where the list has room: then true.  Not inlined: its atomic and its store, in line,
+// cost the workers' loop registers (a warp per segment of logsumexp: 32 -> 39).
+__device__ __forceinline__ bool list_long(LongList* longs, int room, i64 b, i64 bs, i64 begin, i64 end) {
+    int slot = 0;
+    if ((threadIdx.x & 31) == 0) slot = atomicAdd(&longs->count, 1);
+    slot = __shfl_sync(0xffffffffu, slot, 0);
+    if (slot >= room) return false;
+    if ((threadIdx.x & 31) == 0) longs->segment[slot] = LongSegment{b, bs, begin, end};
+    return true;
+}
+
 // x: (batch, n, D) C-contiguous; out: like x (softmax, log_softmax) or (batch, m, D) (logsumexp).
 // G > 1: a worker is a group of G lanes of a warp (32, or fewer for short segments), DW = D (a
 // power of two up to G); G = 1: a worker is a thread and one feature (DW = 1).  workers = batch *
@@ -447,13 +517,18 @@ __device__ __forceinline__ void family_segment(const T* __restrict__ x, O* __res
 // segment and writes nothing.  A group's (or, for one feature, a thread's) segment longer than a
 // warp's loop step is read by the whole warp instead, after the groups' own (family_segment with
 // G = 32, one such segment at a time): a few lanes would otherwise read it alone, for as long as
-// one long segment among short ones takes them.  bad: checked_bounds's word (offsets.cuh), or
-// nullptr where the offsets need no check.
+// one long segment among short ones takes them.  A segment longer than SOFTMAX_LONG_ROWS is
+// added to `longs` (with LIST; room for `room`; not for a thread per feature of several, whose
+// layout softmax_long does not take) by the warp that meets it, for softmax_long: the code of
+// the list costs the loop registers (a warp per segment of logsumexp, 32 -> 39; 64M float32
+// values of mean 256 rows took 20% longer), so the host lists only in large calls.  bad: checked_bounds's
+// word (offsets.cuh), or nullptr where the offsets need no check.
 // A group reads the bounds of its next segment before it reads the current one's rows, so that
 // their round trip to memory overlaps the current segment's (G = 1 reads them when it needs them).
-template <class T, class A, class O, int MODE, int G, int DW, int UNROLL, int P, class Off>
-__device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __restrict__ out, Off off, int* bad, i64 n,
-                                               i64 m, i64 D, i64 workers, double ddof) {
+template <class T, class A, class O, int MODE, int G, int DW, int UNROLL, int P, bool LIST, class Off>
+__device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __restrict__ out, Off off, int* bad,
+                                               LongList* longs, int room, i64 n, i64 m, i64 D, i64 workers,
+                                               double ddof) {
     static_assert(P == 1 || (P == 2 && G == 32 && DW == 1 && sizeof(T) == 2), "pairs of rows: 16-bit data, D = 1");
     static_assert(G == 1 || (G <= 32 && DW <= G && 32 % G == 0), "a worker is a thread or a group of a warp's lanes");
     const i64 stride = (i64)gridDim.x * (blockDim.x / G);
@@ -466,6 +541,12 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
     // for a thread per feature of several (the warp's layout needs a power of two of them)
     constexpr int WARP_UNROLL = softmax_unroll<T, 32>();
     const i64 longest = G == 1 && D != 1 ? Limits<i64>::highest() : (i64)(WARP_UNROLL * 32 / DW);
+    // a segment the warp holds (every lane calls it with the same values), added to the list if it
+    // is very long and the list has room: then true
+    auto to_list = [&](i64 wb, i64 wbs, i64 wbegin, i64 wend) {
+        return LIST && wend - wbegin > SOFTMAX_LONG_ROWS && longs != nullptr &&
+               list_long(longs, room, wb, wbs, wbegin, wend);
+    };
     // the bounds of the worker's next segment (G > 1: worker w's segment is w % m)
     i64 next_begin = 0, next_end = 0;
     if (G > 1 && w < workers) {
@@ -492,26 +573,60 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
             end = off(s + 1);
         }
         if (valid) checked_bounds(s, m, n, bad, begin, end);
+        // (a warp's worker: its segment to the list, where very long)
+        const bool listed = !GROUPS && to_list(b, bs, begin, end);
         const bool whole = GROUPS && end - begin > longest;  // (read by the whole warp, below)
-        family_segment<T, A, O, MODE, G, DW, UNROLL, P>(x, out, n, D, b, bs, G == 1 ? w % D : 0, whole ? 0 : begin,
-                                                        whole ? 0 : end, valid && !whole, ddof);
-        if constexpr (GROUPS) {  // the long segments of this warp's workers, by the whole warp
+        family_segment<T, A, O, MODE, G, DW, UNROLL, P>(x, out, n, D, b, bs, G == 1 ? w % D : 0,
+                                                        whole || listed ? 0 : begin, whole || listed ? 0 : end,
+                                                        valid && !whole && !listed, ddof);
+        if constexpr (GROUPS) {  // the long segments of this warp's workers, by the whole warp (or listed)
             warp_takes_long_segments<G>(whole, b, bs, begin, end, [&](i64 wb, i64 wbs, i64 wbegin, i64 wend) {
-                family_segment<T, A, O, MODE, 32, DW, WARP_UNROLL, 1>(x, out, n, D, wb, wbs, 0, wbegin, wend, true,
-                                                                      ddof);
+                if (!to_list(wb, wbs, wbegin, wend)) {
+                    family_segment<T, A, O, MODE, 32, DW, WARP_UNROLL, 1>(x, out, n, D, wb, wbs, 0, wbegin, wend,
+                                                                          true, ddof);
+                }
             });
         }
     }
 }
 
-// ---- entry point --------------------------------------------------------------------
+// softmax_long: the segments a workers' kernel listed, each read by a whole block (family_segment
+// with G = THREADS: 8 loads in flight for each of its threads, where a warp had 32 threads'),
+// blocks taking the list's segments in turn; the block that ends last empties the list for the
+// next call (every block has read the count by then).  DW: the workers' kernel's.
+template <class T, class A, class O, int MODE, int DW, int THREADS>
+__device__ __forceinline__ void softmax_long(const T* __restrict__ x, O* __restrict__ out, LongList* longs, int room,
+                                             i64 n, i64 D, double ddof) {
+    const int count = min(longs->count, room);
+    for (int e = blockIdx.x; e < count; e += gridDim.x) {
+        const LongSegment q = longs->segment[e];
+        family_segment<T, A, O, MODE, THREADS, DW, softmax_unroll<T, 32>(), 1>(x, out, n, D, q.b, q.bs, 0, q.begin,
+                                                                               q.end, true, ddof);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && atomicAdd(&longs->done, 1) == (int)gridDim.x - 1) {
+        longs->count = 0;
+        longs->done = 0;
+    }
+}
+
+// ---- entry points -------------------------------------------------------------------
 // linred_softmax: softmax_family; OFFSETS is FixedOffsets{L} or ArrayOffsets<I>{offsets}; ddof: the
-// bits of a double (var and std; the other modes ignore it).
-#define LINRED_SOFTMAX(T, A, O, MODE, G, DW, P, THREADS, I, OFFSETS)                                            \
+// bits of a double (var and std; the other modes ignore it); LIST: whether to list very long segments
+// in longs, softmax_long's list (else null).
+#define LINRED_SOFTMAX(T, A, O, MODE, G, DW, P, LIST, THREADS, I, OFFSETS)                                      \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
-        linred_softmax(const T* x, O* out, const I* offsets, int* bad, long long L, long long n, long long m,  \
-                       long long d, long long workers, long long ddof) {                                       \
+        linred_softmax(const T* x, O* out, const I* offsets, int* bad, LongList* longs, long long room,         \
+                       long long L, long long n, long long m, long long d, long long workers, long long ddof) { \
         static_assert(THREADS % 32 == 0, "a worker of G = 32 lanes is a whole warp of the block");            \
-        softmax_family<T, A, O, MODE, G, DW, softmax_unroll<T, G>(), P>(x, out, OFFSETS, bad, n, m, d, workers, \
-                                                                        __longlong_as_double(ddof));           \
+        softmax_family<T, A, O, MODE, G, DW, softmax_unroll<T, G>(), P, LIST>(x, out, OFFSETS, bad, longs,       \
+                                                                              (int)room, n, m, d, workers,      \
+                                                                              __longlong_as_double(ddof));      \
+    }
+// linred_softmax_long: softmax_long, after linred_softmax of the same call (its DW).
+#define LINRED_SOFTMAX_LONG(T, A, O, MODE, DW, THREADS)                                                           \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
+        linred_softmax_long(const T* x, O* out, LongList* longs, long long room, long long n, long long d,      \
+                            long long ddof) {                                                                  \
+        softmax_long<T, A, O, MODE, DW, THREADS>(x, out, longs, (int)room, n, d, __longlong_as_double(ddof));  \
     }
