@@ -23,10 +23,13 @@ leave out the term through the mean (0 in exact arithmetic), so a segment holdin
 gives -inf and NaN where the composition gave NaN throughout.
 
 On the GPU the backward is one kernel (``linred/kernels/softmax_grad.cuh``, where the
-forward's kernel would take the call's workers); for CPU tensors it is NumPy on the views of
-their memory.  Where the backward records a graph (``create_graph=True``), and wherever
-neither applies, it is made of PyTorch operations and linred's differentiable reductions, so
-that second derivatives come out as the composition's did.
+forward's kernel would take the call's workers); for one feature column of segments those
+workers would each read alone (or long on average), linred's reductions make the per-segment
+values (the sum of ``g * y``, of ``g``, the mean) and one kernel writes ``dx``
+(``grad_from_parts``); for CPU tensors it is NumPy on the views of their memory.  Where the
+backward records a graph (``create_graph=True``), and wherever neither applies, it is made of
+PyTorch operations and linred's differentiable reductions, so that second derivatives come out
+as the composition's did.
 
 The composition keeps the calls that this does not take: segment ids, complex data,
 ``torch.func`` transforms and ``torch.compile`` (which trace it).
@@ -116,7 +119,7 @@ class FusedGrad(torch.autograd.Function):
             return (torch.zeros((*g.shape[: ctx.axis], ctx.n, *g.shape[ctx.axis + 1 :]), dtype=ctx.x_dtype,
                                 device=g.device), *nones)  # fmt: skip
         spec = (offsets, None if offsets is not None else lengths, ctx.segment_length, ctx.axis)
-        if _plain(g):  # (one pass of the derivative: on the GPU one kernel, on the host NumPy)
+        if _plain(g):  # (on the GPU its kernels, on the host NumPy)
             on = {"cuda": _in_one_kernel, "cpu": _on_the_host}.get(g.device.type)
             fast = on(ctx, g, offsets, lengths, saved) if on is not None else None
             if fast is not None:
@@ -164,8 +167,9 @@ def _plain(g: torch.Tensor) -> bool:
 
 def _in_one_kernel(ctx: Any, g: torch.Tensor, offsets: Any, lengths: Any, saved: list) -> torch.Tensor | None:
     """The derivative of CUDA tensors (``g`` is :func:`_plain`) in one kernel
-    (``linred/kernels/softmax_grad.cuh``, the same formulas), or None where it does not apply:
-    data that is not C-contiguous, the workers that the forward's kernel would not take."""
+    (``linred/kernels/softmax_grad.cuh``, the same formulas), from per-segment values where one
+    feature column's segments are long (:func:`_from_parts`), or None where neither applies:
+    data that is not C-contiguous, feature rows that the workers' kernel would not take."""
     a = saved[0]  # (the result for softmax and log_softmax; else the data, then the result for logsumexp and std)
     names = (dtype_name(a.dtype), dtype_name(ctx.out_dtype), dtype_name(ctx.x_dtype))
     if not _KERNEL_DTYPES.issuperset(names) or not a.is_contiguous() or unavailable("nvrtc") is not None:

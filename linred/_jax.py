@@ -76,10 +76,16 @@ def call_jax(function: Any, x: Any, segment_length: Any, *, offsets: Any, length
         # (a result can be a view of a larger buffer, as unsorted ids with check=False give;
         # JAX takes only compact strides through DLPack)
         result = result.copy()
-    if result.dtype.itemsize >= 8 and result.dtype.kind in "iufc" and not jax.config.read("jax_enable_x64"):
+    kind = result.dtype.kind
+    width = result.dtype.itemsize // (2 if kind == "c" else 1)  # (complex64: two 4-byte parts)
+    if width >= 8 and kind in "iufc" and not jax.config.read("jax_enable_x64"):
         result = _without_x64(function, result, x.shape)
     # (DLPack names a host array's device as the CPU, which JAX reads as its first CPU device)
-    return jax.dlpack.from_dlpack(result, device=next(iter(x.devices())))
+    device = next(iter(x.devices()))
+    try:
+        return jax.dlpack.from_dlpack(result, device=device)
+    except TypeError:  # (a JAX whose from_dlpack takes no device)
+        return jax.device_put(jax.dlpack.from_dlpack(result), device)
 
 
 #: the functions whose results are positions (int64), which int32 holds where the axis is shorter

@@ -17,9 +17,17 @@ ones, chosen by the mean length: :func:`_workers`) or one thread per feature, so
 read by one worker: the kernel serves only calls with enough workers to fill the GPU
 (:data:`MIN_WORKERS_PER_SM` per SM) and segments no longer than :data:`MAX_MEAN_ROWS` rows on
 average; fewer, longer segments go to the composition, whose reductions spread a segment over
-the whole GPU.  (One segment far longer than the others still keeps its worker busy alone: the
-call then takes the time one warp needs to read it.)  16-bit data of one feature in long
-segments is read two rows a load (:data:`PAIRS`).
+the whole GPU.  One segment far longer than the others would keep its worker busy alone: in
+calls of :data:`LONG_MIN_VALUES` values or more the warps list segments longer than
+:data:`LONG_ROWS` rows instead (:class:`_LongList`), and a second kernel,
+``linred_softmax_long``, reads each with a whole block (smaller calls, logsumexp's warps per
+segment and a thread per feature of several still read it with one worker).  16-bit data of
+one feature in long segments is read two rows a load (:data:`PAIRS`).
+
+The backward (:func:`run_backward`, ``softmax_grad.cuh``) has the same workers; for one feature
+column whose segments they would each read alone, or long on average
+(:data:`GRAD_PARTS_MIN_MEAN`), :func:`run_grad_from_parts` writes the derivative from
+per-segment values that linred's reductions computed (``linred._fused_grad``).
 
 logsumexp, softmax and log_softmax of one feature column computed in float32, in segments of
 :data:`LSE_RUNS_MIN_MEAN` rows or more on average (whatever their count or longest; more for
@@ -475,40 +483,64 @@ def wrapper(name: str, data: str, compute: str, result: str, group: int, width: 
 LONG_ROWS = 1 << 15
 LONG_LIST = 1024
 LONG_THREADS = 1024
-#: the fewest rows of a call whose very long segments are listed: the list's code costs the
+#: the fewest values of a call whose very long segments are listed: the list's code costs the
 #: workers' loop registers, the second kernel a launch (about 30 µs of host time a call on an
-#: H200's host, 94 -> 129 µs at 4M rows), which only calls this large hide behind their device time
-LONG_MIN_ROWS = 1 << 24
+#: H200's host, 94 -> 129 µs at 4M values), which calls of 64M values hide behind their device
+#: time (150 µs and more), smaller ones not
+LONG_MIN_VALUES = 1 << 26
 
 
-def _lists(name: str, n: int, group: int, features: int) -> bool:
+def _lists(name: str, values: int, group: int, features: int) -> bool:
     """Whether the workers' kernel lists segments longer than LONG_ROWS for linred_softmax_long:
-    calls of LONG_MIN_ROWS rows or more, workers of a layout linred_softmax_long takes (groups of
-    lanes, or a thread of one feature), and not logsumexp's warps per segment (the list's
+    calls of LONG_MIN_VALUES values or more, workers of a layout linred_softmax_long takes (groups
+    of lanes, or a thread of one feature), and not logsumexp's warps per segment (the list's
     registers cost them 20% at segments of 256 rows; where segments are long on average
     ``warp_reduce`` reads logsumexp instead, :func:`_by_runs`)."""
-    return n >= LONG_MIN_ROWS and (group > 1 or features == 1) and not (group == 32 and name == "segmented_logsumexp")
+    return (
+        values >= LONG_MIN_VALUES
+        and (group > 1 or features == 1)
+        and not (group == 32 and name == "segmented_logsumexp")
+    )
 
 
-def _long_list(adapter: Any, device: int, stream: int) -> int:
-    """The address of this thread's list of long segments for ``stream`` (softmax.cuh's LongList:
-    device memory made zero once, which every pair of kernels leaves zero), or 0 where the stream is
-    being captured into a CUDA graph (its long segments are read by their warps): a list per thread
-    and stream, so that two calls' kernels never share one."""
-    from linred.backends._device import capturing, on_device
+class _LongList:
+    """This thread's list of very long segments on a device (softmax.cuh's LongList, room for
+    LONG_LIST), made zero once and left zero by every pair of kernels that uses it (the second
+    kernel's last block empties it, and a pair whose second launch fails is emptied by the host).
+    A call on another stream than the previous one waits for that one's pair on the device
+    (:class:`linred.backends._device.StreamOrder`: an event recorded after each pair), so that two
+    pairs never share it, whatever became of the earlier stream."""
 
-    with on_device(device):
-        if capturing(stream):
-            return 0
+    def __init__(self, adapter: Any, device: int, stream: int) -> None:
+        from linred.backends._device import StreamOrder, ops_for
+
+        ops = ops_for(adapter.kind, device)
+        with ops.on(stream):  # (memory of the stream it is first made zero on)
+            self.buffer = ops.empty(((16 + 32 * LONG_LIST) // 4,), "int32")
+        adapter.fill(self.buffer, 0, stream)
+        self.pointer = adapter.pointer(self.buffer)
+        self.order = StreamOrder(ops)
+        self.ops = ops
+
+
+def _long_list(adapter: Any, device: int, stream: int) -> _LongList | None:
+    """This thread's list for ``device`` and the array library of ``adapter``, or None where
+    ``stream`` is being captured into a CUDA graph (its very long segments are read by their
+    warps)."""
     lists = getattr(_local, "longs", None)
     if lists is None:
         lists = _local.longs = {}
-    key = (device, stream, adapter.kind, LONG_LIST)
-    buffer = lists.get(key)
-    if buffer is None:
-        buffer = lists[key] = adapter.allocator("int32", device)(((16 + 32 * LONG_LIST) // 4,))
-        adapter.fill(buffer, 0, stream)
-    return adapter.pointer(buffer)
+    key = (device, adapter.kind, LONG_LIST)
+    found = lists.get(key)
+    if found is None:
+        from linred.backends._device import ops_for
+
+        if ops_for(adapter.kind, device).capturing(stream):
+            return None
+        found = lists[key] = _LongList(adapter, device, stream)
+    elif found.ops.capturing(stream):
+        return None
+    return found
 
 
 def _compile_long(key: tuple[Any, ...]) -> PackedLaunch:
@@ -544,7 +576,8 @@ def run(
     stream: int,
     ddof: float = 0,
 ) -> Any:
-    """``name`` of ``x`` along ``axis`` in one kernel on ``stream`` (a raw handle), computing in
+    """``name`` of ``x`` along ``axis`` in one kernel on ``stream`` (a raw handle; two where very long
+    segments are listed, :func:`_lists`; ``warp_reduce``'s where :func:`_takes_runs`), computing in
     ``compute`` and returning ``result``; ``segments`` are the call's segment keywords (offsets
     and lengths already on the device, checked here when ``check``); ``ddof``: var's and std's."""
     shape = tuple(x.shape)
@@ -577,24 +610,35 @@ def run(
         pairs = 2 if _pairs(name, x, out, adapter, group, width, batch, n, m) else 1
         # (the key is made of cheap values: the kernel's C source is built only to compile it)
         # (the list, where the call lists: none where the stream is being captured)
-        longs = _long_list(adapter, device, stream) if _lists(name, n, group, features) else 0
-        lists = longs != 0
-        key = (device, name, x.dtype, compute, result, group, width, pairs, index_dtype, lists)
+        listed = _long_list(adapter, device, stream) if _lists(name, batch * n * features, group, features) else None
+        key = (device, name, x.dtype, compute, result, group, width, pairs, index_dtype, listed is not None)
         launch = getattr(_local, "launches", _NONE).get(key)
         if launch is None:
             launch = _compile(key)
         grid = max(1, min(-(-workers * group // THREADS), BLOCKS_PER_SM * multiprocessors(device)))
         # (var and std read ddof as the bits of a double; the other functions ignore it)
         ddof_bits = _DOUBLE_BITS.unpack(_DOUBLE.pack(float(ddof)))[0] if ddof else 0
-        launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(out), offsets_pointer, word, longs,
-               LONG_LIST, length, n, m, features, workers, ddof_bits)  # fmt: skip
-        if longs:  # (the segments the warps listed, a block each; none: every block returns at once)
-            key = ("long", device, name, x.dtype, compute, result, width)
-            long_launch = getattr(_local, "launches", _NONE).get(key)
+        if listed is None:
+            launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(out), offsets_pointer, word, 0,
+                   LONG_LIST, length, n, m, features, workers, ddof_bits)  # fmt: skip
+        else:
+            # The second kernel compiled before the first is launched: a list the first filled must
+            # be emptied by it (the next call would read this call's segments).
+            long_key = ("long", device, name, x.dtype, compute, result, width)
+            long_launch = getattr(_local, "launches", _NONE).get(long_key)
             if long_launch is None:
-                long_launch = _compile_long(key)
-            long_launch(stream, multiprocessors(device), LONG_THREADS, 0, adapter.pointer(x), adapter.pointer(out),
-                        longs, LONG_LIST, n, features, ddof_bits)  # fmt: skip
+                long_launch = _compile_long(long_key)
+            listed.order.begin(stream)
+            try:  # (then the listed segments, a block each; none listed: every block returns at once)
+                launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(out), offsets_pointer, word,
+                       listed.pointer, LONG_LIST, length, n, m, features, workers, ddof_bits)  # fmt: skip
+                long_launch(stream, multiprocessors(device), LONG_THREADS, 0, adapter.pointer(x),
+                            adapter.pointer(out), listed.pointer, LONG_LIST, n, features, ddof_bits)  # fmt: skip
+            except BaseException:
+                adapter.fill(listed.buffer, 0, stream)
+                raise
+            finally:
+                listed.order.end(stream, capturing=False)
     if not isinstance(seg, FixedSegments) and seg.word:
         verify(seg, adapter, stream, lengths, n=n, axis=axis, device=device)
     return out

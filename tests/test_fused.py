@@ -12,6 +12,7 @@ the tests marked ``gpu``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -1379,7 +1380,7 @@ def test_gpu_kernel_very_long_segments_to_blocks(kernel_calls, monkeypatch, name
     segments between; a list with room for 4 (the warps read the rest); 3 features: a thread per
     feature, which lists none.  Against float64 NumPy."""
     monkeypatch.setattr(_softmax_kernel, "GROUP", None if features == 3 else group)
-    monkeypatch.setattr(_softmax_kernel, "LONG_MIN_ROWS", 0)  # (a small call: listed too)
+    monkeypatch.setattr(_softmax_kernel, "LONG_MIN_VALUES", 0)  # (a small call: listed too)
     if room is not None:
         monkeypatch.setattr(_softmax_kernel, "LONG_LIST", room)
     listed = []
@@ -1411,7 +1412,7 @@ def test_gpu_kernel_very_long_segments_on_streams_threads_and_graphs(kernel_call
     lists none: its warps read them) and replayed on new data, each right."""
     import concurrent.futures
 
-    monkeypatch.setattr(_softmax_kernel, "LONG_MIN_ROWS", 0)
+    monkeypatch.setattr(_softmax_kernel, "LONG_MIN_VALUES", 0)
     rng = np.random.default_rng(9)
     lengths = rng.integers(0, 20, 4000).tolist()
     lengths[10], lengths[2000] = 60_000, 40_000
@@ -1458,11 +1459,46 @@ def test_gpu_kernel_very_long_segments_on_streams_threads_and_graphs(kernel_call
     check(y, expected, "float32", 2e-5)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+def test_gpu_kernel_list_left_empty_when_the_second_launch_fails(kernel_calls, monkeypatch):
+    """A call whose second kernel cannot be made (here: its compile raises) leaves the list empty
+    (the first kernel is not launched before the second is ready), so the next call, of other
+    arrays and segments, reads only its own very long segments; both against float64."""
+    monkeypatch.setattr(_softmax_kernel, "LONG_MIN_VALUES", 0)
+    real = _softmax_kernel._compile_long
+    failed = []
+
+    def fail_once(key):
+        if not failed:
+            failed.append(key)
+            raise RuntimeError("no second kernel")
+        return real(key)
+
+    monkeypatch.setattr(_softmax_kernel, "_compile_long", fail_once)
+    monkeypatch.setattr(_softmax_kernel, "_local", type(_softmax_kernel._local)())  # (nothing compiled yet)
+    rng = np.random.default_rng(2)
+    # (short segments around the long ones: a mean the workers' kernel serves, warps that list)
+    for lengths, fails in (([5] * 30 + [40_000] + [3] * 30 + [50_000], True),
+                           ([7] * 40 + [60_000] + [2] * 40 + [33_000] + [1], False)):  # fmt: skip
+        bounds = np.r_[0, np.cumsum(lengths)]
+        xv = rng.normal(size=int(bounds[-1])).astype(np.float32)
+        call = functools.partial(linred.segmented_softmax, torch.tensor(xv, device="cuda"),
+                                 offsets=torch.tensor(bounds, device="cuda"))  # fmt: skip
+        if fails:
+            with pytest.raises(RuntimeError, match="no second kernel"):
+                call()
+            continue
+        expected = _fast_reference("softmax", xv[:, None].astype(np.float64), bounds, 0)[..., 0]
+        check(call(), expected, "float32", 2e-5)
+    assert failed and kernel_calls == ["segmented_softmax"] * 2
+
+
 def test_kernel_lists_very_long_segments_in_large_calls():
     """(No GPU needed.) The workers' kernel lists very long segments for linred_softmax_long in
-    calls of LONG_MIN_ROWS rows or more, for groups of lanes and a thread of one feature, not for
+    calls of LONG_MIN_VALUES values or more, for groups of lanes and a thread of one feature, not for
     a thread per feature of several nor logsumexp's warps per segment."""
-    lists, big = _softmax_kernel._lists, _softmax_kernel.LONG_MIN_ROWS
+    lists, big = _softmax_kernel._lists, _softmax_kernel.LONG_MIN_VALUES
     assert lists("segmented_softmax", big, 32, 1) and lists("segmented_var", big, 2, 1)
     assert lists("segmented_logsumexp", big, 8, 8) and lists("segmented_log_softmax", big, 1, 1)
     assert not lists("segmented_softmax", big - 1, 32, 1)

@@ -74,6 +74,10 @@ def test_jax_64_bit_results_without_x64():
         linred.segmented_mean(jnp.arange(4), 2)
     np.testing.assert_array_equal(np.asarray(linred.segmented_sum(big, 4, dtype="float32")), [2.0**32])
     np.testing.assert_array_equal(np.asarray(linred.segmented_mean(jnp.arange(4), 2, dtype="float32")), [0.5, 2.5])
+    # (complex64 is two 4-byte parts: JAX keeps it without 64-bit types)
+    got = linred.segmented_sum(jnp.asarray(np.arange(6, dtype=np.complex64)), 3)
+    assert got.dtype == jnp.complex64
+    np.testing.assert_array_equal(np.asarray(got), [3, 12])
     for name, expected in (("argmax", [2, 3]), ("argmin", [0, 5])):  # (positions along the axis)
         got = getattr(linred, f"segmented_{name}")(jnp.asarray([1.0, 2.0, 3.0, 6.0, 5.0, 4.0]), 3)
         assert got.dtype == jnp.int32

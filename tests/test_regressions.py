@@ -248,6 +248,8 @@ def test_object_arrays_of_small_integers_are_taken_as_lists(kind):
         np.testing.assert_array_equal(np.asarray(linred.segmented_sum(x, **kwargs)), [10.0, 56.0])
     with pytest.raises(ValueError, match=r"offsets must fit in int64; got 1180591620717411303424"):
         linred.segmented_sum(x, offsets=np.array([0, 5, 2**70], dtype=object))
+    with pytest.raises(ValueError, match=r"offsets must fit in int64; got 9223372036854775808"):
+        linred.segmented_sum(x, offsets=np.array([0, -(2**63), 2**63, 12], dtype=object))  # (|-2**63| ties 2**63)
 
 
 def _unusual_layout(layout: str) -> np.ndarray:

@@ -17,9 +17,9 @@ def refuse_huge_integers(a: np.ndarray, name: str) -> np.ndarray:
     beyond int64 and uint64 as objects, and such a value is out of range, not of the wrong type
     (as a uint64 array's values beyond int64 are).  Anything else comes back as it is."""
     if a.size and all(type(v) is int for v in a.flat):
-        largest = max(a.flat, key=abs)
-        if not -(2**63) <= largest < 2**63:
-            raise ValueError(f"{name} must fit in int64; got {largest}")
+        beyond = next((v for v in a.flat if not -(2**63) <= v < 2**63), None)
+        if beyond is not None:
+            raise ValueError(f"{name} must fit in int64; got {beyond}")
         return a.astype(np.int64)
     return a
 

@@ -489,7 +489,7 @@ struct LongSegment {
 };
 // The list a workers' kernel fills and softmax_long empties: device memory of the host's, room for
 // `room` segments (the kernels' argument), zero before the pair of kernels and after it (the last
-// block of softmax_long empties it).
+// block of softmax_long empties it; the host, where the second launch fails).
 struct LongList {
     int count;  // segments added (past the room: the warps read the rest)
     int done;   // softmax_long's blocks that have read their segments
@@ -498,8 +498,9 @@ struct LongList {
 };
 
 // A very long segment of a warp's worker added to `longs` (every lane calls it with the same
-// values), where the list has room: then true.  Not inlined: its atomic and its store, in line,
-// cost the workers' loop registers (a warp per segment of logsumexp: 32 -> 39).
+// values), where the list has room: then true.  (In line it costs the workers' loop registers, a
+// warp per segment of logsumexp 32 -> 39: the host lists only in large calls, never with those;
+// not inlined, the call cost more kernels more registers.)
 __device__ __forceinline__ bool list_long(LongList* longs, int room, i64 b, i64 bs, i64 begin, i64 end) {
     int slot = 0;
     if ((threadIdx.x & 31) == 0) slot = atomicAdd(&longs->count, 1);
