@@ -148,6 +148,21 @@ _local = threading.local()  # this thread's launches (PackedLaunch slots are rew
 _NONE: dict[Any, PackedLaunch] = {}  # (the launches of a thread that has none yet)
 
 
+def _offsets_arguments(index: str | None) -> tuple[str, str]:
+    """The C type of the offsets of dtype name ``index`` (None: a fixed length) and the kernels'
+    OFFSETS argument: ArrayOffsets over the array, or FixedOffsets{L}."""
+    if index is None:
+        return "long long", "FixedOffsets{L}"
+    ctype = CTYPES[index]
+    return ctype, f"ArrayOffsets<{ctype}>{{offsets}}"
+
+
+def _chunk_grid(batch: int, n: int, chunk: int, device: int) -> int:
+    """Blocks for a walk over chunks of ``chunk`` values of ``batch`` rows of ``n``
+    (segment_chunks): one a chunk, at most BLOCKS_PER_SM a multiprocessor."""
+    return max(1, min(batch * -(-n // chunk), BLOCKS_PER_SM * multiprocessors(device)))
+
+
 def serves(
     name: str, x: Any, adapter: Any, in_name: str, result: str, segments: dict[str, Any], backend: Any, grad: bool,
     check: Any, axis: int = 0,
@@ -289,16 +304,14 @@ def _from_parts(name: str, x: Any, out: Any, seg: Any, adapter: Any, device: int
     key = ("parts", device, name, x.dtype, result, index)
     launch = getattr(_local, "launches", _NONE).get(key)
     if launch is None:
-        ctype = "long long" if fixed else CTYPES[dtype_name(index)]
-        bounds = "FixedOffsets{L}" if fixed else f"ArrayOffsets<{ctype}>{{offsets}}"
+        ctype, bounds = _offsets_arguments(None if fixed else dtype_name(index))
         source = (
             '#include "lse.cuh"\n'
             f"LINRED_SOFTMAX_FROM_PARTS({CTYPES[dtype_name(x.dtype)]}, {CTYPES[result]}, {PARTS_MODES[name]}, "
             f"{PARTS_THREADS}, {PARTS_ITEMS}, {ctype}, {bounds})\n"
         )
         launch = thread_launch(_local, key, device, source, "linred_softmax_from_parts", 8)
-    chunks = batch * -(-n // (PARTS_THREADS * PARTS_ITEMS))
-    grid = max(1, min(chunks, BLOCKS_PER_SM * multiprocessors(device)))
+    grid = _chunk_grid(batch, n, PARTS_THREADS * PARTS_ITEMS, device)
     launch(stream, grid, PARTS_THREADS, 0, adapter.pointer(x), adapter.pointer(out), adapter.pointer(parts),
            0 if fixed else adapter.pointer(seg.offsets), seg.length if fixed else 0, batch, n, m)  # fmt: skip
 
@@ -348,16 +361,14 @@ def run_grad_from_parts(
     items = GRAD_PARTS_ITEMS_TWO_ARRAYS if name in PARTS_MODES else GRAD_PARTS_ITEMS
     launch = getattr(_local, "launches", _NONE).get(key)
     if launch is None:
-        index = "long long" if index_dtype is None else CTYPES[index_dtype]
-        bounds = "FixedOffsets{L}" if index_dtype is None else f"ArrayOffsets<{index}>{{offsets}}"
+        index, bounds = _offsets_arguments(index_dtype)
         source = (
             '#include "softmax_grad.cuh"\n'
             f"LINRED_GRAD_FROM_PARTS({CTYPES[a_dtype]}, {CTYPES[r_dtype]}, {CTYPES[dx_dtype]}, {CTYPES[compute]}, "
             f"{GRAD_MODES[name]}, {GRAD_PARTS_THREADS}, {items}, {index}, {bounds})\n"
         )
         launch = thread_launch(_local, key, device, source, "linred_grad_from_parts", 11)
-    chunks = batch * -(-n // (GRAD_PARTS_THREADS * items))
-    grid = max(1, min(chunks, BLOCKS_PER_SM * multiprocessors(device)))
+    grid = _chunk_grid(batch, n, GRAD_PARTS_THREADS * items, device)
     ddof_bits = _DOUBLE_BITS.unpack(_DOUBLE.pack(float(ddof)))[0] if ddof else 0
     a, g, res, p, dx, offsets = pointers
     launch(stream, grid, GRAD_PARTS_THREADS, 0, a, g, res, p, dx, offsets, length or 0, batch, n, m, ddof_bits)
@@ -466,8 +477,7 @@ def wrapper(name: str, data: str, compute: str, result: str, group: int, width: 
     ``result``, with ``group`` lanes a worker over ``width`` features a step, ``pairs`` rows a lane
     reads at once (1, or 2: pairs of 16-bit rows), and offsets of dtype ``index`` (None: a fixed
     length)."""
-    ctype = "long long" if index is None else CTYPES[index]
-    bounds = "FixedOffsets{L}" if index is None else f"ArrayOffsets<{ctype}>{{offsets}}"
+    ctype, bounds = _offsets_arguments(index)
     t, o = CTYPES[data], CTYPES[result]
     a = CTYPES["float64" if name in VARIANCE else "float32" if compute in HALF else compute]
     return (
@@ -654,8 +664,7 @@ def _compile_backward(key: tuple[Any, ...]) -> PackedLaunch:
     its input ``a``, of the result and its gradient, of ``dx``, of the computation, the worker
     layout (G, DW), and the offsets' dtype name, None for a fixed length), compiled and kept."""
     device, name, a_dtype, result, dx_dtype, compute, group, width, index_dtype = key
-    index = "long long" if index_dtype is None else CTYPES[index_dtype]
-    bounds = "FixedOffsets{L}" if index_dtype is None else f"ArrayOffsets<{index}>{{offsets}}"
+    index, bounds = _offsets_arguments(index_dtype)
     c = CTYPES["float64" if compute == "float64" else "float32"]
     wrapper = (
         f'#include "softmax_grad.cuh"\n'

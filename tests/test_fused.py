@@ -590,6 +590,26 @@ def _grad_case(rng: np.random.Generator, features: int, lengths: list[int], spec
     return x
 
 
+def _composed_gradient(monkeypatch: Any, call: Any, x: Any, g: Any) -> np.ndarray:
+    """The gradient of ``call()`` by ``x`` for ``g`` from PyTorch operations (the composition's
+    derivative, which the backward's kernels follow), as float64 NumPy."""
+    from linred import _fused_grad
+
+    with monkeypatch.context() as patch:
+        patch.setattr(_fused_grad, "_in_one_kernel", lambda *a: None)
+        (gx,) = torch.autograd.grad(call(), x, g)
+    return gx.double().cpu().numpy()
+
+
+def _check_like_composed(got: np.ndarray, other: np.ndarray, tol: float) -> None:
+    """NaN where the composition's gradient has NaN, its infinities, and its finite values."""
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(other))
+    finite = np.isfinite(got) & np.isfinite(other)
+    np.testing.assert_array_equal(got[~finite], other[~finite])
+    scale = 1 + np.abs(other[finite]).max(initial=0)
+    np.testing.assert_allclose(got[finite], other[finite], rtol=tol, atol=tol * scale)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("name", FUNCTIONS)
@@ -604,7 +624,6 @@ def test_gpu_backward_kernel(name, features, spec, dtype, group, monkeypatch):
     8, 32 features; chosen by the mean length where the group is None) and of a thread (3, 64),
     segments of 0, 1 and around multiples of a worker's rows a step, a batch with the segments
     along axis 1."""
-    from linred import _fused_grad
 
     monkeypatch.setattr(_softmax_kernel, "MIN_WORKERS_PER_SM", 0)
     monkeypatch.setattr(_softmax_kernel, "GROUP", group)
@@ -640,18 +659,12 @@ def test_gpu_backward_kernel(name, features, spec, dtype, group, monkeypatch):
         before = len(runs)
         (gx,) = torch.autograd.grad(y, x, g)
         assert len(runs) == before + 1
-        with monkeypatch.context() as patch:  # the same backward from PyTorch operations
-            patch.setattr(_fused_grad, "_in_one_kernel", lambda *a: None)
-            y2 = fn(name)(x, axis=axis, **{key: segs[spec]}, **kw)
-            (gx2,) = torch.autograd.grad(y2, x, g)
         tol = {"float64": 1e-9, "float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}[dtype]
-        got, other = gx.double().cpu().numpy(), gx2.double().cpu().numpy()
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(other))
+        got = gx.double().cpu().numpy()
+        call = functools.partial(fn(name), x, axis=axis, **{key: segs[spec]}, **kw)
+        other = _composed_gradient(monkeypatch, call, x, g)
+        _check_like_composed(got, other, tol)
         if special:
-            finite = np.isfinite(got) & np.isfinite(other)
-            np.testing.assert_array_equal(got[~finite], other[~finite])
-            scale = 1 + np.abs(other[finite]).max(initial=0)
-            np.testing.assert_allclose(got[finite], other[finite], rtol=tol, atol=tol * scale)
             continue
         xs = x.detach().double().cpu().numpy()  # (the values as rounded to the dtype)
         gs = g.double().cpu().numpy()
@@ -674,7 +687,6 @@ def test_gpu_backward_from_parts(name, spec, dtype, monkeypatch):
     batch of two rows along axis 1 (each row not a whole number of chunks), a trailing feature
     axis of 1; against float64 NumPy's derivative on finite data, and against the composition's
     backward with NaN and infinities."""
-    from linred import _fused_grad
 
     real = _softmax_kernel._enough_workers
     monkeypatch.setattr(_softmax_kernel, "_enough_workers",
@@ -712,19 +724,13 @@ def test_gpu_backward_from_parts(name, spec, dtype, monkeypatch):
         before = len(runs)
         (gx,) = torch.autograd.grad(y, x, g)
         assert runs[before:] == [f"segmented_{name}"]
-        with monkeypatch.context() as patch:  # the same backward from PyTorch operations
-            patch.setattr(_fused_grad, "_in_one_kernel", lambda *a: None)
-            y2 = fn(name)(x, axis=axis, **{key: segs[spec]}, **kw)
-            (gx2,) = torch.autograd.grad(y2, x, g)
         tol = {"float64": 1e-9, "float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}[dtype]
-        got, other = gx.double().cpu().numpy(), gx2.double().cpu().numpy()
+        got = gx.double().cpu().numpy()
         assert got.shape == tuple(x.shape) and gx.dtype == x.dtype
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(other))
+        call = functools.partial(fn(name), x, axis=axis, **{key: segs[spec]}, **kw)
+        other = _composed_gradient(monkeypatch, call, x, g)
+        _check_like_composed(got, other, tol)
         if special:
-            finite = np.isfinite(got) & np.isfinite(other)
-            np.testing.assert_array_equal(got[~finite], other[~finite])
-            scale = 1 + np.abs(other[finite]).max(initial=0)
-            np.testing.assert_allclose(got[finite], other[finite], rtol=tol, atol=tol * scale)
             continue
         xs = x.detach().double().cpu().numpy()  # (the values as rounded to the dtype)
         gs = g.double().cpu().numpy()
