@@ -26,6 +26,7 @@ EXPECTED_OUTPUT = {
     "torch_interop": ["on cpu:", "segmented_sum(x (1000, 16), offsets=tensor)", "bfloat16"],
     "bench_my_shape": ["linred auto", "rel err", "your call"],
     "plans": ["served by backend", "plan cache"],
+    "graph_attention": ["against a float64 loop", "unsorted segment ids: the same", "training: loss"],
 }
 
 
