@@ -27,6 +27,7 @@ EXPECTED_OUTPUT = {
     "bench_my_shape": ["linred auto", "rel err", "your call"],
     "plans": ["served by backend", "plan cache"],
     "graph_attention": ["against a float64 loop", "unsorted segment ids: the same", "training: loss"],
+    "embedding_bags": ["the same bags and table gradient as F.embedding_bag", "weighted sum: the same"],
 }
 
 
