@@ -186,13 +186,12 @@ def _in_one_kernel(ctx: Any, g: torch.Tensor, offsets: Any, lengths: Any, saved:
         if offsets is None:
             offsets = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0))
         segments, m = {"offsets": offsets}, offsets.shape[0] - 1
+    one_column = math.prod(a.shape[ctx.axis + 1 :]) == 1  # (feature rows: never from the parts)
     least = _softmax_kernel.GRAD_PARTS_MIN_MEAN.get(ctx.name)
-    if least is not None and ctx.n >= least * m > 0:  # (long enough that two passes over the GPU win)
-        fast = _from_parts(ctx, g, offsets, m, a, saved, names, device)
-        if fast is not None:
-            return fast
-    if not _softmax_kernel._enough_workers(a, ctx.axis, segments, device, ctx.name, True, a.element_size()):
+    if one_column and least is not None and ctx.n >= least * m > 0:  # (long enough that two passes win)
         return _from_parts(ctx, g, offsets, m, a, saved, names, device)
+    if not _softmax_kernel._enough_workers(a, ctx.axis, segments, device, ctx.name, True, a.element_size()):
+        return _from_parts(ctx, g, offsets, m, a, saved, names, device) if one_column else None
     g = g.to(ctx.out_dtype).contiguous()
     res = saved[1].contiguous() if ctx.name in ("segmented_logsumexp", "segmented_std") else None
     dx = torch.empty(a.shape, dtype=ctx.x_dtype, device=g.device)
@@ -208,16 +207,15 @@ def _in_one_kernel(ctx: Any, g: torch.Tensor, offsets: Any, lengths: Any, saved:
 
 def _from_parts(
     ctx: Any, g: torch.Tensor, offsets: Any, m: int, a: torch.Tensor, saved: list, names: tuple, device: int
-) -> torch.Tensor | None:
+) -> torch.Tensor:
     """The derivative of one feature column of CUDA tensors whose segments the backward kernel's
     workers would each read alone (few, or long on average), from per-segment values
     (``linred_grad_from_parts``, softmax_grad.cuh): the sums and means linred's reductions make
     (softmax's of ``g * y``, log_softmax's of ``g``, var's and std's mean of ``x``), which spread a
-    long segment over the whole GPU, then one pass over the elements; None for feature rows (the
-    composition).  The composition's formulas, computed in float32 (float64 for float64)."""
+    long segment over the whole GPU, then one pass over the elements (``a`` one column: feature
+    rows keep the composition).  The composition's formulas, computed in float32 (float64 for
+    float64)."""
     axis, shape = ctx.axis, tuple(a.shape)
-    if math.prod(shape[axis + 1 :]) != 1:
-        return None
     batch, n, name = math.prod(shape[:axis]), shape[axis], ctx.name
     c = "float64" if ctx.compute == torch.float64 else "float32"  # (the kernel's C)
     g = g.to(ctx.out_dtype).contiguous()

@@ -157,6 +157,11 @@ def _offsets_arguments(index: str | None) -> tuple[str, str]:
     return ctype, f"ArrayOffsets<{ctype}>{{offsets}}"
 
 
+def _ddof_bits(ddof: float) -> int:
+    """var's and std's ``ddof`` as the kernels read it: the bits of a double (0 for 0)."""
+    return _DOUBLE_BITS.unpack(_DOUBLE.pack(float(ddof)))[0] if ddof else 0
+
+
 def _chunk_grid(batch: int, n: int, chunk: int, device: int) -> int:
     """Blocks for a walk over chunks of ``chunk`` values of ``batch`` rows of ``n``
     (segment_chunks): one a chunk, at most BLOCKS_PER_SM a multiprocessor."""
@@ -369,7 +374,7 @@ def run_grad_from_parts(
         )
         launch = thread_launch(_local, key, device, source, "linred_grad_from_parts", 11)
     grid = _chunk_grid(batch, n, GRAD_PARTS_THREADS * items, device)
-    ddof_bits = _DOUBLE_BITS.unpack(_DOUBLE.pack(float(ddof)))[0] if ddof else 0
+    ddof_bits = _ddof_bits(ddof)
     a, g, res, p, dx, offsets = pointers
     launch(stream, grid, GRAD_PARTS_THREADS, 0, a, g, res, p, dx, offsets, length or 0, batch, n, m, ddof_bits)
 
@@ -627,7 +632,7 @@ def run(
             launch = _compile(key)
         grid = max(1, min(-(-workers * group // THREADS), BLOCKS_PER_SM * multiprocessors(device)))
         # (var and std read ddof as the bits of a double; the other functions ignore it)
-        ddof_bits = _DOUBLE_BITS.unpack(_DOUBLE.pack(float(ddof)))[0] if ddof else 0
+        ddof_bits = _ddof_bits(ddof)
         if listed is None:
             launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(out), offsets_pointer, word, 0,
                    LONG_LIST, length, n, m, features, workers, ddof_bits)  # fmt: skip
@@ -705,6 +710,6 @@ def run_backward(
     if launch is None:
         launch = _compile_backward(key)
     grid = max(1, min(-(-workers * group // THREADS), BLOCKS_PER_SM * multiprocessors(device)))
-    ddof_bits = _DOUBLE_BITS.unpack(_DOUBLE.pack(float(ddof)))[0] if ddof else 0
+    ddof_bits = _ddof_bits(ddof)
     a, g, res, dx, offsets = pointers
     launch(stream, grid, THREADS, 0, a, g, res, dx, offsets, length or 0, n, m, features, workers, ddof_bits)

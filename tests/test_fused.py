@@ -590,6 +590,19 @@ def _grad_case(rng: np.random.Generator, features: int, lengths: list[int], spec
     return x
 
 
+def _backward_spec(spec: str, lengths: list[int], device: str = "cuda") -> tuple[np.ndarray, str, Any]:
+    """The offsets of ``lengths`` and the keyword and value that name them as ``spec`` does (tensors
+    on ``device``): int64 offsets ("offsets"; "batch" and "trailing" too, for their layouts), int32
+    offsets, lengths, or the fixed length of the first ("fixed")."""
+    bounds = np.r_[0, np.cumsum(lengths)]
+    if spec == "fixed":
+        return bounds, "segment_length", lengths[0]
+    if spec == "lengths":
+        return bounds, "lengths", torch.tensor(lengths, device=device)
+    dtype = torch.int32 if spec == "offsets32" else torch.int64
+    return bounds, "offsets", torch.tensor(bounds, dtype=dtype, device=device)
+
+
 def _composed_gradient(monkeypatch: Any, call: Any, x: Any, g: Any) -> np.ndarray:
     """The gradient of ``call()`` by ``x`` for ``g`` from PyTorch operations (the composition's
     derivative, which the backward's kernels follow), as float64 NumPy."""
@@ -638,15 +651,7 @@ def test_gpu_backward_kernel(name, features, spec, dtype, group, monkeypatch):
     rng = np.random.default_rng(features)
     ddof = 1 if name in VARIANCE else 0
     kw = {"ddof": ddof} if name in VARIANCE else {}
-    bounds = np.r_[0, np.cumsum(lengths)]
-    segs = {
-        "offsets": torch.tensor(bounds, device="cuda"),
-        "offsets32": torch.tensor(bounds, dtype=torch.int32, device="cuda"),
-        "lengths": torch.tensor(lengths, device="cuda"),
-        "batch": torch.tensor(bounds, device="cuda"),
-        "fixed": lengths[0],
-    }
-    key = {"offsets32": "offsets", "batch": "offsets", "fixed": "segment_length"}.get(spec, spec)
+    bounds, key, value = _backward_spec(spec, lengths)
     tdt = getattr(torch, dtype)
     for special in (False, True):
         xv = _grad_case(rng, features, lengths, special)
@@ -654,14 +659,14 @@ def test_gpu_backward_kernel(name, features, spec, dtype, group, monkeypatch):
             xv = np.stack([xv, _grad_case(rng, features, lengths, special)])
         x = torch.tensor(xv, dtype=tdt, device="cuda", requires_grad=True)
         axis = 1 if spec == "batch" else 0
-        y = fn(name)(x, axis=axis, **{key: segs[spec]}, **kw)
+        y = fn(name)(x, axis=axis, **{key: value}, **kw)
         g = torch.tensor(rng.standard_normal(tuple(y.shape)), dtype=y.dtype, device="cuda")
         before = len(runs)
         (gx,) = torch.autograd.grad(y, x, g)
         assert len(runs) == before + 1
         tol = {"float64": 1e-9, "float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}[dtype]
         got = gx.double().cpu().numpy()
-        call = functools.partial(fn(name), x, axis=axis, **{key: segs[spec]}, **kw)
+        call = functools.partial(fn(name), x, axis=axis, **{key: value}, **kw)
         other = _composed_gradient(monkeypatch, call, x, g)
         _check_like_composed(got, other, tol)
         if special:
@@ -700,16 +705,7 @@ def test_gpu_backward_from_parts(name, spec, dtype, monkeypatch):
     rng = np.random.default_rng(len(name) + len(spec))
     ddof = 1 if name in VARIANCE else 0
     kw = {"ddof": ddof} if name in VARIANCE else {}
-    bounds = np.r_[0, np.cumsum(lengths)]
-    segs = {
-        "offsets": torch.tensor(bounds, device="cuda"),
-        "offsets32": torch.tensor(bounds, dtype=torch.int32, device="cuda"),
-        "lengths": torch.tensor(lengths, device="cuda"),
-        "batch": torch.tensor(bounds, device="cuda"),
-        "trailing": torch.tensor(bounds, device="cuda"),
-        "fixed": lengths[0],
-    }
-    key = {"offsets32": "offsets", "batch": "offsets", "trailing": "offsets", "fixed": "segment_length"}.get(spec, spec)
+    bounds, key, value = _backward_spec(spec, lengths)
     tdt = getattr(torch, dtype)
     for special in (False, True):
         xv = _grad_case(rng, 1, lengths, special)
@@ -719,7 +715,7 @@ def test_gpu_backward_from_parts(name, spec, dtype, monkeypatch):
             xv = xv[:, 0]
         x = torch.tensor(xv, dtype=tdt, device="cuda", requires_grad=True)
         axis = 1 if spec == "batch" else 0
-        y = fn(name)(x, axis=axis, **{key: segs[spec]}, **kw)
+        y = fn(name)(x, axis=axis, **{key: value}, **kw)
         g = torch.tensor(rng.standard_normal(tuple(y.shape)), dtype=y.dtype, device="cuda")
         before = len(runs)
         (gx,) = torch.autograd.grad(y, x, g)
@@ -727,7 +723,7 @@ def test_gpu_backward_from_parts(name, spec, dtype, monkeypatch):
         tol = {"float64": 1e-9, "float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}[dtype]
         got = gx.double().cpu().numpy()
         assert got.shape == tuple(x.shape) and gx.dtype == x.dtype
-        call = functools.partial(fn(name), x, axis=axis, **{key: segs[spec]}, **kw)
+        call = functools.partial(fn(name), x, axis=axis, **{key: value}, **kw)
         other = _composed_gradient(monkeypatch, call, x, g)
         _check_like_composed(got, other, tol)
         if special:
@@ -895,10 +891,7 @@ def test_host_backward_on_numpy_views(name, spec, dtype, monkeypatch):
     lengths = [0, 1, 3, 4, 0, 9, 2]
     if spec == "fixed":
         lengths = [3] * 6
-    bounds = np.r_[0, np.cumsum(lengths)]
-    segs = {"offsets": torch.tensor(bounds), "offsets32": torch.tensor(bounds, dtype=torch.int32),
-            "lengths": torch.tensor(lengths), "batch": torch.tensor(bounds), "fixed": 3}  # fmt: skip
-    key = {"offsets32": "offsets", "batch": "offsets", "fixed": "segment_length"}.get(spec, spec)
+    _, key, value = _backward_spec(spec, lengths, "cpu")
     kw = {"ddof": 1} if name in VARIANCE else {}
     rng = np.random.default_rng(8)
     taken = []
@@ -910,12 +903,12 @@ def test_host_backward_on_numpy_views(name, spec, dtype, monkeypatch):
             xv = np.stack([xv, _grad_case(rng, features, lengths, special)])
         x = torch.tensor(xv, dtype=getattr(torch, dtype), requires_grad=True)
         axis = 1 if spec == "batch" else 0
-        y = fn(name)(x, axis=axis, **{key: segs[spec]}, **kw)
+        y = fn(name)(x, axis=axis, **{key: value}, **kw)
         g = torch.tensor(rng.standard_normal(tuple(y.shape)), dtype=y.dtype)
         (gx,) = torch.autograd.grad(y, x, g)
         with monkeypatch.context() as patch:
             patch.setattr(_fused_grad, "_on_the_host", lambda *a: None)
-            (gx2,) = torch.autograd.grad(fn(name)(x, axis=axis, **{key: segs[spec]}, **kw), x, g)
+            (gx2,) = torch.autograd.grad(fn(name)(x, axis=axis, **{key: value}, **kw), x, g)
         got, other = gx.double().numpy(), gx2.double().numpy()
         np.testing.assert_array_equal(np.isnan(got), np.isnan(other))
         finite = np.isfinite(got) & np.isfinite(other)
