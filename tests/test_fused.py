@@ -1460,6 +1460,37 @@ def test_gpu_kernel_very_long_segments_on_streams_threads_and_graphs(kernel_call
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("name", ["logsumexp", "softmax", "log_softmax"])
+@pytest.mark.parametrize("group", [None, 2, 8, 32])
+def test_gpu_kernel_long_segment_read_by_a_warp_keeps_float32_accuracy(kernel_calls, monkeypatch, name, group):
+    """A segment of 300,000 rows among short ones in a call too small to list it (a warp's lanes
+    read 9,375 rows each): its sum of exps keeps float32's accuracy, about 1e-7 (the lanes add
+    their steps' sums in double; in float, a lane that adds the same value step after step
+    drifts by about n * eps / 8, 1e-5 here).
+    Softmax's values to 1e-6 of each, logsumexp and log_softmax to 2e-6 (values near 12.6),
+    against float64 NumPy."""
+    monkeypatch.setattr(_softmax_kernel, "GROUP", group)
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(0, 30, 3000)
+    lengths[1234] = 300_000
+    bounds = np.r_[0, np.cumsum(lengths)]
+    assert bounds[-1] < _softmax_kernel.LONG_MIN_VALUES  # (so the warps read it)
+    # Every row -0.1 but a segment's first, 0 (its maximum): a lane adds the same sum of exps step
+    # after step, whose roundings in float add up instead of cancelling.
+    xv = np.full(int(bounds[-1]), -0.1, np.float32)
+    xv[bounds[:-1][lengths > 0]] = 0
+    got = to_numpy(fn(name)(torch.tensor(xv, device="cuda"), offsets=torch.tensor(bounds, device="cuda")))
+    expected = _fast_reference(name, xv[:, None].astype(np.float64), bounds, 0)[..., 0]
+    assert kernel_calls == [f"segmented_{name}"]
+    if name == "softmax":
+        np.testing.assert_allclose(got.astype(np.float64), expected, rtol=1e-6, atol=0)
+    else:
+        # (values near 12.6: float32's own rounding of them is up to 5e-7)
+        np.testing.assert_allclose(got.astype(np.float64), expected, rtol=0, atol=2e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
 def test_gpu_kernel_list_left_empty_when_the_second_launch_fails(kernel_calls, monkeypatch):
     """A call whose second kernel cannot be made (here: its compile raises) leaves the list empty
     (the first kernel is not launched before the second is ready), so the next call, of other

@@ -39,7 +39,7 @@
 //  - softmax_long: segments longer than SOFTMAX_LONG_ROWS, which the workers' warps list
 //    (list_long, into a LongList of LongSegment) instead of reading them, in large calls, each
 //    read by a whole block in a second kernel: one far longer than the others kept one warp busy
-//    for the rest of the call (std_conditional: the standard library's, which NVRTC lacks);
+//    for the rest of the call;
 //  - its entry points: LINRED_SOFTMAX (linred_softmax), LINRED_SOFTMAX_LONG (linred_softmax_long).
 //
 // The results are those of linred's composition (linred/_fused.py), by the same formulas: the
@@ -71,10 +71,6 @@ template <class T, int G> __device__ constexpr int softmax_unroll() { return G >
 // values a 4-byte load: the kernel issues an instruction per load, so a float16 value cost a
 // float32 value's loads for half its bytes).
 template <int G, int DW, int P> __device__ constexpr int softmax_rows_a_step() { return P == 2 ? 64 : G / DW; }
-
-// (the standard library's conditional: NVRTC compiles without its headers)
-template <bool C, class A, class B> struct std_conditional { typedef A type; };
-template <class A, class B> struct std_conditional<false, A, B> { typedef B type; };
 
 enum { SOFTMAX_LOGSUMEXP = 0, SOFTMAX_SOFTMAX = 1, SOFTMAX_LOG_SOFTMAX = 2, SOFTMAX_VAR = 3, SOFTMAX_STD = 4 };
 
@@ -410,22 +406,20 @@ __device__ __forceinline__ void family_segment(const T* __restrict__ x, O* __res
     // 2. the sum of exp(x - shift) (these reads mostly hit L1/L2: the segment was just read);
     // rows past the end read as -inf add exp(-inf - shift) = 0 where the shift is finite, and
     // where it is not (+inf or NaN), the segment's own rows make the sum NaN whatever they add
-    // A thread per feature (G = 1) may read a long segment alone: its steps' sums are added in
-    // double (a float sum over 40,000 rows drifted by 1e-4).  Lanes of a worker add in A (a
-    // double a step cost a warp per segment of logsumexp 5% at segments of 256 rows).
-    typedef typename std_conditional<G == 1, double, A>::type S;
-    S total = 0;
+    // A lane may read a long segment's rows (a thread per feature alone, a warp's lane 1/32 of
+    // them): its steps' sums are added in double (a float sum over 40,000 rows drifted by 1e-4),
+    // the lanes' sums in A (32 values: 5 roundings).
+    double total = 0;
     each_step<UNROLL, RS, G, 0, P>(
         p, begin, end, last, D, Limits<A>::lowest(),
         [&](A(&v)[UNROLL]) {
             A part = 0;
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) part += sum_exp(v[u] - shift);
-            total += (S)part;
+            total += (double)part;
         },
         (const T*)nullptr, 0, first, nlast);
-    if (G > 1) total = lanes_sum<G, DW>(total);
-    const A sum = (A)total;
+    const A sum = G > 1 ? lanes_sum<G, DW>((A)total) : (A)total;
     // 3. the results
     if constexpr (MODE == SOFTMAX_LOGSUMEXP) {
         if (write && r0 == 0) out[bs * D + d] = finish<O, false>(log(sum) + shift, 1);
