@@ -17,11 +17,14 @@ ones, chosen by the mean length: :func:`_workers`) or one thread per feature, so
 read by one worker: the kernel serves only calls with enough workers to fill the GPU
 (:data:`MIN_WORKERS_PER_SM` per SM) and segments no longer than :data:`MAX_MEAN_ROWS` rows on
 average; fewer, longer segments go to the composition, whose reductions spread a segment over
-the whole GPU.  One segment far longer than the others would keep its worker busy alone: in
-calls of :data:`LONG_MIN_VALUES` values or more the warps list segments longer than
-:data:`LONG_ROWS` rows instead (:class:`_LongList`), and a second kernel,
-``linred_softmax_long``, reads each with a whole block (smaller calls, logsumexp's warps per
-segment and a thread per feature of several still read it with one worker).  16-bit data of
+the whole GPU.  One segment far longer than the others would keep its worker busy alone: the
+warps list segments longer than :data:`LONG_ROWS` rows instead (:class:`_LongList`), and a
+second kernel, ``linred_softmax_long``, reads each with a whole block.  Checked calls (the
+default) wait for their kernel anyway: they list wherever a segment can be that long and launch
+the second kernel only where the first noted a listed segment; unchecked calls list from
+:data:`LONG_MIN_VALUES` values, launching both kernels (smaller unchecked calls, calls captured
+into a CUDA graph, logsumexp's warps per segment and a thread per feature of several still
+read such a segment with one worker).  16-bit data of
 one feature in long segments is read two rows a load (:data:`PAIRS`).
 
 The backward (:func:`run_backward`, ``softmax_grad.cuh``) has the same workers; for one feature
@@ -55,10 +58,11 @@ import threading
 from typing import Any
 
 from linred._dtypes import HALF, REAL, dtype_name, itemsize
+from linred.arrays import _device_checks
 from linred.backends.base import INT32_MAX
 from linred.kernels.compiler import CTYPES
 from linred.kernels.launch import PackedLaunch, multiprocessors, thread_launch
-from linred.segments import FixedSegments, parse_lengths, parse_offsets, parse_segments, verify
+from linred.segments import FixedSegments, explain, parse_lengths, parse_offsets, parse_segments, verify
 
 __all__ = ["run", "serves"]
 
@@ -498,24 +502,30 @@ def wrapper(name: str, data: str, compute: str, result: str, group: int, width: 
 LONG_ROWS = 1 << 15
 LONG_LIST = 1024
 LONG_THREADS = 1024
-#: the fewest values of a call whose very long segments are listed: the list's code costs the
-#: workers' loop registers, the second kernel a launch (about 30 µs of host time a call on an
-#: H200's host, 94 -> 129 µs at 4M values), which calls of 64M values hide behind their device
-#: time (150 µs and more), smaller ones not
+#: the fewest values of an unchecked call whose very long segments are listed: the list's code
+#: costs the workers' loop registers, the second kernel a launch (about 30 µs of host time a call
+#: on an H200's host, 94 -> 129 µs at 4M values), which calls of 64M values hide behind their
+#: device time (150 µs and more), smaller ones not.  A checked call waits for its kernel anyway:
+#: it lists wherever a segment can be that long, and launches the second kernel only where the
+#: first listed one (its note, :func:`linred.arrays._device_checks.noted`).
 LONG_MIN_VALUES = 1 << 26
+#: how an unchecked call of LONG_MIN_VALUES or more uses the list (the second kernel always), and
+#: a checked one (the second kernel where the first noted that it listed)
+ALWAYS, NOTED = "always", "noted"
 
 
-def _lists(name: str, values: int, group: int, features: int) -> bool:
-    """Whether the workers' kernel lists segments longer than LONG_ROWS for linred_softmax_long:
-    calls of LONG_MIN_VALUES values or more, workers of a layout linred_softmax_long takes (groups
-    of lanes, or a thread of one feature), and not logsumexp's warps per segment (the list's
-    registers cost them 20% at segments of 256 rows; where segments are long on average
-    ``warp_reduce`` reads logsumexp instead, :func:`_by_runs`)."""
-    return (
-        values >= LONG_MIN_VALUES
-        and (group > 1 or features == 1)
-        and not (group == 32 and name == "segmented_logsumexp")
-    )
+def _lists(name: str, n: int, values: int, group: int, features: int, checked: bool) -> str | None:
+    """How the workers' kernel lists segments longer than LONG_ROWS for linred_softmax_long
+    (:data:`ALWAYS`, :data:`NOTED`), or None: checked calls whose rows ``n`` exceed LONG_ROWS and
+    unchecked calls of LONG_MIN_VALUES ``values`` or more, of workers of a layout
+    linred_softmax_long takes (groups of lanes, or a thread of one feature), and not logsumexp's
+    warps per segment (the list's registers cost them 20% at segments of 256 rows; where segments
+    are long on average ``warp_reduce`` reads logsumexp instead, :func:`_by_runs`)."""
+    if not (group > 1 or features == 1) or (group == 32 and name == "segmented_logsumexp"):
+        return None
+    if checked:
+        return NOTED if n > LONG_ROWS else None
+    return ALWAYS if values >= LONG_MIN_VALUES else None
 
 
 class _LongList:
@@ -578,6 +588,37 @@ def _compile(key: tuple[Any, ...]) -> PackedLaunch:
     return thread_launch(_local, key, device, source, "linred_softmax", 12)
 
 
+def _launch_pair(lists: str, listed: _LongList, launch: PackedLaunch, first: tuple, long_key: tuple[Any, ...],
+                 second: tuple, grid: int, adapter: Any, device: int, stream: int) -> bool:  # fmt: skip
+    """The workers' kernel with ``listed`` (its arguments ``first``), then linred_softmax_long (of
+    ``long_key``, its arguments ``second``) for the segments it listed: always (:data:`ALWAYS`),
+    or, for a checked call (:data:`NOTED`), which waits for the first kernel anyway, only where
+    that one noted a listed segment.  Whether the offsets kept the rules (a checked call's
+    verdict: False where they did not; True for an unchecked one)."""
+    # The second kernel compiled before the first is launched: a list the first filled must be
+    # emptied by it (the next call would read this call's segments).
+    long_launch = getattr(_local, "launches", _NONE).get(long_key)
+    if long_launch is None:
+        long_launch = _compile_long(long_key)
+    if lists is NOTED:
+        _device_checks.clear_note()
+    listed.order.begin(stream)
+    try:
+        launch(stream, grid, THREADS, 0, *first)
+        passed = lists is ALWAYS or adapter.check_passed(stream, device)
+        if lists is ALWAYS or _device_checks.noted():
+            if passed:  # (a block a listed segment; none listed: every block returns at once)
+                long_launch(stream, multiprocessors(device), LONG_THREADS, 0, *second)
+            else:  # (offsets that break the rules: the list emptied, the call raises)
+                adapter.fill(listed.buffer, 0, stream)
+    except BaseException:
+        adapter.fill(listed.buffer, 0, stream)
+        raise
+    finally:
+        listed.order.end(stream, capturing=False)
+    return passed
+
+
 def run(
     name: str,
     x: Any,
@@ -592,7 +633,8 @@ def run(
     ddof: float = 0,
 ) -> Any:
     """``name`` of ``x`` along ``axis`` in one kernel on ``stream`` (a raw handle; two where very long
-    segments are listed, :func:`_lists`; ``warp_reduce``'s where :func:`_takes_runs`), computing in
+    segments are listed, :func:`_lists`, a checked call's second only where the first listed
+    one; ``warp_reduce``'s where :func:`_takes_runs`), computing in
     ``compute`` and returning ``result``; ``segments`` are the call's segment keywords (offsets
     and lengths already on the device, checked here when ``check``); ``ddof``: var's and std's."""
     shape = tuple(x.shape)
@@ -625,7 +667,8 @@ def run(
         pairs = 2 if _pairs(name, x, out, adapter, group, width, batch, n, m) else 1
         # (the key is made of cheap values: the kernel's C source is built only to compile it)
         # (the list, where the call lists: none where the stream is being captured)
-        listed = _long_list(adapter, device, stream) if _lists(name, batch * n * features, group, features) else None
+        lists = _lists(name, n, batch * n * features, group, features, bool(word))
+        listed = _long_list(adapter, device, stream) if lists else None
         key = (device, name, x.dtype, compute, result, group, width, pairs, index_dtype, listed is not None)
         launch = getattr(_local, "launches", _NONE).get(key)
         if launch is None:
@@ -633,27 +676,18 @@ def run(
         grid = max(1, min(-(-workers * group // THREADS), BLOCKS_PER_SM * multiprocessors(device)))
         # (var and std read ddof as the bits of a double; the other functions ignore it)
         ddof_bits = _ddof_bits(ddof)
+        longs = 0 if listed is None else listed.pointer
+        first = (adapter.pointer(x), adapter.pointer(out), offsets_pointer, word, longs, LONG_LIST, length, n, m,
+                 features, workers, ddof_bits)  # fmt: skip
         if listed is None:
-            launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(out), offsets_pointer, word, 0,
-                   LONG_LIST, length, n, m, features, workers, ddof_bits)  # fmt: skip
+            launch(stream, grid, THREADS, 0, *first)
         else:
-            # The second kernel compiled before the first is launched: a list the first filled must
-            # be emptied by it (the next call would read this call's segments).
             long_key = ("long", device, name, x.dtype, compute, result, width)
-            long_launch = getattr(_local, "launches", _NONE).get(long_key)
-            if long_launch is None:
-                long_launch = _compile_long(long_key)
-            listed.order.begin(stream)
-            try:  # (then the listed segments, a block each; none listed: every block returns at once)
-                launch(stream, grid, THREADS, 0, adapter.pointer(x), adapter.pointer(out), offsets_pointer, word,
-                       listed.pointer, LONG_LIST, length, n, m, features, workers, ddof_bits)  # fmt: skip
-                long_launch(stream, multiprocessors(device), LONG_THREADS, 0, adapter.pointer(x),
-                            adapter.pointer(out), listed.pointer, LONG_LIST, n, features, ddof_bits)  # fmt: skip
-            except BaseException:
-                adapter.fill(listed.buffer, 0, stream)
-                raise
-            finally:
-                listed.order.end(stream, capturing=False)
+            second = (adapter.pointer(x), adapter.pointer(out), listed.pointer, LONG_LIST, n, features, ddof_bits)
+            if not _launch_pair(lists, listed, launch, first, long_key, second, grid, adapter, device, stream):
+                explain(seg, adapter, lengths, n=n, axis=axis, device=device)
+            if lists is NOTED:
+                return out  # (waited for, and checked)
     if not isinstance(seg, FixedSegments) and seg.word:
         verify(seg, adapter, stream, lengths, n=n, axis=axis, device=device)
     return out

@@ -25,6 +25,7 @@ from support.dtypes import ml_dtypes
 
 import linred
 from linred import _softmax_kernel
+from linred.arrays import _device_checks
 
 if HAS_TORCH:
     import torch
@@ -1524,16 +1525,86 @@ def test_gpu_kernel_list_left_empty_when_the_second_launch_fails(kernel_calls, m
     assert failed and kernel_calls == ["segmented_softmax"] * 2
 
 
-def test_kernel_lists_very_long_segments_in_large_calls():
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "var", "logsumexp"])
+def test_gpu_kernel_checked_calls_list_very_long_segments_at_any_size(kernel_calls, monkeypatch, name):
+    """Checked calls far below LONG_MIN_VALUES list a segment longer than LONG_ROWS (logsumexp's
+    groups, the others' warps too) and launch the second kernel only where the first noted it:
+    the note read after the wait is set for a call with such a segment and not for one without;
+    unchecked calls of that size list nothing (the note is not read), nor with LONG_MIN_VALUES
+    at 0 (the second kernel always).  Every result against float64 NumPy."""
+    notes = []
+    real_noted = _device_checks.noted
+    monkeypatch.setattr(_device_checks, "noted", lambda: notes.append(real_noted()) or notes[-1])
+    monkeypatch.setattr(_softmax_kernel, "GROUP", 4)  # (logsumexp's warps per segment never list)
+    rng = np.random.default_rng(11)
+    hub = rng.integers(0, 20, 2000)
+    hub[700] = 45_000
+    flat = rng.integers(0, 20, 2000)
+    flat[700] = 30_000  # (long, but not past LONG_ROWS: read by the warp)
+    for lengths, check_, lists, noted in ((hub, True, True, [True]), (flat, True, True, [False]),
+                                          (hub, False, False, []), (hub, False, True, [])):  # fmt: skip
+        monkeypatch.setattr(_softmax_kernel, "LONG_MIN_VALUES", 0 if lists and not check_ else 1 << 26)
+        bounds = np.r_[0, np.cumsum(lengths)]
+        xv = rng.normal(size=int(bounds[-1])).astype(np.float32)
+        notes.clear()
+        got = fn(name)(torch.tensor(xv, device="cuda"), offsets=torch.tensor(bounds, device="cuda"), check=check_)
+        expected = _fast_reference(name, xv[:, None].astype(np.float64), bounds, 0)[..., 0]
+        check(got, expected, "float32", 2e-5)
+        assert notes == noted, (check_, lists)
+    assert kernel_calls == [f"segmented_{name}"] * 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("bad", ["decreasing", "past n"])
+def test_gpu_kernel_checked_call_that_listed_and_raises_leaves_the_list_empty(kernel_calls, bad):
+    """A checked call whose offsets break a rule after a very long segment that its warps listed
+    raises the ValueError that names them, without the second kernel, and empties the list: the
+    next call (other data, its own very long segments) is right against float64."""
+    rng = np.random.default_rng(12)
+    lengths = rng.integers(0, 20, 3000)
+    lengths[100], lengths[200] = 40_000, 50_000
+    bounds = np.r_[0, np.cumsum(lengths)]
+    broken = bounds.copy()
+    if bad == "decreasing":
+        broken[2500] = broken[2499] - 1
+    else:
+        broken[-1] = broken[-1] + 5
+    xv = rng.normal(size=int(bounds[-1])).astype(np.float32)
+    x = torch.tensor(xv, device="cuda")
+    with pytest.raises(ValueError, match="offsets"):
+        linred.segmented_softmax(x, offsets=torch.tensor(broken, device="cuda"))
+    lengths2 = rng.integers(0, 10, 4000)
+    lengths2[3000] = 70_000
+    bounds2 = np.r_[0, np.cumsum(lengths2)]
+    xv2 = rng.normal(size=int(bounds2[-1])).astype(np.float32)
+    got = linred.segmented_softmax(torch.tensor(xv2, device="cuda"), offsets=torch.tensor(bounds2, device="cuda"))
+    check(got, _fast_reference("softmax", xv2[:, None].astype(np.float64), bounds2, 0)[..., 0], "float32", 2e-5)
+    assert kernel_calls == ["segmented_softmax"] * 2
+
+
+def test_kernel_lists_very_long_segments_in_checked_and_large_calls():
     """(No GPU needed.) The workers' kernel lists very long segments for linred_softmax_long in
-    calls of LONG_MIN_VALUES values or more, for groups of lanes and a thread of one feature, not for
-    a thread per feature of several nor logsumexp's warps per segment."""
-    lists, big = _softmax_kernel._lists, _softmax_kernel.LONG_MIN_VALUES
-    assert lists("segmented_softmax", big, 32, 1) and lists("segmented_var", big, 2, 1)
-    assert lists("segmented_logsumexp", big, 8, 8) and lists("segmented_log_softmax", big, 1, 1)
-    assert not lists("segmented_softmax", big - 1, 32, 1)
-    assert not lists("segmented_softmax", big, 1, 3)
-    assert not lists("segmented_logsumexp", big, 32, 1)
+    checked calls whose rows can hold one (more than LONG_ROWS; the second kernel launched only
+    where the first noted one) and unchecked calls of LONG_MIN_VALUES values or more (the second
+    kernel always), for groups of lanes and a thread of one feature, not for a thread per feature
+    of several nor logsumexp's warps per segment."""
+    lists, big, rows = _softmax_kernel._lists, _softmax_kernel.LONG_MIN_VALUES, _softmax_kernel.LONG_ROWS
+    always, noted = _softmax_kernel.ALWAYS, _softmax_kernel.NOTED
+    assert lists("segmented_softmax", big, big, 32, 1, False) is always
+    assert lists("segmented_var", big, big, 2, 1, False) is always
+    assert lists("segmented_logsumexp", big, big, 8, 8, False) is always
+    assert lists("segmented_log_softmax", big, big, 1, 1, False) is always
+    assert lists("segmented_softmax", big - 1, big - 1, 32, 1, False) is None
+    assert lists("segmented_softmax", rows + 1, rows + 1, 32, 1, True) is noted
+    assert lists("segmented_var", rows + 1, 8 * (rows + 1), 8, 8, True) is noted
+    assert lists("segmented_softmax", rows, 1000 * rows, 32, 1, True) is None  # (no segment can be that long)
+    assert lists("segmented_softmax", big, big, 1, 3, False) is None
+    assert lists("segmented_softmax", big, big, 1, 3, True) is None
+    assert lists("segmented_logsumexp", big, big, 32, 1, False) is None
+    assert lists("segmented_logsumexp", big, big, 32, 1, True) is None
 
 
 def test_kernel_lane_groups_follow_the_mean_length(monkeypatch):

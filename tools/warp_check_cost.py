@@ -19,7 +19,7 @@ def main() -> None:
 
     import linred
     from linred.arrays import _device_checks
-    from linred.arrays._cupy import _pinned_int32
+    from linred.arrays._cupy import _pinned_words
     from linred.bench.cases import make_offsets
     from linred.segments import VariableSegments
 
@@ -55,7 +55,7 @@ def main() -> None:
         plan = linred.SegmentedReduction(x, offsets=off, backend="nvrtc")
         executor, handle = plan._executor, stream.ptr
         plain = VariableSegments(off, m)
-        checked = VariableSegments(off, m, word=_device_checks.arm(_pinned_int32))
+        checked = VariableSegments(off, m, word=_device_checks.arm(_pinned_words))
         nbytes = 4 * n + 8 * (m + 1) + 4 * m
 
         def share(t: float) -> float:

@@ -31,8 +31,8 @@ def external_stream(handle: int, device: int) -> Any:
         return from_external(ProtocolStream(handle))
 
 
-def _pinned_int32() -> tuple[Any, int]:
-    memory = cupy.cuda.alloc_pinned_memory(4)
+def _pinned_words() -> tuple[Any, int]:
+    memory = cupy.cuda.alloc_pinned_memory(8)  # (the check's word and a note: linred.arrays._device_checks)
     return memory, memory.ptr
 
 
@@ -163,10 +163,10 @@ class CupyAdapter(ArrayAdapter):
         device = offsets.device.id
         stream = cupy.cuda.get_current_stream(device).ptr
         wide = offsets.dtype == cupy.int64
-        return _device_checks.offsets_ok(offsets.data.ptr, wide, offsets.shape[0] - 1, n, device, stream, _pinned_int32)
+        return _device_checks.offsets_ok(offsets.data.ptr, wide, offsets.shape[0] - 1, n, device, stream, _pinned_words)
 
     def check_word(self, offsets: cupy.ndarray) -> int:
-        return _device_checks.arm(_pinned_int32)
+        return _device_checks.arm(_pinned_words)
 
     def check_passed(self, stream: Any, device: int | None) -> bool:
         return _device_checks.passed(stream, device)

@@ -24,8 +24,12 @@ so bad offsets are read as empty segments, never out of bounds) is enqueued behi
 unchecked call does, and the next call's host work overlaps it: the offsets are read twice
 (the check's pass, at most 1/16 of the bytes), the GPU never waits for the host.
 
-The word (and the packed launch arguments) are per thread: a thread's check is over
-(synchronized) before it returns, so no two checks share them.  The word is allocated by
+The word after the armed one is a note a kernel may leave for the host, read once the call
+has waited for it (:func:`clear_note`, :func:`noted`): the softmax family's kernel notes that
+it listed very long segments, and the host then launches the kernel that reads them.
+
+The words (and the packed launch arguments) are per thread: a thread's check is over
+(synchronized) before it returns, so no two checks share them.  The words are allocated by
 the array library of the call (CuPy's or PyTorch's pinned allocator).  The kernel is
 launched through the driver with its arguments packed once per thread: the check is on
 the path of every checked call, where cuda.core's launch costs microseconds more.
@@ -43,7 +47,7 @@ from linred.arrays._context import driver as cuda_driver
 from linred.arrays._context import on_device
 from linred.kernels.compiler import get_kernels
 
-__all__ = ["ahead_pays", "arm", "check_ahead", "check_armed", "offsets_ok", "passed", "verdict"]
+__all__ = ["ahead_pays", "arm", "check_ahead", "check_armed", "clear_note", "noted", "offsets_ok", "passed", "verdict"]
 
 logger = logging.getLogger("linred")
 
@@ -55,12 +59,13 @@ _MAX_BLOCKS = 8192
 
 
 class _State(threading.local):
-    """This thread's pinned word (the buffer that owns it and a ctypes view of it) and the
-    packed arguments of its launches.  A thread's check is over before it returns, so the
-    arguments can be rewritten in place by its next one."""
+    """This thread's pinned words (the buffer that owns them and ctypes views of them: the
+    verdict, and the note after it) and the packed arguments of its launches.  A thread's check
+    is over before it returns, so the arguments can be rewritten in place by its next one."""
 
     owner: Any = None
     word: Any = None
+    note: Any = None
     args: Any = None
     pointers: Any = None
     params: int = 0
@@ -123,9 +128,10 @@ def _kernels(device: int) -> tuple[Any, Any] | str:
     return functions
 
 
-def _thread_state(pinned_int32: Callable[[], tuple[Any, int]]) -> None:
-    owner, address = pinned_int32()
+def _thread_state(pinned_words: Callable[[], tuple[Any, int]]) -> None:
+    owner, address = pinned_words()
     _state.owner, _state.word = owner, ctypes.c_int32.from_address(address)
+    _state.note = ctypes.c_int32.from_address(address + 4)
     # Four 8-byte arguments (offsets, m, n, the word) and the array of their addresses.
     _state.args = args = (ctypes.c_int64 * 4)()
     base = ctypes.addressof(args)
@@ -142,20 +148,20 @@ def _check(result: tuple) -> Any:
 
 
 def offsets_ok(
-    pointer: int, wide: bool, m: int, n: int, device: int, stream: int, pinned_int32: Callable[[], tuple[Any, int]]
+    pointer: int, wide: bool, m: int, n: int, device: int, stream: int, pinned_words: Callable[[], tuple[Any, int]]
 ) -> bool | None:
     """Whether the ``m + 1`` contiguous offsets at device address ``pointer`` (int64 if ``wide``,
     else int32) start at 0, never decrease and end at ``n``; checked on ``device`` in stream order
     on ``stream`` (a raw handle), whose work is waited for.  None when the check cannot run on
     that device (see :func:`_load`): the caller then checks another way.
 
-    ``pinned_int32`` allocates 4 bytes of pinned host memory (the first call in a thread) and
-    returns the object that owns them and their address.
+    ``pinned_words`` allocates two int32 words of pinned host memory (the first call in a thread)
+    and returns the object that owns them and their address.
     """
     functions = _kernels(device)
     if isinstance(functions, str):
         return None
-    _clear(pinned_int32)  # (this thread's word, whose address is the fourth argument)
+    _clear(pinned_words)  # (this thread's word, whose address is the fourth argument)
     return _check_and_wait(functions, pointer, wide, m, n, device, stream)
 
 
@@ -251,19 +257,31 @@ def _launch(functions: tuple[Any, Any], pointer: int, wide: bool, m: int, n: int
     return err
 
 
-def _clear(pinned_int32: Callable[[], tuple[Any, int]]) -> int:
+def _clear(pinned_words: Callable[[], tuple[Any, int]]) -> int:
     """This thread's word (allocated on the thread's first check), set to 0; its address."""
     state = _state
     if state.word is None:
-        _thread_state(pinned_int32)
+        _thread_state(pinned_words)
     state.word.value = 0
     return state.args[3]
 
 
-def arm(pinned_int32: Callable[[], tuple[Any, int]]) -> int:
+def arm(pinned_words: Callable[[], tuple[Any, int]]) -> int:
     """This thread's word, cleared, for a kernel that checks offsets as it reads them: its
     address (the kernel sets it to 1 when a rule is broken; :func:`passed` reads it)."""
-    return _clear(pinned_int32)
+    return _clear(pinned_words)
+
+
+def clear_note() -> None:
+    """Set this thread's note (the word after the one :func:`arm` armed: a kernel handed that
+    word may write 1 into the next, softmax.cuh's list_long) to 0."""
+    _state.note.value = 0
+
+
+def noted() -> bool:
+    """Whether a kernel wrote this thread's note since :func:`clear_note` (read after
+    :func:`passed` waited for it)."""
+    return _state.note.value != 0
 
 
 def passed(stream: int, device: int) -> bool:

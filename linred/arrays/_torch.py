@@ -87,9 +87,10 @@ def _current_stream_handle(device: int) -> Any:
     return lambda: current(device).cuda_stream
 
 
-def _pinned_int32() -> tuple[torch.Tensor, int]:
-    word = torch.empty(1, dtype=torch.int32, device="cpu", pin_memory=True)  # (whatever the default device)
-    return word, word.data_ptr()
+def _pinned_words() -> tuple[torch.Tensor, int]:
+    # (the check's word and a note: linred.arrays._device_checks)
+    words = torch.empty(2, dtype=torch.int32, device="cpu", pin_memory=True)  # (whatever the default device)
+    return words, words.data_ptr()
 
 
 def _device(device: int | None) -> torch.device:
@@ -274,12 +275,12 @@ class TorchAdapter(ArrayAdapter):
         device = offsets.device.index
         stream = _raw_stream(device) if _raw_stream is not None else torch.cuda.current_stream(device).cuda_stream
         wide, m = offsets.dtype == torch.int64, offsets.shape[0] - 1
-        return _device_checks.offsets_ok(offsets.data_ptr(), wide, m, n, device, stream, _pinned_int32)
+        return _device_checks.offsets_ok(offsets.data_ptr(), wide, m, n, device, stream, _pinned_words)
 
     def check_word(self, offsets: torch.Tensor) -> int:
         if offsets.device.type != "cuda":
             return 0
-        return _device_checks.arm(_pinned_int32)
+        return _device_checks.arm(_pinned_words)
 
     def check_passed(self, stream: Any, device: int | None) -> bool:
         return _device_checks.passed(stream, device)

@@ -492,12 +492,17 @@ struct LongList {
 };
 
 // A very long segment of a warp's worker added to `longs` (every lane calls it with the same
-// values), where the list has room: then true.  (In line it costs the workers' loop registers, a
-// warp per segment of logsumexp 32 -> 39: the host lists only in large calls, never with those;
-// not inlined, the call cost more kernels more registers.)
-__device__ __forceinline__ bool list_long(LongList* longs, int room, i64 b, i64 bs, i64 begin, i64 end) {
+// values), where the list has room: then true.  Any count added to is noted in bad[1] (checked
+// calls: the host reads it once the kernel is done and launches softmax_long, which empties the
+// list, only then).  (In line it costs the workers' loop registers, a warp per segment of
+// logsumexp 32 -> 39: the host never lists with those; not inlined, the call cost more kernels
+// more registers.)
+__device__ __forceinline__ bool list_long(LongList* longs, int room, int* bad, i64 b, i64 bs, i64 begin, i64 end) {
     int slot = 0;
-    if ((threadIdx.x & 31) == 0) slot = atomicAdd(&longs->count, 1);
+    if ((threadIdx.x & 31) == 0) {
+        slot = atomicAdd(&longs->count, 1);
+        if (bad != nullptr) bad[1] = 1;
+    }
     slot = __shfl_sync(0xffffffffu, slot, 0);
     if (slot >= room) return false;
     if ((threadIdx.x & 31) == 0) longs->segment[slot] = LongSegment{b, bs, begin, end};
@@ -516,8 +521,9 @@ __device__ __forceinline__ bool list_long(LongList* longs, int room, i64 b, i64 
 // added to `longs` (with LIST; room for `room`; not for a thread per feature of several, whose
 // layout softmax_long does not take) by the warp that meets it, for softmax_long: the code of
 // the list costs the loop registers (a warp per segment of logsumexp, 32 -> 39; 64M float32
-// values of mean 256 rows took 20% longer), so the host lists only in large calls.  bad: checked_bounds's
-// word (offsets.cuh), or nullptr where the offsets need no check.
+// values of mean 256 rows took 20% longer): the host lists in large calls, and in checked calls
+// (it waits for them anyway), never with those.  bad: checked_bounds's word (offsets.cuh) and,
+// after it, list_long's note; or nullptr where the offsets need no check.
 // A group reads the bounds of its next segment before it reads the current one's rows, so that
 // their round trip to memory overlaps the current segment's (G = 1 reads them when it needs them).
 template <class T, class A, class O, int MODE, int G, int DW, int UNROLL, int P, bool LIST, class Off>
@@ -539,8 +545,12 @@ __device__ __forceinline__ void softmax_family(const T* __restrict__ x, O* __res
     // a segment the warp holds (every lane calls it with the same values), added to the list if it
     // is very long and the list has room: then true
     auto to_list = [&](i64 wb, i64 wbs, i64 wbegin, i64 wend) {
-        return LIST && wend - wbegin > SOFTMAX_LONG_ROWS && longs != nullptr &&
-               list_long(longs, room, wb, wbs, wbegin, wend);
+        if constexpr (LIST) {
+            return wend - wbegin > SOFTMAX_LONG_ROWS && longs != nullptr &&
+                   list_long(longs, room, bad, wb, wbs, wbegin, wend);
+        } else {
+            return false;
+        }
     };
     // the bounds of the worker's next segment (G > 1: worker w's segment is w % m)
     i64 next_begin = 0, next_end = 0;
