@@ -77,6 +77,8 @@ class _Call:
     length: int | None = None  # fixed segment length, once known
     later: dict[str, Any] = field(default_factory=dict)  # the segments of the reductions after the first
     index: Any = None  # element -> segment (int64, on the device), for variable segments
+    # ids outside [0, m) (check=False drops them) gather from one more value, NaN: see spread
+    dropped: bool = False
     repeats: Any = None  # each segment's length instead, for NumPy data with offsets or lengths
     shape: tuple[int, ...] = field(default=())
 
@@ -126,13 +128,20 @@ class _Call:
             ids = segments["segment_ids"]  # (on the device: see _run)
             self.index = ids.long() if self.kind == "torch" else ids.astype(xp.int64, copy=False)
             known = segments.get("ids_sorted")
-            if (self.check or self.kind == "numpy") and n > 1:
+            if (self.check or self.device is None) and n > 1:
                 # Read once here (one small read back on a device, where the checked first reduction
                 # has synchronized already), so that the later reductions do not sort sorted ids;
                 # read also where ids_sorted was given, as the first reduction read them (the later
                 # ones run unchecked, and would take a wrong promise on trust).
                 known = not bool((self.index[1:] < self.index[:-1]).any())
             self.later = {"segment_ids": self.index, "num_segments": m, "ids_sorted": known}
+            if not self.check:
+                # (unchecked ids outside [0, m) name no segment: the reductions drop them, and their
+                # elements take NaN from spread; the later reductions keep the ids as given, whose
+                # order the caller may have promised)
+                outside = (self.index < 0) | (self.index >= m)
+                self.index = xp.where(outside, m, self.index)
+                self.dropped = True
             return
         if segments.get("offsets") is not None:
             offsets = segments["offsets"]
@@ -162,6 +171,15 @@ class _Call:
         """Per-segment values ``r`` (m along the axis) broadcast against :meth:`view` of the data."""
         if self.length is not None:
             return r.reshape((*r.shape[: self.axis + 1], 1, *r.shape[self.axis + 1 :]))
+        if self.dropped:  # (one more value along the axis, NaN, for the elements of no segment)
+            pad = list(r.shape)
+            pad[self.axis] = 1
+            cat = self.xp.cat if self.kind == "torch" else self.xp.concatenate
+            if self.kind == "torch":
+                nan = self.xp.full(pad, float("nan"), dtype=r.dtype, device=r.device)
+            else:
+                nan = self.xp.full(pad, np.nan, dtype=r.dtype)
+            r = cat((r, nan), self.axis)
         if self.kind == "torch":
             return self.xp.index_select(r, self.axis, self.index)  # differentiable in r
         if self.repeats is not None:

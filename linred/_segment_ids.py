@@ -195,9 +195,9 @@ def _by_ids(
     if ids.shape[0] != n:
         raise ValueError(f"segment_ids must have one id per element along axis {ax} ({n}); got {ids.shape[0]}")
 
-    # What is known of the ids: read them (check=True, or host ids, where reading is cheap
-    # next to a sort), or take the caller's word for it.
-    known = n > 0 and (check or kind == "numpy")
+    # What is known of the ids: read them (check=True, or host ids, NumPy's or a CPU tensor's,
+    # where reading is cheap next to a sort), or take the caller's word for it.
+    known = n > 0 and (check or device is None)
     lo, hi, is_sorted = ops.summary(ids) if known else (0, -1, n == 0 or ids_sorted is True)
     if ns is None:
         ns = hi + 1 if known else (int(ids.max()) + 1 if n else 0)  # (a read back on a device)

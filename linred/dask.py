@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import linred
-from linred._dtypes import identity, numpy_dtype
+from linred._dtypes import dtype_name, identity, numpy_dtype
 from linred._frontend import described, normalize_axis
 from linred._jax import is_jax
 from linred.plan import SegmentedReduction
@@ -252,10 +252,16 @@ def _arg_combine_task(values: Any, where: Any, *, reduction: str, axis: int, bac
         best = _call(which, values, axis, backend, offsets=groups)
         spread = xp.take(best, xp.asarray(np.repeat(np.arange(sizes.shape[0]), sizes)), axis=axis)
         hit = values == spread
-        if values.dtype.kind in "fc":
+        if _holds_nan(values.dtype):
             hit |= xp.isnan(values) & xp.isnan(spread)
         first = _call("min", xp.where(hit, where, n), axis, backend, offsets=groups)
     return xp.take(first, xp.asarray(select), axis=axis)
+
+
+def _holds_nan(dtype: np.dtype) -> bool:
+    """Whether values of ``dtype`` can be NaN: floating and complex dtypes, and ml_dtypes'
+    bfloat16 (whose NumPy kind is ``"V"``)."""
+    return dtype.kind in "fc" or dtype_name(dtype) == "bfloat16"
 
 
 def _finalize_task(partials: Any, params: np.ndarray, carried: Any = None, *, reduction: str, axis: int,
@@ -307,8 +313,9 @@ def _arg_finalize_task(where: Any, values: Any, params: np.ndarray, carried_wher
     own = own.copy()
     last = _index(axis, slice(-1, None))
     first = values[_index(axis, slice(head, None))][last]
-    better = carried_values > first if reduction == "argmax" else carried_values < first
-    if values.dtype.kind in "fc":
+    with np.errstate(invalid="ignore"):  # (ml_dtypes' bfloat16 comparisons with NaN warn; NumPy's do not)
+        better = carried_values > first if reduction == "argmax" else carried_values < first
+    if _holds_nan(values.dtype):
         better |= xp.isnan(carried_values) & ~xp.isnan(first)
     own[last] = xp.where(better, carried_where, own[last])
     return own
@@ -775,7 +782,12 @@ def ids_offsets(x: Any, segment_ids: Any, num_segments: int | None, axis: Any) -
 def by_ids_order(x: Any, order: np.ndarray, axis: int) -> Any:
     """Dask array ``x`` with its elements along ``axis`` moved into ``order`` (a shuffle of the
     data: each output chunk gathers from the input chunks its positions come from)."""
-    return x[(slice(None),) * normalize_axis(axis, x.ndim) + (order,)]
+    ax = normalize_axis(axis, x.ndim)
+    if 0 in x.chunks[ax] and x.shape[ax]:
+        # (Dask's gather sizes its output chunks by the mean input chunk, which empty chunks
+        # can make 0: "range() arg 3 must not be zero"; the same data without them)
+        x = x.rechunk({ax: tuple(c for c in x.chunks[ax] if c)})
+    return x[(slice(None),) * ax + (order,)]
 
 
 def positions_back(result: Any, order: np.ndarray, n: int) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from support import to_kind, to_numpy
+from support.arrays import HOST_KINDS
 
 import linred
 
@@ -98,6 +99,72 @@ def test_check_false_drops_ids_outside_the_range(array_kind, order, sorted_promi
     got = linred.segmented_mean(to_kind(x, array_kind), segment_ids=to_kind(ids, array_kind), num_segments=6,
                                 check=False)  # fmt: skip
     np.testing.assert_allclose(to_numpy(got), _reference("mean", x, ids, 6, 0), rtol=1e-12)
+
+
+COMPOSED = ("logsumexp", "softmax", "log_softmax", "var", "std")
+
+
+def _composed_reference(name: str, x: np.ndarray, ids: np.ndarray, m: int) -> np.ndarray:
+    """float64, 1-D: per segment (logsumexp, var, std), or per element (the softmaxes; NaN for an
+    element whose id names no segment)."""
+    if name in ("softmax", "log_softmax"):
+        out = np.full(x.shape, np.nan)
+        for i in range(m):
+            where = ids == i
+            if where.any():
+                seg = x[where]
+                lse = seg.max() + np.log(np.exp(seg - seg.max()).sum())
+                out[where] = np.exp(seg - lse) if name == "softmax" else seg - lse
+        return out
+    out = np.full(m, -np.inf if name == "logsumexp" else np.nan)
+    for i in range(m):
+        seg = x[ids == i]
+        if seg.size:
+            if name == "logsumexp":
+                out[i] = seg.max() + np.log(np.exp(seg - seg.max()).sum())
+            else:
+                var = ((seg - seg.mean()) ** 2).mean()
+                out[i] = np.sqrt(var) if name == "std" else var
+    return out
+
+
+@pytest.mark.parametrize("name", COMPOSED)
+@pytest.mark.parametrize("order", ["sorted", "unsorted"])
+@pytest.mark.parametrize("sorted_promise", [None, True])
+def test_check_false_drops_ids_outside_the_range_in_the_composed_functions(array_kind, name, order,
+                                                                            sorted_promise):  # fmt: skip
+    """The composed functions drop them too: the named segments' values are those of their own
+    elements, and an element of no segment gets NaN from softmax and log_softmax (an index
+    error, or a negative id taken as the last segment, before)."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal(60)
+    ids = rng.integers(-3, 9, size=60)
+    if order == "sorted" or sorted_promise:
+        ids = np.sort(ids)
+    got = getattr(linred, f"segmented_{name}")(to_kind(x, array_kind), segment_ids=to_kind(ids, array_kind),
+                                               num_segments=6, check=False, ids_sorted=sorted_promise)  # fmt: skip
+    np.testing.assert_allclose(to_numpy(got), _composed_reference(name, x, ids, 6), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("function", ["sum", "argmax", "softmax", "var"])
+def test_host_ids_are_read_whatever_ids_sorted_promises(array_kind, function):
+    """Host ids (NumPy's, and a CPU tensor's) are always read: a wrong ``ids_sorted=True`` with
+    ``check=False`` is found and the ids sorted (CPU tensors took it on trust for the
+    reductions: [3, 7] instead of [6, 4]).  Device ids take the promise (not tested here)."""
+    if array_kind not in HOST_KINDS:
+        pytest.skip("device ids take ids_sorted on trust")
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    ids = np.array([1, 0, 1, 0])
+    f = getattr(linred, f"segmented_{function}")
+    got = to_numpy(f(to_kind(x, array_kind), segment_ids=to_kind(ids, array_kind), ids_sorted=True, check=False))
+    if function == "sum":
+        np.testing.assert_array_equal(got, [6.0, 4.0])
+    elif function == "argmax":
+        np.testing.assert_array_equal(got, [3, 2])
+    elif function == "var":
+        np.testing.assert_allclose(got, [1.0, 1.0], rtol=1e-12)
+    else:
+        np.testing.assert_allclose(got, _composed_reference("softmax", x, ids, 2), rtol=1e-12)
 
 
 def test_check_true_refuses_ids_outside_the_range(array_kind):
