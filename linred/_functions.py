@@ -210,7 +210,7 @@ def segmented_sum(
     check: bool = True,
     remainder: str = "error",
 ) -> Any:
-    if segment_ids is not None or num_segments is not None:
+    if segment_ids is not None or num_segments is not None or ids_sorted is not None:
         return reduce_by_ids(segmented_sum, x, segment_ids, num_segments, ids_sorted,
                              _given(segment_length, offsets, lengths, remainder), axis, out, check,
                              dtype=dtype, backend=backend, stream=stream)  # fmt: skip
@@ -242,7 +242,7 @@ def segmented_mean(
     check: bool = True,
     remainder: str = "error",
 ) -> Any:
-    if segment_ids is not None or num_segments is not None:
+    if segment_ids is not None or num_segments is not None or ids_sorted is not None:
         return reduce_by_ids(segmented_mean, x, segment_ids, num_segments, ids_sorted,
                              _given(segment_length, offsets, lengths, remainder), axis, out, check,
                              dtype=dtype, backend=backend, stream=stream)  # fmt: skip
@@ -274,7 +274,7 @@ def segmented_max(
     check: bool = True,
     remainder: str = "error",
 ) -> Any:
-    if segment_ids is not None or num_segments is not None:
+    if segment_ids is not None or num_segments is not None or ids_sorted is not None:
         return reduce_by_ids(segmented_max, x, segment_ids, num_segments, ids_sorted,
                              _given(segment_length, offsets, lengths, remainder), axis, out, check,
                              dtype=dtype, backend=backend, stream=stream)  # fmt: skip
@@ -306,7 +306,7 @@ def segmented_min(
     check: bool = True,
     remainder: str = "error",
 ) -> Any:
-    if segment_ids is not None or num_segments is not None:
+    if segment_ids is not None or num_segments is not None or ids_sorted is not None:
         return reduce_by_ids(segmented_min, x, segment_ids, num_segments, ids_sorted,
                              _given(segment_length, offsets, lengths, remainder), axis, out, check,
                              dtype=dtype, backend=backend, stream=stream)  # fmt: skip
@@ -338,7 +338,7 @@ def segmented_prod(
     check: bool = True,
     remainder: str = "error",
 ) -> Any:
-    if segment_ids is not None or num_segments is not None:
+    if segment_ids is not None or num_segments is not None or ids_sorted is not None:
         return reduce_by_ids(segmented_prod, x, segment_ids, num_segments, ids_sorted,
                              _given(segment_length, offsets, lengths, remainder), axis, out, check,
                              dtype=dtype, backend=backend, stream=stream)  # fmt: skip
@@ -488,7 +488,7 @@ def segmented_argmax(
     check: bool = True,
     remainder: str = "error",
 ) -> Any:
-    if segment_ids is not None or num_segments is not None:
+    if segment_ids is not None or num_segments is not None or ids_sorted is not None:
         return reduce_by_ids(segmented_argmax, x, segment_ids, num_segments, ids_sorted,
                              _given(segment_length, offsets, lengths, remainder), axis, None, check,
                              positions=True, backend=backend, stream=stream)  # fmt: skip
@@ -526,7 +526,7 @@ def segmented_argmin(
     check: bool = True,
     remainder: str = "error",
 ) -> Any:
-    if segment_ids is not None or num_segments is not None:
+    if segment_ids is not None or num_segments is not None or ids_sorted is not None:
         return reduce_by_ids(segmented_argmin, x, segment_ids, num_segments, ids_sorted,
                              _given(segment_length, offsets, lengths, remainder), axis, None, check,
                              positions=True, backend=backend, stream=stream)  # fmt: skip

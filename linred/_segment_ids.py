@@ -115,7 +115,8 @@ def ids_arguments(segment_ids: Any, num_segments: Any, ids_sorted: Any, segments
     arguments are checked: ``segment_ids`` given, and alone (``segments_given`` names the other
     segment arguments the caller passed), ``ids_sorted`` None or a bool."""
     if segment_ids is None:
-        raise TypeError("num_segments applies to segment_ids only; give segment_ids as well")
+        name = "num_segments" if num_segments is not None else "ids_sorted"
+        raise TypeError(f"{name} applies to segment_ids only; give segment_ids as well")
     if segments_given:
         raise TypeError(f"give one of segment_length, offsets, lengths or segment_ids; got segment_ids and "
                         f"{' and '.join(segments_given)}")  # fmt: skip

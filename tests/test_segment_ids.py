@@ -225,6 +225,9 @@ def test_errors():
         linred.segmented_sum(x, segment_ids=ids, remainder="drop")
     with pytest.raises(TypeError, match="num_segments applies to segment_ids only"):
         linred.segmented_sum(x, 2, num_segments=3)
+    for f in (linred.segmented_sum, linred.segmented_argmax, linred.segmented_softmax, linred.segmented_var):
+        with pytest.raises(TypeError, match="ids_sorted applies to segment_ids only"):  # (was ignored)
+            f(x, 2, ids_sorted=True)
     with pytest.raises(ValueError, match=r"one id per element along axis 0 \(6\); got 5"):
         linred.segmented_sum(x, segment_ids=ids[:5])
     with pytest.raises(ValueError, match="must be 1-D"):
