@@ -24,9 +24,10 @@ gives -inf and NaN where the composition gave NaN throughout.
 
 On the GPU the backward is one kernel (``linred/kernels/softmax_grad.cuh``, where the
 forward's kernel would take the call's workers); for one feature column of segments those
-workers would each read alone (or long on average), linred's reductions make the per-segment
-values (the sum of ``g * y``, of ``g``, the mean) and one kernel writes ``dx``
-(``grad_from_parts``); for CPU tensors it is NumPy on the views of their memory.  Where the
+workers would each read alone (or long on average, or among which the checked forward's kernel
+listed one far longer than the others), linred's reductions make the per-segment values (the
+sum of ``g * y``, of ``g``, the mean) and one kernel writes ``dx`` (``grad_from_parts``); for
+CPU tensors it is NumPy on the views of their memory.  Where the
 backward records a graph (``create_graph=True``), and wherever neither applies, it is made of
 PyTorch operations and linred's differentiable reductions, so that second derivatives come out
 as the composition's did.
@@ -86,7 +87,11 @@ class FusedGrad(torch.autograd.Function):
         ddof: float,
         run: Callable[[torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
+        _softmax_kernel.forget_listed()
         out = run(x.detach())
+        # (a very long segment among the others, which the forward's kernel listed: its backward
+        # from per-segment values, which spread it over the GPU, see _in_one_kernel)
+        ctx.very_long = _softmax_kernel.listed_last()
         offsets, lengths = _index(offsets), _index(lengths)
         ctx.name, ctx.axis, ctx.ddof = name, axis, ddof
         ctx.segment_length = None if segment_length is None else int(segment_length)
@@ -188,7 +193,9 @@ def _in_one_kernel(ctx: Any, g: torch.Tensor, offsets: Any, lengths: Any, saved:
         segments, m = {"offsets": offsets}, offsets.shape[0] - 1
     one_column = math.prod(a.shape[ctx.axis + 1 :]) == 1  # (feature rows: never from the parts)
     least = _softmax_kernel.GRAD_PARTS_MIN_MEAN.get(ctx.name)
-    if one_column and least is not None and ctx.n >= least * m > 0:  # (long enough that two passes win)
+    # (long enough on average that two passes win; or one segment far longer than the others,
+    # which one worker would read alone for as long as the rest of the call takes)
+    if one_column and m > 0 and ((least is not None and ctx.n >= least * m) or ctx.very_long):
         return _from_parts(ctx, g, offsets, m, a, saved, names, device)
     if not _softmax_kernel._enough_workers(a, ctx.axis, segments, device, ctx.name, True, a.element_size()):
         return _from_parts(ctx, g, offsets, m, a, saved, names, device) if one_column else None

@@ -149,6 +149,18 @@ WHOLE_WARP_SHARE = 0.75
 
 _DOUBLE, _DOUBLE_BITS = struct.Struct("<d"), struct.Struct("<q")
 _local = threading.local()  # this thread's launches (PackedLaunch slots are rewritten per call)
+
+
+def forget_listed() -> None:
+    """Clear what :func:`listed_last` says (before a call whose answer is wanted)."""
+    _local.listed = False
+
+
+def listed_last() -> bool:
+    """Whether this thread's last call since :func:`forget_listed` was a checked one whose kernel
+    listed a very long segment (known from its note: the backward of the same segments then
+    takes the route that spreads a segment over the GPU, ``linred._fused_grad``)."""
+    return getattr(_local, "listed", False)
 _NONE: dict[Any, PackedLaunch] = {}  # (the launches of a thread that has none yet)
 
 
@@ -609,6 +621,7 @@ def _launch_pair(lists: str, listed: _LongList, launch: PackedLaunch, first: tup
         if lists is ALWAYS or _device_checks.noted():
             if passed:  # (a block a listed segment; none listed: every block returns at once)
                 long_launch(stream, multiprocessors(device), LONG_THREADS, 0, *second)
+                _local.listed = lists is NOTED
             else:  # (offsets that break the rules: the list emptied, the call raises)
                 adapter.fill(listed.buffer, 0, stream)
     except BaseException:

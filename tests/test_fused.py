@@ -1558,6 +1558,36 @@ def test_gpu_kernel_checked_calls_list_very_long_segments_at_any_size(kernel_cal
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "logsumexp", "var", "std"])
+def test_gpu_backward_of_a_listed_very_long_segment_from_per_segment_values(kernel_calls, monkeypatch, name):
+    """Where the checked forward's kernel listed a very long segment (its note), the backward of
+    the same segments takes the route that spreads a segment over the GPU (per-segment values
+    from linred's reductions, then grad_from_parts), whatever the mean length; without one, the
+    backward kernel's workers.  Both gradients against float64 NumPy."""
+    from linred import _fused_grad
+
+    monkeypatch.setattr(_softmax_kernel, "GROUP", 4)  # (logsumexp's warps per segment never list)
+    parts = []
+    real = _fused_grad._from_parts
+    monkeypatch.setattr(_fused_grad, "_from_parts", lambda *a: parts.append(a[0].name) or real(*a))
+    rng = np.random.default_rng(13)
+    for very_long in (True, False):
+        lengths = rng.integers(1, 20, 3000)
+        lengths[1500] = 50_000 if very_long else 30_000
+        bounds = np.r_[0, np.cumsum(lengths)]
+        xv = rng.normal(size=int(bounds[-1])).astype(np.float32)
+        x = torch.tensor(xv, device="cuda", requires_grad=True)
+        y = fn(name)(x, offsets=torch.tensor(bounds, device="cuda"))
+        gv = rng.normal(size=tuple(y.shape)).astype(np.float32)
+        (gx,) = torch.autograd.grad(y, x, torch.tensor(gv, device="cuda"))
+        ref = _reference_gradient(name, xv[:, None], bounds.tolist(), gv[:, None], 0)[:, 0]
+        np.testing.assert_allclose(gx.double().cpu().numpy(), ref, rtol=1e-4, atol=1e-4 * (1 + np.abs(ref).max()))
+        assert parts == ([f"segmented_{name}"] if very_long else []), very_long
+        parts.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("bad", ["decreasing", "past n"])
 def test_gpu_kernel_checked_call_that_listed_and_raises_leaves_the_list_empty(kernel_calls, bad):
     """A checked call whose offsets break a rule after a very long segment that its warps listed

@@ -63,6 +63,10 @@ CASES = {
     "8Mx8 m64": (1 << 23, 8, 64, "float32", False),
     "4Mx1 m20": (4_000_000, 1, 20, "float32", False),
     "64Mx1 m16 huge": (1 << 26, 1, 16, "float32", 40_000),
+    "4Mx1 m16": (1 << 22, 1, 16, "float32", False),
+    "4Mx1 m16 huge": (1 << 22, 1, 16, "float32", 20_000),
+    "16Mx1 m16": (1 << 24, 1, 16, "float32", False),
+    "16Mx1 m16 huge": (1 << 24, 1, 16, "float32", 40_000),
     "64Mx1 m1024": (1 << 26, 1, 1024, "float32", False),
     "64Mx1 m2048": (1 << 26, 1, 2048, "float32", False),
     "64Mx1 m4096": (1 << 26, 1, 4096, "float32", False),
@@ -126,7 +130,7 @@ def times(label: str, cases: list[str], functions: list[str], backward: bool = F
             call = functools.partial(f, x, offsets=off, check=False)
             if backward:  # (the backward alone: it reads x or y and the gradient, and writes dx)
                 leaf = x.detach().requires_grad_()
-                y = f(leaf, offsets=off, check=False)
+                y = f(leaf, offsets=off)  # (checked, as by default: it notes very long segments)
                 g = torch.randn_like(y)
                 moved = 2 * nbytes + g.numel() * g.element_size()
                 call = functools.partial(torch.autograd.grad, y, leaf, g, retain_graph=True)
