@@ -21,10 +21,11 @@ the whole GPU.  One segment far longer than the others would keep its worker bus
 warps list segments longer than :data:`LONG_ROWS` rows instead (:class:`_LongList`), and a
 second kernel, ``linred_softmax_long``, reads each with a whole block.  Checked calls (the
 default) wait for their kernel anyway: they list wherever a segment can be that long and launch
-the second kernel only where the first noted a listed segment; unchecked calls list from
-:data:`LONG_MIN_VALUES` values, launching both kernels (smaller unchecked calls, calls captured
-into a CUDA graph, logsumexp's warps per segment and a thread per feature of several still
-read such a segment with one worker).  16-bit data of
+the second kernel only where the first noted a listed segment (and their backward then takes
+the per-segment values, :func:`listed_last`); unchecked calls list from :data:`LONG_MIN_VALUES`
+values, launching both kernels (smaller unchecked calls, calls captured into a CUDA graph,
+logsumexp's warps per segment in calls of :data:`RUNS_MIN_VALUES` values or more and a thread
+per feature of several still read such a segment with one worker).  16-bit data of
 one feature in long segments is read two rows a load (:data:`PAIRS`).
 
 The backward (:func:`run_backward`, ``softmax_grad.cuh``) has the same workers; for one feature
@@ -161,6 +162,8 @@ def listed_last() -> bool:
     listed a very long segment (known from its note: the backward of the same segments then
     takes the route that spreads a segment over the GPU, ``linred._fused_grad``)."""
     return getattr(_local, "listed", False)
+
+
 _NONE: dict[Any, PackedLaunch] = {}  # (the launches of a thread that has none yet)
 
 
@@ -531,9 +534,13 @@ def _lists(name: str, n: int, values: int, group: int, features: int, checked: b
     (:data:`ALWAYS`, :data:`NOTED`), or None: checked calls whose rows ``n`` exceed LONG_ROWS and
     unchecked calls of LONG_MIN_VALUES ``values`` or more, of workers of a layout
     linred_softmax_long takes (groups of lanes, or a thread of one feature), and not logsumexp's
-    warps per segment (the list's registers cost them 20% at segments of 256 rows; where segments
-    are long on average ``warp_reduce`` reads logsumexp instead, :func:`_by_runs`)."""
-    if not (group > 1 or features == 1) or (group == 32 and name == "segmented_logsumexp"):
+    warps per segment but in checked calls of fewer than RUNS_MIN_VALUES values (the list's
+    registers cost them 20% at segments of 256 rows in calls of 64M values; a smaller checked
+    call's time is mostly its host's; where segments are long on average ``warp_reduce`` reads
+    logsumexp instead, :func:`_by_runs`)."""
+    if not (group > 1 or features == 1):
+        return None
+    if group == 32 and name == "segmented_logsumexp" and not (checked and values < RUNS_MIN_VALUES):
         return None
     if checked:
         return NOTED if n > LONG_ROWS else None

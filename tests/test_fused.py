@@ -1528,16 +1528,18 @@ def test_gpu_kernel_list_left_empty_when_the_second_launch_fails(kernel_calls, m
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "var", "logsumexp"])
-def test_gpu_kernel_checked_calls_list_very_long_segments_at_any_size(kernel_calls, monkeypatch, name):
-    """Checked calls far below LONG_MIN_VALUES list a segment longer than LONG_ROWS (logsumexp's
-    groups, the others' warps too) and launch the second kernel only where the first noted it:
+@pytest.mark.parametrize("group", [4, 32])
+def test_gpu_kernel_checked_calls_list_very_long_segments_at_any_size(kernel_calls, monkeypatch, name, group):
+    """Checked calls far below LONG_MIN_VALUES list a segment longer than LONG_ROWS (groups of
+    lanes and warps, logsumexp's warps per segment too: the call is far below RUNS_MIN_VALUES)
+    and launch the second kernel only where the first noted it:
     the note read after the wait is set for a call with such a segment and not for one without;
     unchecked calls of that size list nothing (the note is not read), nor with LONG_MIN_VALUES
     at 0 (the second kernel always).  Every result against float64 NumPy."""
     notes = []
     real_noted = _device_checks.noted
     monkeypatch.setattr(_device_checks, "noted", lambda: notes.append(real_noted()) or notes[-1])
-    monkeypatch.setattr(_softmax_kernel, "GROUP", 4)  # (logsumexp's warps per segment never list)
+    monkeypatch.setattr(_softmax_kernel, "GROUP", group)
     rng = np.random.default_rng(11)
     hub = rng.integers(0, 20, 2000)
     hub[700] = 45_000
@@ -1620,7 +1622,7 @@ def test_kernel_lists_very_long_segments_in_checked_and_large_calls():
     checked calls whose rows can hold one (more than LONG_ROWS; the second kernel launched only
     where the first noted one) and unchecked calls of LONG_MIN_VALUES values or more (the second
     kernel always), for groups of lanes and a thread of one feature, not for a thread per feature
-    of several nor logsumexp's warps per segment."""
+    of several nor logsumexp's warps per segment (but in checked calls below RUNS_MIN_VALUES)."""
     lists, big, rows = _softmax_kernel._lists, _softmax_kernel.LONG_MIN_VALUES, _softmax_kernel.LONG_ROWS
     always, noted = _softmax_kernel.ALWAYS, _softmax_kernel.NOTED
     assert lists("segmented_softmax", big, big, 32, 1, False) is always
@@ -1635,6 +1637,9 @@ def test_kernel_lists_very_long_segments_in_checked_and_large_calls():
     assert lists("segmented_softmax", big, big, 1, 3, True) is None
     assert lists("segmented_logsumexp", big, big, 32, 1, False) is None
     assert lists("segmented_logsumexp", big, big, 32, 1, True) is None
+    runs = _softmax_kernel.RUNS_MIN_VALUES  # (a checked call's warps per segment list below it)
+    assert lists("segmented_logsumexp", runs - 1, runs - 1, 32, 1, True) is noted
+    assert lists("segmented_logsumexp", runs, runs, 32, 1, True) is None
 
 
 def test_kernel_lane_groups_follow_the_mean_length(monkeypatch):
