@@ -266,6 +266,11 @@ def _run(
 ) -> Any:
     """The common path of the five functions: ``body`` on the prepared call."""
     name = function.__name__
+    if segments.get("segment_ids") is None and (segments.get("num_segments") is not None
+                                                or segments.get("ids_sorted") is not None):  # fmt: skip
+        from linred._segment_ids import ids_arguments  # (raises: the ids' arguments without ids)
+
+        ids_arguments(None, segments.get("num_segments"), segments.get("ids_sorted"), [])
     from linred import dask as linred_dask  # (imports no Dask: the type's module is read)
 
     if linred_dask.is_dask(x):  # (a Dask array: rechunked to whole segments, each chunk computed by this function)
@@ -626,8 +631,9 @@ segment_ids : array_like of int, optional
     One segment id per element along ``axis`` (PyG's ``batch`` vector), sorted
     or not, as in :func:`segmented_sum`.  The ids are each element's segment:
     per-segment values go back to the elements through them, with no sort.
-    With ``check=False`` they must lie in ``[0, num_segments)`` (they are not
-    dropped, as in the reductions: an element must have a segment).
+    With ``check=False`` ids outside ``[0, num_segments)`` are dropped, as in
+    the reductions: their elements belong to no segment, and softmax and
+    log_softmax give them NaN.
 num_segments : int, optional
     The number of segments named by ``segment_ids``, as in
     :func:`segmented_sum` (default ``max(segment_ids) + 1``).

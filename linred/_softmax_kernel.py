@@ -158,9 +158,10 @@ def forget_listed() -> None:
 
 
 def listed_last() -> bool:
-    """Whether this thread's last call since :func:`forget_listed` was a checked one whose kernel
-    listed a very long segment (known from its note: the backward of the same segments then
-    takes the route that spreads a segment over the GPU, ``linred._fused_grad``)."""
+    """Whether a checked call of this thread since :func:`forget_listed` had its kernel list a
+    very long segment (known from its note: the backward of the same segments then takes the
+    route that spreads a segment over the GPU, ``linred._fused_grad``).  Unchecked calls, which
+    launch the second kernel without knowing, never set it."""
     return getattr(_local, "listed", False)
 
 
@@ -549,8 +550,9 @@ def _lists(name: str, n: int, values: int, group: int, features: int, checked: b
 
 class _LongList:
     """This thread's list of very long segments on a device (softmax.cuh's LongList, room for
-    LONG_LIST), made zero once and left zero by every pair of kernels that uses it (the second
-    kernel's last block empties it, and a pair whose second launch fails is emptied by the host).
+    LONG_LIST), made zero once and left zero by every call that uses it (the second kernel's last
+    block empties it; the host, where the second launch fails or a checked call's offsets broke a
+    rule; a checked call whose first kernel listed nothing launches no second one).
     A call on another stream than the previous one waits for that one's pair on the device
     (:class:`linred.backends._device.StreamOrder`: an event recorded after each pair), so that two
     pairs never share it, whatever became of the earlier stream."""
@@ -619,16 +621,16 @@ def _launch_pair(lists: str, listed: _LongList, launch: PackedLaunch, first: tup
     long_launch = getattr(_local, "launches", _NONE).get(long_key)
     if long_launch is None:
         long_launch = _compile_long(long_key)
-    if lists is NOTED:
+    if lists == NOTED:
         _device_checks.clear_note()
     listed.order.begin(stream)
     try:
         launch(stream, grid, THREADS, 0, *first)
-        passed = lists is ALWAYS or adapter.check_passed(stream, device)
-        if lists is ALWAYS or _device_checks.noted():
+        passed = lists == ALWAYS or adapter.check_passed(stream, device)
+        if lists == ALWAYS or _device_checks.noted():
             if passed:  # (a block a listed segment; none listed: every block returns at once)
                 long_launch(stream, multiprocessors(device), LONG_THREADS, 0, *second)
-                _local.listed = lists is NOTED
+                _local.listed = lists == NOTED
             else:  # (offsets that break the rules: the list emptied, the call raises)
                 adapter.fill(listed.buffer, 0, stream)
     except BaseException:
@@ -706,7 +708,7 @@ def run(
             second = (adapter.pointer(x), adapter.pointer(out), listed.pointer, LONG_LIST, n, features, ddof_bits)
             if not _launch_pair(lists, listed, launch, first, long_key, second, grid, adapter, device, stream):
                 explain(seg, adapter, lengths, n=n, axis=axis, device=device)
-            if lists is NOTED:
+            if lists == NOTED:
                 return out  # (waited for, and checked)
     if not isinstance(seg, FixedSegments) and seg.word:
         verify(seg, adapter, stream, lengths, n=n, axis=axis, device=device)

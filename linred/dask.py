@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import linred
-from linred._dtypes import dtype_name, identity, numpy_dtype
+from linred._dtypes import identity, numpy_dtype
 from linred._frontend import described, normalize_axis
 from linred._jax import is_jax
 from linred.plan import SegmentedReduction
@@ -261,7 +261,7 @@ def _arg_combine_task(values: Any, where: Any, *, reduction: str, axis: int, bac
 def _holds_nan(dtype: np.dtype) -> bool:
     """Whether values of ``dtype`` can be NaN: floating and complex dtypes, and ml_dtypes'
     bfloat16 (whose NumPy kind is ``"V"``)."""
-    return dtype.kind in "fc" or dtype_name(dtype) == "bfloat16"
+    return dtype.kind in "fc" or dtype.name == "bfloat16"
 
 
 def _finalize_task(partials: Any, params: np.ndarray, carried: Any = None, *, reduction: str, axis: int,

@@ -827,6 +827,14 @@ def test_unsorted_segment_ids_with_empty_chunks(name):
         np.testing.assert_allclose(got, fn(x, segment_ids=ids), rtol=1e-12)
 
 
+@pytest.mark.parametrize("name", ["sum", "softmax", "var", "argmax"])
+def test_ids_sorted_without_segment_ids_raises(name):
+    """As for NumPy data: ``ids_sorted`` names segment ids' order, and is refused without them
+    (the composed functions ignored it for Dask arrays)."""
+    with pytest.raises(TypeError, match="ids_sorted applies to segment_ids only"):
+        getattr(linred, f"segmented_{name}")(da.from_array(np.ones(10), chunks=4), 5, ids_sorted=True)
+
+
 def test_segment_ids_dask_refuses():
     x = da.from_array(np.ones(10), chunks=4)
     # ids_sorted=False only says not to assume it: sorted ids are served all the same

@@ -1372,10 +1372,13 @@ def test_gpu_kernel_long_segments_among_short_ones(kernel_calls, monkeypatch, na
 @pytest.mark.parametrize("features, dtype", [(1, "float32"), (1, "float64"), (1, "float16"), (8, "float32"),
                                              (3, "float32")])  # fmt: skip
 @pytest.mark.parametrize("room", [None, 4])
-def test_gpu_kernel_very_long_segments_to_blocks(kernel_calls, monkeypatch, name, group, features, dtype, room):
+@pytest.mark.parametrize("check_", [True, False])
+def test_gpu_kernel_very_long_segments_to_blocks(kernel_calls, monkeypatch, name, group, features, dtype, room,
+                                                 check_):  # fmt: skip
     """A segment longer than SOFTMAX_LONG_ROWS (softmax.cuh: 2**15 rows) is listed by its warp and
-    read by a whole block of linred_softmax_long (in calls of any size here; logsumexp's warps per
-    segment never list): lengths at 2**15 (read by the warp) and 2**15 + 1,
+    read by a whole block of linred_softmax_long (in calls of any size here: checked, the second
+    kernel where the first noted one; unchecked, LONG_MIN_VALUES at 0, both kernels always, but
+    for logsumexp's warps per segment): lengths at 2**15 (read by the warp) and 2**15 + 1,
     20 very long ones side by side, one among 300 short ones far from them, the groups' own
     segments between; a list with room for 4 (the warps read the rest); 3 features: a thread per
     feature, which lists none.  Against float64 NumPy."""
@@ -1394,22 +1397,25 @@ def test_gpu_kernel_very_long_segments_to_blocks(kernel_calls, monkeypatch, name
     bounds = np.r_[0, np.cumsum(lengths)]
     xv = (rng.normal(size=(int(bounds[-1]), features)) * 3).astype(dtype)
     x = torch.tensor(xv if features > 1 else xv[:, 0], device="cuda")
-    y = fn(name)(x, offsets=torch.tensor(bounds, device="cuda"))
+    y = fn(name)(x, offsets=torch.tensor(bounds, device="cuda"), check=check_)
     expected = _fast_reference(name, xv.astype(np.float64), bounds, 0)
     tol = {"float64": 1e-10, "float32": 2e-5, "float16": 2e-3}[dtype]
     check(y, expected if features > 1 else expected[..., 0], dtype, tol)
     assert kernel_calls == [f"segmented_{name}"]
-    lists = features != 3 and not (name == "logsumexp" and group == 32)
+    lists = features != 3 and not (name == "logsumexp" and group == 32 and not check_)
     assert len(listed) <= int(lists)  # (compiled once per thread)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("check_", [True, False])  # (checked: the noted second kernel; else both always)
 @pytest.mark.parametrize("name", ["logsumexp", "softmax", "var"])
-def test_gpu_kernel_very_long_segments_on_streams_threads_and_graphs(kernel_calls, monkeypatch, name):
+def test_gpu_kernel_very_long_segments_on_streams_threads_and_graphs(kernel_calls, monkeypatch, name, check_):
     """The list of very long segments is this thread's for its stream: calls on a side stream and
-    the current one in turn, four threads at once, and a call captured into a CUDA graph (which
-    lists none: its warps read them) and replayed on new data, each right."""
+    the current one in turn (a checked call, whose second kernel follows the note, and an
+    unchecked one, whose second kernel always runs), four threads at once, and a call captured
+    into a CUDA graph (which lists none: its warps read them) and replayed on new data, each
+    right."""
     import concurrent.futures
 
     monkeypatch.setattr(_softmax_kernel, "LONG_MIN_VALUES", 0)
@@ -1428,15 +1434,15 @@ def test_gpu_kernel_very_long_segments_on_streams_threads_and_graphs(kernel_call
     for seed in range(3):
         x, expected = case(seed)
         with torch.cuda.stream(side):
-            a = f(x, offsets=off)
-        b = f(x, offsets=off)
+            a = f(x, offsets=off, check=check_)
+        b = f(x, offsets=off, check=not check_)  # (both kinds of pair, one after the other)
         torch.cuda.synchronize()
         check(a, expected, "float32", 2e-5)
         check(b, expected, "float32", 2e-5)
 
     def in_a_thread(seed):
         x, expected = case(seed)
-        got = f(x, offsets=off)
+        got = f(x, offsets=off, check=check_)
         torch.cuda.current_stream().synchronize()
         return got.cpu().numpy(), expected
 
@@ -1475,12 +1481,14 @@ def test_gpu_kernel_long_segment_read_by_a_warp_keeps_float32_accuracy(kernel_ca
     lengths = rng.integers(0, 30, 3000)
     lengths[1234] = 300_000
     bounds = np.r_[0, np.cumsum(lengths)]
-    assert bounds[-1] < _softmax_kernel.LONG_MIN_VALUES  # (so the warps read it)
+    assert bounds[-1] < _softmax_kernel.LONG_MIN_VALUES  # (unchecked: the warps read it)
     # Every row -0.1 but a segment's first, 0 (its maximum): a lane adds the same sum of exps step
     # after step, whose roundings in float add up instead of cancelling.
     xv = np.full(int(bounds[-1]), -0.1, np.float32)
     xv[bounds[:-1][lengths > 0]] = 0
-    got = to_numpy(fn(name)(torch.tensor(xv, device="cuda"), offsets=torch.tensor(bounds, device="cuda")))
+    # (unchecked: a checked call would list the segment for a block of linred_softmax_long)
+    got = to_numpy(fn(name)(torch.tensor(xv, device="cuda"), offsets=torch.tensor(bounds, device="cuda"),
+                            check=False))  # fmt: skip
     expected = _fast_reference(name, xv[:, None].astype(np.float64), bounds, 0)[..., 0]
     assert kernel_calls == [f"segmented_{name}"]
     if name == "softmax":
@@ -1492,7 +1500,8 @@ def test_gpu_kernel_long_segment_read_by_a_warp_keeps_float32_accuracy(kernel_ca
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")
-def test_gpu_kernel_list_left_empty_when_the_second_launch_fails(kernel_calls, monkeypatch):
+@pytest.mark.parametrize("check_", [True, False])
+def test_gpu_kernel_list_left_empty_when_the_second_launch_fails(kernel_calls, monkeypatch, check_):
     """A call whose second kernel cannot be made (here: its compile raises) leaves the list empty
     (the first kernel is not launched before the second is ready), so the next call, of other
     arrays and segments, reads only its own very long segments; both against float64."""
@@ -1515,7 +1524,7 @@ def test_gpu_kernel_list_left_empty_when_the_second_launch_fails(kernel_calls, m
         bounds = np.r_[0, np.cumsum(lengths)]
         xv = rng.normal(size=int(bounds[-1])).astype(np.float32)
         call = functools.partial(linred.segmented_softmax, torch.tensor(xv, device="cuda"),
-                                 offsets=torch.tensor(bounds, device="cuda"))  # fmt: skip
+                                 offsets=torch.tensor(bounds, device="cuda"), check=check_)  # fmt: skip
         if fails:
             with pytest.raises(RuntimeError, match="no second kernel"):
                 call()
@@ -1568,7 +1577,7 @@ def test_gpu_backward_of_a_listed_very_long_segment_from_per_segment_values(kern
     backward kernel's workers.  Both gradients against float64 NumPy."""
     from linred import _fused_grad
 
-    monkeypatch.setattr(_softmax_kernel, "GROUP", 4)  # (logsumexp's warps per segment never list)
+    monkeypatch.setattr(_softmax_kernel, "GROUP", 4)
     parts = []
     real = _fused_grad._from_parts
     monkeypatch.setattr(_fused_grad, "_from_parts", lambda *a: parts.append(a[0].name) or real(*a))
@@ -1625,20 +1634,20 @@ def test_kernel_lists_very_long_segments_in_checked_and_large_calls():
     of several nor logsumexp's warps per segment (but in checked calls below RUNS_MIN_VALUES)."""
     lists, big, rows = _softmax_kernel._lists, _softmax_kernel.LONG_MIN_VALUES, _softmax_kernel.LONG_ROWS
     always, noted = _softmax_kernel.ALWAYS, _softmax_kernel.NOTED
-    assert lists("segmented_softmax", big, big, 32, 1, False) is always
-    assert lists("segmented_var", big, big, 2, 1, False) is always
-    assert lists("segmented_logsumexp", big, big, 8, 8, False) is always
-    assert lists("segmented_log_softmax", big, big, 1, 1, False) is always
+    assert lists("segmented_softmax", big, big, 32, 1, False) == always
+    assert lists("segmented_var", big, big, 2, 1, False) == always
+    assert lists("segmented_logsumexp", big, big, 8, 8, False) == always
+    assert lists("segmented_log_softmax", big, big, 1, 1, False) == always
     assert lists("segmented_softmax", big - 1, big - 1, 32, 1, False) is None
-    assert lists("segmented_softmax", rows + 1, rows + 1, 32, 1, True) is noted
-    assert lists("segmented_var", rows + 1, 8 * (rows + 1), 8, 8, True) is noted
+    assert lists("segmented_softmax", rows + 1, rows + 1, 32, 1, True) == noted
+    assert lists("segmented_var", rows + 1, 8 * (rows + 1), 8, 8, True) == noted
     assert lists("segmented_softmax", rows, 1000 * rows, 32, 1, True) is None  # (no segment can be that long)
     assert lists("segmented_softmax", big, big, 1, 3, False) is None
     assert lists("segmented_softmax", big, big, 1, 3, True) is None
     assert lists("segmented_logsumexp", big, big, 32, 1, False) is None
     assert lists("segmented_logsumexp", big, big, 32, 1, True) is None
     runs = _softmax_kernel.RUNS_MIN_VALUES  # (a checked call's warps per segment list below it)
-    assert lists("segmented_logsumexp", runs - 1, runs - 1, 32, 1, True) is noted
+    assert lists("segmented_logsumexp", runs - 1, runs - 1, 32, 1, True) == noted
     assert lists("segmented_logsumexp", runs, runs, 32, 1, True) is None
 
 

@@ -167,6 +167,18 @@ def test_host_ids_are_read_whatever_ids_sorted_promises(array_kind, function):
         np.testing.assert_allclose(got, _composed_reference("softmax", x, ids, 2), rtol=1e-12)
 
 
+@pytest.mark.parametrize("function", ["sum", "argmax", "softmax", "logsumexp", "var"])
+def test_the_ids_arguments_need_segment_ids(array_kind, function):
+    """``num_segments`` or ``ids_sorted`` without ``segment_ids`` raise TypeError for every array
+    kind (the GPU kernel of the softmax family ignored ``ids_sorted`` there)."""
+    x = to_kind(np.arange(8.0), array_kind)
+    f = getattr(linred, f"segmented_{function}")
+    with pytest.raises(TypeError, match="ids_sorted applies to segment_ids only"):
+        f(x, offsets=to_kind(np.array([0, 3, 8]), array_kind), ids_sorted=True)
+    with pytest.raises(TypeError, match="num_segments applies to segment_ids only"):
+        f(x, 4, num_segments=2)
+
+
 def test_check_true_refuses_ids_outside_the_range(array_kind):
     x = to_kind(np.arange(6.0), array_kind)
     with pytest.raises(ValueError, match=r"\[0, 3\); segment_ids\[4\] = 3"):

@@ -37,9 +37,9 @@
 //  - lanes_max and lanes_sum: the maximum and the sum of a worker's lanes that share a feature
 //    (block_lanes: for a worker of a whole block);
 //  - softmax_long: segments longer than SOFTMAX_LONG_ROWS, which the workers' warps list
-//    (list_long, into a LongList of LongSegment) instead of reading them, in large calls, each
-//    read by a whole block in a second kernel: one far longer than the others kept one warp busy
-//    for the rest of the call;
+//    (list_long, into a LongList of LongSegment) instead of reading them, in large calls and
+//    checked ones, each read by a whole block in a second kernel: one far longer than the others
+//    kept one warp busy for the rest of the call;
 //  - its entry points: LINRED_SOFTMAX (linred_softmax), LINRED_SOFTMAX_LONG (linred_softmax_long).
 //
 // The results are those of linred's composition (linred/_fused.py), by the same formulas: the
@@ -48,8 +48,7 @@
 // (x - shift) - log(sum), with sum the sum of exp(x - shift).  So a segment holding NaN gives
 // NaN, one holding +inf gives +inf (logsumexp) or NaN, an all -inf or empty one -inf
 // (logsumexp) or NaN.  Sums in A (float32 for 16-bit and float32 data, float64 for float64; a
-// thread per feature adds its loop steps' sums of exps in double); var and std: float64 for every
-// dtype;
+// lane adds its loop steps' sums of exps in double); var and std: float64 for every dtype;
 // lanes are added by a fixed shuffle tree: the same bits every run.  var = (sum of (x - mean)^2)
 // / (length - ddof), NaN where length <= ddof (an empty segment too) and, through inf - inf or
 // NaN, where the segment holds an infinity or a NaN; std = sqrt(var), as the composition's.
@@ -483,7 +482,8 @@ struct LongSegment {
 };
 // The list a workers' kernel fills and softmax_long empties: device memory of the host's, room for
 // `room` segments (the kernels' argument), zero before the pair of kernels and after it (the last
-// block of softmax_long empties it; the host, where the second launch fails).
+// block of softmax_long empties it; the host, where the second launch fails or a checked call's
+// offsets broke a rule; a checked call whose kernel listed nothing launches no softmax_long).
 struct LongList {
     int count;  // segments added (past the room: the warps read the rest)
     int done;   // softmax_long's blocks that have read their segments
@@ -495,8 +495,8 @@ struct LongList {
 // values), where the list has room: then true.  Any count added to is noted in bad[1] (checked
 // calls: the host reads it once the kernel is done and launches softmax_long, which empties the
 // list, only then).  (In line it costs the workers' loop registers, a warp per segment of
-// logsumexp 32 -> 39: the host never lists with those; not inlined, the call cost more kernels
-// more registers.)
+// logsumexp 32 -> 39: the host lists with those only in checked calls of fewer than 2^25 values;
+// not inlined, the call cost more kernels more registers.)
 __device__ __forceinline__ bool list_long(LongList* longs, int room, int* bad, i64 b, i64 bs, i64 begin, i64 end) {
     int slot = 0;
     if ((threadIdx.x & 31) == 0) {
@@ -522,8 +522,8 @@ __device__ __forceinline__ bool list_long(LongList* longs, int room, int* bad, i
 // layout softmax_long does not take) by the warp that meets it, for softmax_long: the code of
 // the list costs the loop registers (a warp per segment of logsumexp, 32 -> 39; 64M float32
 // values of mean 256 rows took 20% longer): the host lists in large calls, and in checked calls
-// (it waits for them anyway), never with those.  bad: checked_bounds's word (offsets.cuh) and,
-// after it, list_long's note; or nullptr where the offsets need no check.
+// (it waits for them anyway; with those, only below 2^25 values).  bad: checked_bounds's word
+// (offsets.cuh) and, after it, list_long's note; or nullptr where the offsets need no check.
 // A group reads the bounds of its next segment before it reads the current one's rows, so that
 // their round trip to memory overlaps the current segment's (G = 1 reads them when it needs them).
 template <class T, class A, class O, int MODE, int G, int DW, int UNROLL, int P, bool LIST, class Off>
