@@ -77,8 +77,9 @@ class _Call:
     length: int | None = None  # fixed segment length, once known
     later: dict[str, Any] = field(default_factory=dict)  # the segments of the reductions after the first
     index: Any = None  # element -> segment (int64, on the device), for variable segments
-    # ids outside [0, m) (check=False drops them) gather from one more value, NaN: see spread
-    dropped: bool = False
+    # the elements whose ids lie outside [0, m) (check=False drops them), shaped to broadcast
+    # against the data; None where none can be
+    outside: Any = None
     repeats: Any = None  # each segment's length instead, for NumPy data with offsets or lengths
     shape: tuple[int, ...] = field(default=())
 
@@ -136,12 +137,17 @@ class _Call:
                 known = not bool((self.index[1:] < self.index[:-1]).any())
             self.later = {"segment_ids": self.index, "num_segments": m, "ids_sorted": known}
             if not self.check:
-                # (unchecked ids outside [0, m) name no segment: the reductions drop them, and their
-                # elements take NaN from spread; the later reductions keep the ids as given, whose
-                # order the caller may have promised)
+                # Unchecked ids outside [0, m) name no segment: the reductions drop them (the later
+                # ones keep the ids as given, whose order the caller may have promised).  Their
+                # elements read one more per-segment value, 0 (spread), and are 0 themselves from
+                # here on, so that every step stays finite there and passes them a gradient of 0
+                # (not 0 * inf, nor a NaN); softmax and log_softmax give them NaN (elements).
                 outside = (self.index < 0) | (self.index >= m)
                 self.index = xp.where(outside, m, self.index)
-                self.dropped = True
+                shape = [1] * len(self.shape)
+                shape[self.axis] = -1
+                self.outside = outside.reshape(shape)
+                self.x = self.where(~self.outside, self.x, 0.0)
             return
         if segments.get("offsets") is not None:
             offsets = segments["offsets"]
@@ -171,15 +177,13 @@ class _Call:
         """Per-segment values ``r`` (m along the axis) broadcast against :meth:`view` of the data."""
         if self.length is not None:
             return r.reshape((*r.shape[: self.axis + 1], 1, *r.shape[self.axis + 1 :]))
-        if self.dropped:  # (one more value along the axis, NaN, for the elements of no segment)
+        if self.outside is not None:  # (one more value along the axis, 0, for the elements of no segment)
             pad = list(r.shape)
             pad[self.axis] = 1
-            cat = self.xp.cat if self.kind == "torch" else self.xp.concatenate
             if self.kind == "torch":
-                nan = self.xp.full(pad, float("nan"), dtype=r.dtype, device=r.device)
+                r = self.xp.cat((r, self.xp.zeros(pad, dtype=r.dtype, device=r.device)), self.axis)
             else:
-                nan = self.xp.full(pad, np.nan, dtype=r.dtype)
-            r = cat((r, nan), self.axis)
+                r = self.xp.concatenate((r, self.xp.zeros(pad, dtype=r.dtype)), self.axis)
         if self.kind == "torch":
             return self.xp.index_select(r, self.axis, self.index)  # differentiable in r
         if self.repeats is not None:
@@ -208,6 +212,10 @@ class _Call:
     def finish(self, r: Any) -> Any:
         """``r`` in the result dtype."""
         return _astype(self, r, self.result)
+
+    def elements(self, r: Any) -> Any:
+        """Per-element results ``r`` (shaped like the data) with NaN for the elements of no segment."""
+        return r if self.outside is None else self.where(~self.outside, r, math.nan)
 
     def quiet(self) -> Any:
         """NumPy's floating-point warnings off around elementwise steps whose NaN and infinities are
@@ -444,7 +452,7 @@ def _softmax(c: _Call) -> Any:
     s = c.reduce("sum", e)
     with c.quiet():  # 0/0 = NaN: an all -inf segment
         e = xp.divide(e, c.spread(s), out=c.out(e))
-    return c.finish(c.unview(e))
+    return c.finish(c.elements(c.unview(e)))
 
 
 def _log_softmax(c: _Call) -> Any:
@@ -456,7 +464,7 @@ def _log_softmax(c: _Call) -> Any:
     with c.quiet():  # -inf - log(0) = NaN: an all -inf segment
         s = xp.log(s, out=c.out(s))
         d = xp.subtract(d, c.spread(s), out=c.out(d))
-    return c.finish(c.unview(d))
+    return c.finish(c.elements(c.unview(d)))
 
 
 def _var(c: _Call, ddof: float, root: bool) -> Any:

@@ -52,6 +52,12 @@ class _Ops:
         """``ids`` as int64 in the data's library and on its device, converted and refused as offsets
         are (host ids for device data are copied; device ids for host data, non-integers refused)."""
         a = self.adapter.index_array(ids, device, "segment_ids")
+        if self.kind == "torch" and _batched(a):
+            raise TypeError(
+                "segment_ids is batched by torch.func.vmap (a batch of ids): linred reads one set of ids "
+                "a call; give ids without the batch dimension (the same for every element), or offsets "
+                "or lengths, whose batches vmap serves"
+            )
         if a.ndim != 1:
             raise ValueError(f"segment_ids must be 1-D (one id per element along axis); got shape {tuple(a.shape)}")
         return a.long() if self.kind == "torch" else a.astype(self.xp.int64, copy=False)
@@ -99,6 +105,14 @@ class _Ops:
         bad = (ids < 0) | (ids >= num_segments)
         i = int(bad.int().argmax()) if self.kind == "torch" else int(bad.argmax())
         return i, int(ids[i])
+
+
+def _batched(t: Any) -> bool:
+    """Whether tensor ``t`` is a torch.func transform's batched tensor (one id array a sample)."""
+    import torch
+
+    functorch = torch._C._functorch
+    return functorch.maybe_current_level() is not None and functorch.is_batchedtensor(t)
 
 
 def _num_segments(num_segments: Any) -> int:
@@ -215,8 +229,22 @@ def _by_ids(
         x = ops.take(x, order, ax)
     offsets = ops.searchsorted(ids, ops.arange(ns + 1))
     trim = not inside and n > 0
+    if trim and known and not positions:
+        # Ids read (on the host) that lie outside [0, ns): in the ids' order their elements come
+        # before offsets[0] and from offsets[ns] on, and the data between is reduced alone (none
+        # of theirs is read: no overflow of theirs warns, no gradient of theirs is computed).
+        lo, hi = int(offsets[0]), int(offsets[-1])
+        x = x[(slice(None),) * ax + (slice(lo, hi),)]
+        offsets = offsets - lo
+        trim = False
     if trim:  # ids outside [0, ns) may be there: sentinel segments take them, then go
         offsets = ops.pad(offsets, n)
+        if kind == "torch" and function.__name__ == "segmented_prod" and x.requires_grad:
+            # (their product's derivative, 0 times the product of the others, would be NaN where
+            # that product overflows: they count as 1 instead, whose derivative is 0)
+            shape = [1] * x.dim()
+            shape[ax] = n
+            x = ops.xp.where(((ids < 0) | (ids >= ns)).reshape(shape), 1.0, x)
     if not positions:  # (argmax and argmin take no out=)
         kwargs["out"] = None if trim else out
     result = function(x, offsets=offsets, axis=ax, check=False, **kwargs)

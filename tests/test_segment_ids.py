@@ -275,6 +275,63 @@ def test_torch_gradients_flow_through_unsorted_ids():
         assert torch.autograd.gradcheck(lambda t, fn=fn: fn(t, segment_ids=ids, num_segments=4), (x,))
 
 
+@pytest.mark.parametrize("name", ["sum", "mean", "max", "min", "prod", *COMPOSED])
+@pytest.mark.parametrize("order", ["sorted", "unsorted"])
+def test_dropped_ids_pass_a_gradient_of_zero(name, order):
+    """Elements whose ids lie outside the range (``check=False``: dropped) get a gradient of 0,
+    and the named segments' elements the float64 reference's, even where the dropped elements'
+    own values would overflow (a product of 1e200s, exp(1000)): the composed functions gave them
+    NaN (their NaN padding, or 0 * inf), the product its 0 times an overflowed product."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(21)
+    ids = rng.integers(-2, 5, 40)
+    if order == "sorted":
+        ids = np.sort(ids)
+    xv = rng.uniform(0.5, 1.5, 40)
+    xv[ids < 0] = 1000.0 if name != "prod" else 1e200
+    xv[ids >= 3] = 1e200 if name == "prod" else 900.0
+    x = torch.tensor(xv, requires_grad=True)
+    w = torch.tensor(rng.normal(size=40))
+    f = getattr(linred, f"segmented_{name}")
+    y = f(x, segment_ids=torch.tensor(ids), num_segments=3, check=False)
+    keep = ~torch.isnan(y)  # (softmax and log_softmax: NaN for the elements of no segment)
+    (gx,) = torch.autograd.grad(torch.where(keep, y, 0.0).mul(w[: y.shape[0]]).sum(), x)
+    inside = (ids >= 0) & (ids < 3)
+    assert (gx.numpy()[~inside] == 0).all()
+    # the reference: the same function of the elements inside only, by their own ids
+    xi = torch.tensor(xv[inside], requires_grad=True)
+    yi = f(xi, segment_ids=torch.tensor(ids[inside]), num_segments=3)
+    if name in ("softmax", "log_softmax"):
+        np.testing.assert_array_equal(np.isnan(y.detach().numpy()), ~inside)
+        (gi,) = torch.autograd.grad(yi.mul(w[:40][torch.tensor(inside)]).sum(), xi)
+    else:
+        (gi,) = torch.autograd.grad(yi.mul(w[:3]).sum(), xi)
+    np.testing.assert_allclose(gx.numpy()[inside], gi.numpy(), rtol=1e-12, atol=1e-15)
+
+
+def test_dropped_ids_do_not_warn_for_their_own_overflow():
+    """Host ids outside the range: their elements are not read, so their own overflow neither
+    warns nor raises under ``np.errstate(over="raise")`` (their sentinel segment's sum did)."""
+    x = np.array([1.0, 2.0, 1e308, 1e308, 4.0])
+    ids = [0, 0, -1, -1, 1]
+    with np.errstate(over="raise"):
+        np.testing.assert_array_equal(linred.segmented_sum(x, segment_ids=ids, num_segments=2, check=False), [3, 4])
+        np.testing.assert_array_equal(linred.segmented_prod(x, segment_ids=ids, num_segments=2, check=False), [2, 4])
+
+
+def test_vmap_of_batched_ids_is_refused():
+    """Ids batched by ``torch.func.vmap`` raise a TypeError that says what is served (an internal
+    "doesn't have storage" error before); ids without the batch dimension are served."""
+    torch = pytest.importorskip("torch")
+    xb = torch.randn(2, 4, dtype=torch.float64)
+    for name in ("sum", "softmax", "argmax"):
+        f = getattr(linred, f"segmented_{name}")
+        with pytest.raises(TypeError, match=r"segment_ids is batched by torch\.func\.vmap"):
+            torch.func.vmap(lambda t, s, f=f: f(t, segment_ids=s, num_segments=2))(xb, torch.tensor([[0, 0, 1, 1]] * 2))
+    got = torch.func.vmap(lambda t: linred.segmented_sum(t, segment_ids=torch.tensor([0, 0, 1, 1]), num_segments=2))(xb)
+    torch.testing.assert_close(got, torch.stack([xb[:, :2].sum(1), xb[:, 2:].sum(1)], 1))
+
+
 def test_jax_arrays_stay_jax():
     jnp = pytest.importorskip("jax.numpy")
     x = np.arange(8.0)
