@@ -122,3 +122,17 @@ def test_racecheck_summary_counts_as_the_error_summary(tool):
     assert tool.parse_log(clean)[0] == 0
     racy = "========= RACECHECK SUMMARY: 3 hazards displayed (1 error, 2 warnings)\n"
     assert tool.parse_log(racy)[0] == 3
+
+
+def test_fuzz_gpu_cpu_mode_finds_nothing_wrong(tmp_path):
+    """tools/fuzz_gpu.py in its host mode for a few seconds: random calls against its float64
+    reference, no failure (exit status 0) and a summary that counts them."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "tools" / "fuzz_gpu.py"
+    out = tmp_path / "fuzz.jsonl"
+    done = subprocess.run([sys.executable, str(script), "--cpu", "--seconds", "4", "--seed", "3", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "fuzz.jsonl.summary.json").read_text())
+    assert summary["cases"] > 20 and summary["failures"] == 0
