@@ -115,3 +115,23 @@ def test_many_short_segments_of_feature_rows_warn_only_for_their_own_sums():
     assert np.isnan(result[5, 2]) and np.isfinite(np.delete(result.ravel(), 5 * 4 + 2)).all()
     assert [(w.category, w.filename) for w in caught] == [(RuntimeWarning, __file__)]
     assert "invalid value" in str(caught[0].message)
+
+
+@pytest.mark.parametrize("L", [4, 12, 100])
+def test_extremes_of_bfloat16_with_a_nan_warn_nothing(L):
+    """A NaN is the maximum and minimum of its segment without a warning, as for NumPy's own
+    floating-point types: ml_dtypes' bfloat16 ``maximum.reduce`` warns "invalid value" where a
+    segment holds one (the plain float32 call does not)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = np.arange(2 * L, dtype=np.float32)
+    x[3] = np.nan
+    xb = x.astype(ml_dtypes.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in ("max", "min"):
+            got = getattr(linred, f"segmented_{name}")(xb, L).astype(np.float32)
+            assert np.isnan(got[0]) and got[1] == (2 * L - 1 if name == "max" else L)
+            got = getattr(linred, f"segmented_{name}")(xb, offsets=[0, 5, 2 * L]).astype(np.float32)
+            assert np.isnan(got[0])
+        for name in ("argmax", "argmin"):
+            np.testing.assert_array_equal(getattr(linred, f"segmented_{name}")(xb, L)[0], 3)
