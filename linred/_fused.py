@@ -78,8 +78,10 @@ class _Call:
     later: dict[str, Any] = field(default_factory=dict)  # the segments of the reductions after the first
     index: Any = None  # element -> segment (int64, on the device), for variable segments
     # the elements whose ids lie outside [0, m) (check=False drops them), shaped to broadcast
-    # against the data; None where none can be
+    # against the data, where autograd records the call; None where none can be (or none is)
     outside: Any = None
+    dropped: bool = False  # whether elements of no segment may be there (they read the pad)
+    pad: float = 0.0  # the per-segment value those elements read (spread): 0 with autograd, else NaN
     repeats: Any = None  # each segment's length instead, for NumPy data with offsets or lengths
     shape: tuple[int, ...] = field(default=())
 
@@ -138,16 +140,23 @@ class _Call:
             self.later = {"segment_ids": self.index, "num_segments": m, "ids_sorted": known}
             if not self.check:
                 # Unchecked ids outside [0, m) name no segment: the reductions drop them (the later
-                # ones keep the ids as given, whose order the caller may have promised).  Their
-                # elements read one more per-segment value, 0 (spread), and are 0 themselves from
-                # here on, so that every step stays finite there and passes them a gradient of 0
-                # (not 0 * inf, nor a NaN); softmax and log_softmax give them NaN (elements).
+                # ones keep the ids as given, whose order the caller may have promised), and their
+                # elements read one more per-segment value (spread).  Without autograd that value
+                # is NaN, which softmax and log_softmax give them.  With autograd it is 0 and the
+                # elements are 0 themselves from here on, so that every step stays finite there and
+                # passes them a gradient of 0 (not 0 * inf, nor a NaN); softmax and log_softmax
+                # then give them NaN through a where (elements).  Host ids are read: nothing of
+                # this where none lies outside.
                 outside = (self.index < 0) | (self.index >= m)
-                self.index = xp.where(outside, m, self.index)
-                shape = [1] * len(self.shape)
-                shape[self.axis] = -1
-                self.outside = outside.reshape(shape)
-                self.x = self.where(~self.outside, self.x, 0.0)
+                if self.device is not None or bool(outside.any()):
+                    self.index = xp.where(outside, m, self.index)
+                    self.pad = 0.0 if self.grad else math.nan
+                    self.dropped = True
+                    if self.grad:
+                        shape = [1] * len(self.shape)
+                        shape[self.axis] = -1
+                        self.outside = outside.reshape(shape)
+                        self.x = self.where(~self.outside, self.x, 0.0)
             return
         if segments.get("offsets") is not None:
             offsets = segments["offsets"]
@@ -177,13 +186,13 @@ class _Call:
         """Per-segment values ``r`` (m along the axis) broadcast against :meth:`view` of the data."""
         if self.length is not None:
             return r.reshape((*r.shape[: self.axis + 1], 1, *r.shape[self.axis + 1 :]))
-        if self.outside is not None:  # (one more value along the axis, 0, for the elements of no segment)
-            pad = list(r.shape)
-            pad[self.axis] = 1
+        if self.dropped:  # (one more value along the axis, for the elements of no segment)
+            shape = list(r.shape)
+            shape[self.axis] = 1
             if self.kind == "torch":
-                r = self.xp.cat((r, self.xp.zeros(pad, dtype=r.dtype, device=r.device)), self.axis)
+                r = self.xp.cat((r, self.xp.full(shape, self.pad, dtype=r.dtype, device=r.device)), self.axis)
             else:
-                r = self.xp.concatenate((r, self.xp.zeros(pad, dtype=r.dtype)), self.axis)
+                r = self.xp.concatenate((r, self.xp.full(shape, self.pad, dtype=r.dtype)), self.axis)
         if self.kind == "torch":
             return self.xp.index_select(r, self.axis, self.index)  # differentiable in r
         if self.repeats is not None:

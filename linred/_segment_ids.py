@@ -18,11 +18,13 @@ once more than the reduction itself).
 
 ``check=True`` reads the ids once (their minimum, maximum and whether they are sorted: one
 synchronization on a GPU) and refuses ids outside ``[0, num_segments)``.  ``check=False``
-reads nothing: sorted ids must then be promised with ``ids_sorted=True`` (otherwise the ids
-are sorted, which is right for any ids), and ids outside ``[0, num_segments)`` are dropped,
-as ``jax.ops.segment_sum`` drops them (two sentinel segments before and after the real
-ones collect them; their results are left out).  Without ``num_segments`` it is found as
-``max(segment_ids) + 1``, which on a GPU is one synchronization even with ``check=False``.
+reads nothing of device ids: sorted ids must then be promised with ``ids_sorted=True``
+(otherwise the ids are sorted, which is right for any ids), and ids outside
+``[0, num_segments)`` are dropped, as ``jax.ops.segment_sum`` drops them (two sentinel segments
+before and after the real ones collect them; their results are left out).  Host ids are
+always read: where some lie outside, only the data between their elements is reduced.
+Without ``num_segments`` it is found as ``max(segment_ids) + 1``, which on a GPU is one
+synchronization even with ``check=False``.
 """
 
 from __future__ import annotations
@@ -105,6 +107,13 @@ class _Ops:
         bad = (ids < 0) | (ids >= num_segments)
         i = int(bad.int().argmax()) if self.kind == "torch" else int(bad.argmax())
         return i, int(ids[i])
+
+
+def _reads_ids(check: bool, device: int | None) -> bool:
+    """Whether a call reads its ids (their minimum, maximum and order): checked calls, and host
+    ids (NumPy's or a CPU tensor's), where reading costs less than a sort; else the caller's
+    word is taken for them."""
+    return bool(check) or device is None
 
 
 def _batched(t: Any) -> bool:
@@ -210,9 +219,11 @@ def _by_ids(
     if ids.shape[0] != n:
         raise ValueError(f"segment_ids must have one id per element along axis {ax} ({n}); got {ids.shape[0]}")
 
-    # What is known of the ids: read them (check=True, or host ids, NumPy's or a CPU tensor's,
-    # where reading is cheap next to a sort), or take the caller's word for it.
-    known = n > 0 and (check or device is None)
+    if kind == "torch" and out is not None and x.requires_grad and ops.xp.is_grad_enabled():
+        # (as the functions refuse it: the reduction below may compute aside and copy into out)
+        raise TypeError("out= and stream= are not supported for a tensor that requires grad: the result is a new "
+                        "tensor on the current stream")  # fmt: skip
+    known = n > 0 and _reads_ids(check, device)
     lo, hi, is_sorted = ops.summary(ids) if known else (0, -1, n == 0 or ids_sorted is True)
     if ns is None:
         ns = hi + 1 if known else (int(ids.max()) + 1 if n else 0)  # (a read back on a device)
@@ -233,13 +244,14 @@ def _by_ids(
         # Ids read (on the host) that lie outside [0, ns): in the ids' order their elements come
         # before offsets[0] and from offsets[ns] on, and the data between is reduced alone (none
         # of theirs is read: no overflow of theirs warns, no gradient of theirs is computed).
-        lo, hi = int(offsets[0]), int(offsets[-1])
-        x = x[(slice(None),) * ax + (slice(lo, hi),)]
-        offsets = offsets - lo
+        first, end = int(offsets[0]), int(offsets[-1])
+        x = x[(slice(None),) * ax + (slice(first, end),)]
+        offsets = offsets - first
         trim = False
     if trim:  # ids outside [0, ns) may be there: sentinel segments take them, then go
         offsets = ops.pad(offsets, n)
-        if kind == "torch" and function.__name__ == "segmented_prod" and x.requires_grad:
+        grad = kind == "torch" and x.requires_grad and ops.xp.is_grad_enabled()
+        if grad and function.__name__ == "segmented_prod":
             # (their product's derivative, 0 times the product of the others, would be NaN where
             # that product overflows: they count as 1 instead, whose derivative is 0)
             shape = [1] * x.dim()

@@ -309,6 +309,26 @@ def test_dropped_ids_pass_a_gradient_of_zero(name, order):
     np.testing.assert_allclose(gx.numpy()[inside], gi.numpy(), rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.parametrize("reads", [True, False])
+def test_dropped_ids_of_a_product_pass_a_gradient_of_zero_on_both_paths(monkeypatch, reads):
+    """The product's gradient where the dropped elements' own product overflows, through the
+    path of host ids (the data between them alone) and through that of unread (device) ids,
+    forced here on CPU tensors (sentinel segments, the dropped counted as 1); and an ``out=``
+    with a tensor that requires grad is refused on both, as by the functions."""
+    torch = pytest.importorskip("torch")
+    from linred import _segment_ids
+
+    monkeypatch.setattr(_segment_ids, "_reads_ids", lambda check, device: reads and (check or device is None))
+    x = torch.tensor([1e200, 2.0, 3.0, 1e200, 4.0, 1e200], dtype=torch.float64, requires_grad=True)
+    ids = torch.tensor([-1, 0, 0, 5, 1, -3])
+    y = linred.segmented_prod(x, segment_ids=ids, num_segments=2, check=False)
+    np.testing.assert_array_equal(y.detach().numpy(), [6.0, 4.0])
+    (gx,) = torch.autograd.grad(y.sum(), x)
+    np.testing.assert_array_equal(gx.numpy(), [0.0, 3.0, 2.0, 0.0, 1.0, 0.0])
+    with pytest.raises(TypeError, match="not supported for a tensor that requires grad"):
+        linred.segmented_sum(x, segment_ids=ids, num_segments=2, check=False, out=torch.empty(2, dtype=torch.float64))
+
+
 def test_dropped_ids_do_not_warn_for_their_own_overflow():
     """Host ids outside the range: their elements are not read, so their own overflow neither
     warns nor raises under ``np.errstate(over="raise")`` (their sentinel segment's sum did)."""
@@ -374,7 +394,8 @@ def test_device_ids_with_check_false_and_num_segments_do_not_synchronize(sorted_
 
 @pytest.mark.parametrize("check", [True, False])
 def test_out_is_checked_on_every_path(array_kind, check):
-    """The trimmed (check=False) and unsorted paths copy into out: it must be what the call accepts."""
+    """Every path checks out as the call would (the sentinel segments of unchecked device ids and
+    the unsorted path compute aside and copy into it; host ids with dropped ones reduce into it)."""
     x = to_kind(np.arange(6.0), array_kind)
     ids = to_kind(np.array([1, 0, 1, 2, 0, 1]), array_kind)
     with pytest.raises(ValueError, match="out must have dtype float64; got float32"):
