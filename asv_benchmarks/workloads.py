@@ -397,10 +397,12 @@ class GpuWindows(_Windows):
 
 # ---------------------------------------------------------------- graph attention (segment softmax)
 
-#: (E edge scores, heads, destination nodes): edges sorted by destination, random in-degrees
+#: (E edge scores, heads, destination nodes, the in-degree of one hub node, 0 for none): edges
+#: sorted by destination, random in-degrees; a power-law graph's hub takes 7.5% of the edges
 ATTENTION_SIZES = {
-    "E=2M heads=8 nodes=62k": (2_000_000, 8, 62_500),
-    "E=64M heads=1 nodes=262k": (1 << 26, 1, 1 << 18),
+    "E=2M heads=8 nodes=62k": (2_000_000, 8, 62_500, 0),
+    "E=64M heads=1 nodes=262k": (1 << 26, 1, 1 << 18, 0),
+    "E=4M heads=1 nodes=250k hub=300k": (4_000_000, 1, 250_000, 300_000),
 }
 ATTENTION_METHODS = ["linred-auto", "linred-nocheck", "torch-segment_reduce", "torch-scatter_reduce"]
 
@@ -414,11 +416,17 @@ class _Attention(_Workload):
 
     def build(self, method: str, size: str, reduction: str) -> tuple[Any, ...]:
         torch, device = self.torch, self.device
-        e, heads, nodes = ATTENTION_SIZES[size]
+        e, heads, nodes, hub = ATTENTION_SIZES[size]
         e_capped = _shrink(e, heads, self.cap)
-        e, nodes = e_capped, max(1, min(e_capped - 1, round(nodes * e_capped / e)))  # the same mean in-degree
+        hub = hub * e_capped // e  # (the same share of the edges)
+        e, nodes = e_capped, max(2, min(e_capped - 1, round(nodes * e_capped / e)))  # the same mean in-degree
         gen = torch.Generator(device=device).manual_seed(e + heads + nodes)
-        ptr = _random_ptr(torch, e, nodes, gen, device)
+        if hub:  # (the other nodes' edges, and the hub's in the middle of them)
+            ptr = _random_ptr(torch, e - hub, nodes - 1, gen, device)
+            middle = (nodes - 1) // 2
+            ptr = torch.cat([ptr[: middle + 1], ptr[middle:] + hub])
+        else:
+            ptr = _random_ptr(torch, e, nodes, gen, device)
         counts, batch = _batch(torch, ptr)
         scores = torch.randn(e, heads, generator=gen, device=device) * 3
         per_edge = reduction == "softmax"
