@@ -276,7 +276,8 @@ def _finalize_task(partials: Any, params: np.ndarray, carried: Any = None, *, re
     if cut:
         own = own.copy()  # (the partials are another task's result: never written in place)
         last = _index(axis, slice(-1, None))
-        own[last] = _COMBINE[_PARTIAL[reduction]](own[last], carried)
+        with np.errstate(invalid="ignore"):  # (ml_dtypes' bfloat16 maximum of a NaN warns; NumPy's floats do not)
+            own[last] = _COMBINE[_PARTIAL[reduction]](own[last], carried)
     count = own.shape[axis]
     lengths = params[2:] if segment_length is None else np.full(count, segment_length, dtype=np.int64)
     shape = [1] * own.ndim
@@ -293,6 +294,11 @@ def _finalize_task(partials: Any, params: np.ndarray, carried: Any = None, *, re
             else:
                 own = own / den
     result = own.astype(out_dtype, copy=False)
+    if reduction == "mean" and result.dtype.kind == "c" and not lengths.all():
+        # (an empty segment's mean is NaN, nan+0j for complex as the functions give it: 0/0 made
+        # the imaginary part NaN too)
+        result = xp.where(xp.asarray((lengths == 0).reshape(shape)), complex(math.nan, 0.0), result)
+        result = result.astype(out_dtype, copy=False)
     if reduction in ("max", "min") and not lengths.all():
         # An empty piece holds the identity of the data's dtype; the empty segment's value is that
         # of the result's dtype (they differ for dtype=float64 of int32 data).

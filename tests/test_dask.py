@@ -900,3 +900,28 @@ def test_composed_functions_of_cupy_chunks(name):
     assert isinstance(result, cupy.ndarray)
     want = getattr(linred, f"segmented_{name}")(x, offsets=offsets)
     np.testing.assert_allclose(cupy.asnumpy(result), want, rtol=2e-5, atol=2e-5)
+
+
+def test_bfloat16_extremes_of_cut_segments_warn_nothing():
+    """The pieces of a segment that chunks cut are joined by np.maximum / np.minimum, which warn
+    "invalid value" for ml_dtypes' bfloat16 NaN (NumPy's own floats do not): no warning, the NaN."""
+    import warnings
+
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = np.array([1, np.nan, 2, 3], dtype=ml_dtypes.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in ("max", "min"):
+            got = getattr(linred, f"segmented_{name}")(da.from_array(x, chunks=1), 4).compute()
+            assert np.isnan(got.astype(np.float32)).all()
+
+
+def test_empty_complex_means_are_nan_plus_0j():
+    """An empty segment's complex mean is nan+0j, as the functions give it for NumPy arrays (the
+    chunks' finalizing 0/0 made it nan+nanj)."""
+    x = np.array([1 + 2j, 3 + 4j])
+    want = linred.segmented_mean(x, lengths=[0, 2, 0])
+    got = linred.segmented_mean(da.from_array(x, chunks=1), lengths=[0, 2, 0]).compute()
+    np.testing.assert_array_equal(got.real, want.real)
+    np.testing.assert_array_equal(got.imag, want.imag)
+    assert np.isnan(got.real[[0, 2]]).all() and (got.imag[[0, 2]] == 0).all()
