@@ -80,8 +80,9 @@ class _Call:
     # the elements whose ids lie outside [0, m) (check=False drops them), shaped to broadcast
     # against the data, where autograd records the call; None where none can be (or none is)
     outside: Any = None
-    dropped: bool = False  # whether elements of no segment may be there (they read the pad)
-    pad: float = 0.0  # the per-segment value those elements read (spread): 0 with autograd, else NaN
+    # whether elements of no segment may be there: they read one more per-segment value (spread),
+    # 0 where autograd records the call, else NaN
+    dropped: bool = False
     repeats: Any = None  # each segment's length instead, for NumPy data with offsets or lengths
     shape: tuple[int, ...] = field(default=())
 
@@ -150,7 +151,6 @@ class _Call:
                 outside = (self.index < 0) | (self.index >= m)
                 if self.device is not None or bool(outside.any()):
                     self.index = xp.where(outside, m, self.index)
-                    self.pad = 0.0 if self.grad else math.nan
                     self.dropped = True
                     if self.grad:
                         shape = [1] * len(self.shape)
@@ -189,10 +189,11 @@ class _Call:
         if self.dropped:  # (one more value along the axis, for the elements of no segment)
             shape = list(r.shape)
             shape[self.axis] = 1
+            pad = 0.0 if self.grad else math.nan
             if self.kind == "torch":
-                r = self.xp.cat((r, self.xp.full(shape, self.pad, dtype=r.dtype, device=r.device)), self.axis)
+                r = self.xp.cat((r, self.xp.full(shape, pad, dtype=r.dtype, device=r.device)), self.axis)
             else:
-                r = self.xp.concatenate((r, self.xp.full(shape, self.pad, dtype=r.dtype)), self.axis)
+                r = self.xp.concatenate((r, self.xp.full(shape, pad, dtype=r.dtype)), self.axis)
         if self.kind == "torch":
             return self.xp.index_select(r, self.axis, self.index)  # differentiable in r
         if self.repeats is not None:
