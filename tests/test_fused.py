@@ -466,6 +466,21 @@ def test_std_gradient_of_a_zero_variance_segment_is_zero():
     torch.testing.assert_close(g, torch.tensor([0.0, 0.0, -0.5, 0.5, 0.0], dtype=torch.float64))
 
 
+def _reference_backward(name: str, x: Any, g: Any, bounds: np.ndarray, ddof: float, batch: bool,
+                        shape: tuple[int, ...]) -> np.ndarray:  # fmt: skip
+    """:func:`_reference_gradient` of tensors ``x`` (the values as rounded to their dtype) and
+    ``g``: one row, or with ``batch`` each row of the first axis; a column where a row is 1-D;
+    shaped ``shape``."""
+    xs, gs = x.detach().double().cpu().numpy(), g.double().cpu().numpy()
+    rows = list(zip(xs, gs, strict=True)) if batch else [(xs, gs)]
+
+    def column(a: np.ndarray) -> np.ndarray:
+        return a if a.ndim == 2 else a.reshape(-1, 1)
+
+    parts = [_reference_gradient(name, column(a), bounds.tolist(), column(b), ddof) for a, b in rows]
+    return np.stack(parts).reshape(shape)
+
+
 def _reference_gradient(name: str, x: np.ndarray, bounds: list[int], g: np.ndarray, ddof: float) -> np.ndarray:
     """The derivative of ``name`` of the (n, d) rows ``x`` in the segments ``bounds`` (offsets)
     along axis 0, applied to ``g`` (shaped like the result), in float64 NumPy, segment by segment."""
@@ -672,11 +687,7 @@ def test_gpu_backward_kernel(name, features, spec, dtype, group, monkeypatch):
         _check_like_composed(got, other, tol)
         if special:
             continue
-        xs = x.detach().double().cpu().numpy()  # (the values as rounded to the dtype)
-        gs = g.double().cpu().numpy()
-        rows = [(xs, gs)] if spec != "batch" else list(zip(xs, gs, strict=True))
-        expected = np.stack([_reference_gradient(name, a, bounds.tolist(), b, ddof) for a, b in rows])
-        expected = expected.reshape(got.shape)
+        expected = _reference_backward(name, x, g, bounds, ddof, spec == "batch", got.shape)
         np.testing.assert_allclose(got, expected, rtol=tol, atol=tol * (1 + np.abs(expected).max()))
 
 
@@ -729,12 +740,7 @@ def test_gpu_backward_from_parts(name, spec, dtype, monkeypatch):
         _check_like_composed(got, other, tol)
         if special:
             continue
-        xs = x.detach().double().cpu().numpy()  # (the values as rounded to the dtype)
-        gs = g.double().cpu().numpy()
-        rows = [(xs.reshape(-1, 1), gs.reshape(-1, 1))] if spec != "batch" else [
-            (a[:, None], b[:, None]) for a, b in zip(xs, gs, strict=True)]  # fmt: skip
-        expected = np.stack([_reference_gradient(name, a, bounds.tolist(), b, ddof) for a, b in rows])
-        expected = expected.reshape(got.shape)
+        expected = _reference_backward(name, x, g, bounds, ddof, spec == "batch", got.shape)
         np.testing.assert_allclose(got, expected, rtol=tol, atol=tol * (1 + np.abs(expected).max()))
 
 
