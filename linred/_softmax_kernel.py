@@ -496,6 +496,13 @@ def _pairs(name: str, x: Any, out: Any, adapter: Any, group: int, width: int, ba
     return name in PER_SEGMENT or adapter.pointer(out) % (2 * out.dtype.itemsize) == 0
 
 
+def _accumulator(name: str, compute: str) -> str:
+    """The C type the kernels of ``name`` accumulate in for a computation in ``compute``: double
+    for var and std, float for 16-bit computations, else ``compute``'s (the workers' kernel and
+    linred_softmax_long, which reads the segments it listed, alike)."""
+    return CTYPES["float64" if name in VARIANCE else "float32" if compute in HALF else compute]
+
+
 def wrapper(name: str, data: str, compute: str, result: str, group: int, width: int, pairs: int,
             index: str | None, lists: bool = False) -> str:  # fmt: skip
     """The kernel's source for ``name`` of ``data`` (dtype names) computed in ``compute``, giving
@@ -503,8 +510,7 @@ def wrapper(name: str, data: str, compute: str, result: str, group: int, width: 
     reads at once (1, or 2: pairs of 16-bit rows), and offsets of dtype ``index`` (None: a fixed
     length)."""
     ctype, bounds = _offsets_arguments(index)
-    t, o = CTYPES[data], CTYPES[result]
-    a = CTYPES["float64" if name in VARIANCE else "float32" if compute in HALF else compute]
+    t, o, a = CTYPES[data], CTYPES[result], _accumulator(name, compute)
     return (
         f'#include "softmax.cuh"\n'
         f"LINRED_SOFTMAX({t}, {a}, {o}, {MODES[name]}, {group}, {width}, {pairs}, {str(lists).lower()}, {THREADS}, "
@@ -593,8 +599,7 @@ def _compile_long(key: tuple[Any, ...]) -> PackedLaunch:
     """This thread's launch of linred_softmax_long for ``key`` (device, function, data dtype,
     compute and result dtypes, DW: the workers' kernel's features a step), compiled and kept."""
     _, device, name, x_dtype, compute, result, width = key
-    t, o = CTYPES[dtype_name(x_dtype)], CTYPES[result]
-    a = CTYPES["float64" if name in VARIANCE else "float32" if compute in HALF else compute]
+    t, o, a = CTYPES[dtype_name(x_dtype)], CTYPES[result], _accumulator(name, compute)
     source = f'#include "softmax.cuh"\nLINRED_SOFTMAX_LONG({t}, {a}, {o}, {MODES[name]}, {width}, {LONG_THREADS})\n'
     return thread_launch(_local, key, device, source, "linred_softmax_long", 7)
 
