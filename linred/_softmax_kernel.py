@@ -575,10 +575,11 @@ class _LongList:
         self.ops = ops
 
 
-def _long_list(adapter: Any, device: int, stream: int) -> _LongList | None:
+def _long_list(adapter: Any, device: int, stream: int, checked: bool) -> _LongList | None:
     """This thread's list for ``device`` and the array library of ``adapter``, or None where
     ``stream`` is being captured into a CUDA graph (its very long segments are read by their
-    warps)."""
+    warps).  A ``checked`` call is not asked (a driver call): it waits for its kernel, which no
+    capture allows, and was refused in one when its offsets were parsed."""
     lists = getattr(_local, "longs", None)
     if lists is None:
         lists = _local.longs = {}
@@ -587,10 +588,10 @@ def _long_list(adapter: Any, device: int, stream: int) -> _LongList | None:
     if found is None:
         from linred.backends._device import ops_for
 
-        if ops_for(adapter.kind, device).capturing(stream):
+        if not checked and ops_for(adapter.kind, device).capturing(stream):
             return None
         found = lists[key] = _LongList(adapter, device, stream)
-    elif found.ops.capturing(stream):
+    elif not checked and found.ops.capturing(stream):
         return None
     return found
 
@@ -629,20 +630,26 @@ def _launch_pair(lists: str, listed: _LongList, launch: PackedLaunch, first: tup
     if lists == NOTED:
         _device_checks.clear_note()
     listed.order.begin(stream)
+    second_launched = True  # (or an error: the next call is ordered after what this one enqueued)
     try:
         launch(stream, grid, THREADS, 0, *first)
         passed = lists == ALWAYS or adapter.check_passed(stream, device)
-        if lists == ALWAYS or _device_checks.noted():
+        second_launched = lists == ALWAYS or _device_checks.noted()
+        if second_launched:
             if passed:  # (a block a listed segment; none listed: every block returns at once)
                 long_launch(stream, multiprocessors(device), LONG_THREADS, 0, *second)
                 _local.listed = lists == NOTED
             else:  # (offsets that break the rules: the list emptied, the call raises)
                 adapter.fill(listed.buffer, 0, stream)
     except BaseException:
+        second_launched = True
         adapter.fill(listed.buffer, 0, stream)
         raise
     finally:
-        listed.order.end(stream, capturing=False)
+        if second_launched:
+            listed.order.end(stream, capturing=False)
+        else:  # a checked call that listed nothing: the host waited for its one kernel
+            listed.order.idle()
     return passed
 
 
@@ -695,7 +702,7 @@ def run(
         # (the key is made of cheap values: the kernel's C source is built only to compile it)
         # (the list, where the call lists: none where the stream is being captured)
         lists = _lists(name, n, batch * n * features, group, features, bool(word))
-        listed = _long_list(adapter, device, stream) if lists else None
+        listed = _long_list(adapter, device, stream, lists == NOTED) if lists else None
         key = (device, name, x.dtype, compute, result, group, width, pairs, index_dtype, listed is not None)
         launch = getattr(_local, "launches", _NONE).get(key)
         if launch is None:

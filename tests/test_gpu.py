@@ -471,3 +471,49 @@ def test_feature_rows_at_a_misaligned_address(kind, spec, where):
     kwargs = {"offsets": to_kind(off, kind)} if spec == "offsets" else {"segment_length": L}
     got = linred.segmented_sum(x, backend="nvrtc", out=out, **kwargs)
     np.testing.assert_allclose(to_numpy(got).astype(np.float64), want, rtol=1e-5, atol=1e-4)
+
+
+def _poison_pool(kind: str, sizes: set[int]) -> None:
+    """Leave blocks of ``sizes`` bytes, filled with NaN, free in the array library's pool: the
+    next allocations of those sizes on this stream get them back (the caching allocators reuse a
+    freed block of the same rounded size first)."""
+    blocks = []
+    for nbytes in sizes:
+        for _ in range(4):
+            if kind == "cupy":
+                blocks.append(cupy.full(-(-nbytes // 4), np.nan, dtype=cupy.float32))
+            else:
+                blocks.append(torch.full((-(-nbytes // 4),), float("nan"), device="cuda"))
+    del blocks  # (freed in the order they were made, on the current stream)
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("backend", GPU_BACKEND_PARAMS)
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("how", ["fixed", "offsets", "offsets unchecked"])
+@pytest.mark.parametrize(("dtype", "shape"), [("float32", (1, 997, 1)), ("float32", (3, 997, 1)),
+                                              ("float32", (3, 997, 4)), ("float16", (3, 997, 1)),
+                                              ("float64", (2, 997, 3))])  # fmt: skip
+def test_result_does_not_depend_on_the_memory_it_lands_in(kind, backend, reduction, how, dtype, shape, rng):
+    """BLAS's rule, beta = 0: the result (and any buffer a backend sums into) need not hold
+    anything before the call.  A library that computes beta * C there turns a NaN left in the
+    pool by an earlier array into a NaN result (0 * NaN); so the call runs right after the pool's
+    blocks of its sizes were filled with NaN and freed."""
+    x_np = rng.standard_normal(shape).astype(dtype)
+    lengths = [0, 5, 300, 0, 1, 64, 2, 600, 25]  # sums to 997
+    if how == "fixed":
+        x_np = x_np[:, :990]
+        spec, segments = {"segment_length": 9}, segment_bounds(990, segment_length=9)
+    else:
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        spec, segments = {"offsets": to_kind(offsets, kind)}, segment_bounds(997, offsets=offsets)
+    x = to_kind(x_np, kind)
+    fn = FUNCTIONS[reduction]
+    check = how != "offsets unchecked"
+    run_or_refused(fn, x, **spec, axis=1, check=check, backend=backend)  # (the plan made)
+    m = len(segments)
+    sizes = {shape[0] * m * shape[2] * s for s in (2, 4, 8)}
+    for _ in range(3):
+        _poison_pool(kind, sizes)
+        got = fn(x, **spec, axis=1, check=check, backend=backend)
+        assert_reduction(got, reduction, x_np, segments=segments, axis=1, like=x)

@@ -225,7 +225,6 @@ class CupyOps(_DriverOrdering):
     @staticmethod
     def copy(dst: Any, src: Any) -> None:
         dst[...] = src
-
     @staticmethod
     def cast(dst: Any, src: Any) -> None:
         """``dst[...] = src`` converting the dtype (rounded to nearest)."""
@@ -295,7 +294,6 @@ class TorchOps(_DriverOrdering):
     @staticmethod
     def copy(dst: Any, src: Any) -> None:
         dst.copy_(src)
-
     @staticmethod
     def cast(dst: Any, src: Any) -> None:
         dst.copy_(src)
@@ -407,6 +405,12 @@ class StreamOrder:
         else:
             self._ops.record(self._event, stream)
             self._last = stream
+
+    def idle(self) -> None:
+        """After a call on a stream the host has waited for since :meth:`begin`: that call's work
+        is done, and so is any earlier call's it waited for, so a later call waits for nothing
+        (and no event is recorded: a driver call saved)."""
+        self._last = None
 
     def wait_idle(self) -> None:
         """Block until the last call's work is done: its buffers may then be released to any stream."""
