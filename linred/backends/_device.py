@@ -225,6 +225,7 @@ class CupyOps(_DriverOrdering):
     @staticmethod
     def copy(dst: Any, src: Any) -> None:
         dst[...] = src
+
     @staticmethod
     def cast(dst: Any, src: Any) -> None:
         """``dst[...] = src`` converting the dtype (rounded to nearest)."""
@@ -294,6 +295,7 @@ class TorchOps(_DriverOrdering):
     @staticmethod
     def copy(dst: Any, src: Any) -> None:
         dst.copy_(src)
+
     @staticmethod
     def cast(dst: Any, src: Any) -> None:
         dst.copy_(src)

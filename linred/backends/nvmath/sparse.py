@@ -6,8 +6,11 @@ offsets, ``indices = arange(n)`` and ``data = ones(n)``.  ``indices`` and ``data
 depend on ``n`` alone and are built once per executor (``n`` elements each:
 memory that a cached plan keeps); ``indptr`` is each call's offsets (converted
 when their dtype is not the index dtype, int32 for ``n < 2^31`` and int64
-beyond, or when they are strided).  A batch (``axis > 0``) is one batched SpMM
-with ``S`` broadcast, or one SpMM per batch slice (the nvmath option ``batch_strategy``).
+beyond, or when they are strided).  A batch (``axis > 0``) is one SpMM (a batch of
+vectors: the columns of one column-major matrix, whose leading dimension is the batch
+stride; a batch of feature rows: a strided-batch SpMM with ``S`` broadcast), or one SpMM per
+batch slice (the nvmath option ``batch_strategy``).  See :data:`SPMM_ALG_COLUMNS` for the
+algorithm of several columns.
 
 cuSPARSE is driven directly: the descriptors are made on the first call and
 only their pointers are rebound afterwards, whatever the array library (CuPy
@@ -54,6 +57,16 @@ DATA_TYPE = {
     "float32": CudaDataType.CUDA_R_32F,
     "float64": CudaDataType.CUDA_R_64F,
 }
+#: the SpMM algorithm (``cusparseSpMMAlg_t``) of a vector's sums and of feature rows' (one
+#: dense column, or row-major columns), and of a batch of vectors (the columns of one
+#: column-major matrix).  The default algorithm (and CSR_ALG1, CSR_ALG3) of several
+#: column-major columns gave NaN as the last segment's sum of a column whose first element
+#: was NaN or infinite (on an H200, CUDA 13: lanes past the last row's end read the column's
+#: first element and multiply it by 0); CSR_ALG2 gave the right sums in every case tried.
+SPMM_ALG = cusparse.SpMMAlg.DEFAULT
+SPMM_ALG_COLUMNS = cusparse.SpMMAlg.CSR_ALG2
+#: a batch of at most this many vectors is one SpMM per vector (the default algorithm)
+LOOP_VECTORS = 8
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 INDEX_TYPE = {"int32": cusparse.IndexType.INDEX_32I, "int64": cusparse.IndexType.INDEX_64I}
 
@@ -112,7 +125,11 @@ class SparseExecutor:
         strides = sparse_dense_strides(problem)
         assert not isinstance(strides, str), strides
         self._row_stride = strides[0]
-        self._loop = self._batch > 1 and batch_strategy == "loop"
+        # (a few vectors: one SpMM each beats one of several columns, which needs CSR_ALG2; see
+        # SPMM_ALG_COLUMNS: 2 float64 vectors of 16M values 314 against 950 us on an H200, 8 of
+        # 4M 397 against 383)
+        B, D = self._batch, self._features
+        self._loop = B > 1 and (batch_strategy == "loop" or (D == 1 and B <= LOOP_VECTORS))
         self._batch_stride = problem.strides[0]
         # a batch slice's step in bytes, for the per-slice loop
         self._x_step = self._batch_stride * ITEMSIZE[self._dtype]
@@ -125,6 +142,7 @@ class SparseExecutor:
         self._device = problem.device
         self._handle = 0
         self._descriptors: dict[str, int] = {}
+        self._algorithm = SPMM_ALG
         # an executor dropped without free() (an evicted plan) still destroys its descriptors
         self._finalizer = weakref.finalize(self, _destroy, cusparse, self._descriptors)
         self._finalizer.atexit = False
@@ -155,13 +173,16 @@ class SparseExecutor:
             cusparse.IndexBase.ZERO,
             DATA_TYPE[self._dtype],
         )
-        if D == 1:  # vectors, column-major
-            d["b"] = cusparse.create_dn_mat(n, 1, n, x, DATA_TYPE[self._dtype], cusparse.Order.COL)
-            d["c"] = cusparse.create_dn_mat(m, 1, m, sums, DATA_TYPE[self._sums_dtype], cusparse.Order.COL)
+        if D == 1:  # vectors, column-major: a batch of them is the columns of one matrix
+            cols, ld = (1, n) if self._loop or B == 1 else (B, max(n, self._batch_stride))
+            if cols > 1:
+                self._algorithm = SPMM_ALG_COLUMNS
+            d["b"] = cusparse.create_dn_mat(n, cols, ld, x, DATA_TYPE[self._dtype], cusparse.Order.COL)
+            d["c"] = cusparse.create_dn_mat(m, cols, m, sums, DATA_TYPE[self._sums_dtype], cusparse.Order.COL)
         else:  # row-major: unit stride along the features, the result C-contiguous
             d["b"] = cusparse.create_dn_mat(n, D, self._row_stride, x, DATA_TYPE[self._dtype], cusparse.Order.ROW)
             d["c"] = cusparse.create_dn_mat(m, D, D, sums, DATA_TYPE[self._sums_dtype], cusparse.Order.ROW)
-        if B > 1 and not self._loop:
+        if B > 1 and D > 1 and not self._loop:
             cusparse.csr_set_strided_batch(d["a"], B, 0, 0)  # S broadcast over the batch
             cusparse.dn_mat_set_strided_batch(d["b"], B, self._batch_stride)
             cusparse.dn_mat_set_strided_batch(d["c"], B, m * D)
@@ -196,7 +217,7 @@ class SparseExecutor:
             self._beta.ctypes.data,
             d["c"],
             self._compute,
-            cusparse.SpMMAlg.DEFAULT,
+            self._algorithm,
         )
 
     def _multiply(self, indptr: int, x: int, sums: int, stream: int) -> None:
