@@ -864,6 +864,16 @@ def make_values(c, lengths, rng):
             sl = [slice(None)] * len(shape)
             sl[ax] = slice(lo, min(hi, shape[ax]))
             v[tuple(sl)] = -np.inf
+        # A batch slice's (or a feature column's) first row: lanes of a library kernel past a
+        # segment's end may read it and multiply it by 0 (cuSPARSE's SpMM of several columns did).
+        # Its own generator: the main one's draws, and the replays of earlier failures, unchanged.
+        extra = np.random.default_rng([c["seed"], c["index"], 1])
+        if shape[c["axis"] % len(shape)] and extra.random() < 0.4:
+            ax = c["axis"] % len(shape)
+            B, D = int(np.prod(shape[:ax])), int(np.prod(shape[ax + 1 :]))
+            v3 = v.reshape(B, shape[ax], D)
+            special = extra.choice(np.array([np.nan, np.inf, -np.inf]))
+            v3[int(extra.integers(0, B)), 0, int(extra.integers(0, D))] = special
     return v
 
 
