@@ -578,8 +578,10 @@ class _LongList:
 def _long_list(adapter: Any, device: int, stream: int, checked: bool) -> _LongList | None:
     """This thread's list for ``device`` and the array library of ``adapter``, or None where
     ``stream`` is being captured into a CUDA graph (its very long segments are read by their
-    warps).  A ``checked`` call is not asked (a driver call): it waits for its kernel, which no
-    capture allows, and was refused in one when its offsets were parsed."""
+    warps).  A ``checked`` call is asked only where it makes the list (once a thread and device:
+    a list made inside a capture would come from the graph's memory, its zero-fill only
+    captured); later it is not (a driver call): it waits for its kernel, which no capture
+    allows, and was refused in one when its offsets were parsed."""
     lists = getattr(_local, "longs", None)
     if lists is None:
         lists = _local.longs = {}
@@ -588,7 +590,7 @@ def _long_list(adapter: Any, device: int, stream: int, checked: bool) -> _LongLi
     if found is None:
         from linred.backends._device import ops_for
 
-        if not checked and ops_for(adapter.kind, device).capturing(stream):
+        if ops_for(adapter.kind, device).capturing(stream):
             return None
         found = lists[key] = _LongList(adapter, device, stream)
     elif not checked and found.ops.capturing(stream):

@@ -749,6 +749,7 @@ class FakeCusparse:
 
     def sp_mm_buffer_size(self, handle, op_a, op_b, alpha, a, b, beta, c, compute, alg):
         self._check(handle, op_a, op_b, a, b, c, compute)
+        self.objects[c]["alg"] = alg  # (the workspace is sized for the algorithm that runs)
         return 64
 
     def _matrix(self, d: dict, batch: int) -> np.ndarray:
@@ -762,6 +763,7 @@ class FakeCusparse:
 
     def sp_mm(self, handle, op_a, op_b, alpha, a, b, beta, c, compute, alg, workspace):
         A, B, C = self._check(handle, op_a, op_b, a, b, c, compute)
+        assert C["alg"] == alg, "the workspace was sized for another algorithm"
         scalar = self.dtype(compute)
         assert host_array(alpha, scalar, 1)[0] == 1 and host_array(beta, scalar, 1)[0] == 0
         assert workspace != 0
@@ -776,7 +778,10 @@ class FakeCusparse:
             lo, hi = indptr[i], indptr[i + 1]
             row = (values[lo:hi, None] * data[:, indices[lo:hi], :]).sum(axis=1)
             result[:, i, :] = row.astype(C["dtype"])
-        self.products.append({"c_dtype": np.dtype(C["dtype"]), "c_ptr": C["ptr"], "batch": batch})
+        self.products.append(
+            {"c_dtype": np.dtype(C["dtype"]), "c_ptr": C["ptr"], "batch": batch, "alg": alg, "columns": B["cols"],
+             "order": B["order"]}
+        )  # fmt: skip
 
 
 @pytest.fixture
@@ -839,11 +844,13 @@ OFFSETS_24 = [0, 0, 5, 5, 13, 24, 24]
 @pytest.mark.parametrize("offsets_dtype", ["int32", "int64"])
 def test_simulated_sparse(simulated_sparse, configure_nvmath, strategy, dtype, reduction, offsets_dtype, rng):
     from linred.backends.nvmath import BACKEND
+    from linred.backends.nvmath.sparse import LOOP_VECTORS, SPMM_ALG, SPMM_ALG_COLUMNS
     from linred.segments import VariableSegments
 
     configure_nvmath(batch_strategy=strategy)
     half = dtype in ("float16", "bfloat16")
-    for B, D in ((1, 1), (2, 1), (1, 3), (2, 3)):
+    cases = ((1, 1), (2, 1), (1, 3), (2, 3), (LOOP_VECTORS + 4, 1))
+    for B, D in cases:
         x_np = data("float32" if half else dtype, (B, 24, D), rng)
         x = torch.from_numpy(x_np).to(getattr(torch, dtype))
         executor = BACKEND.plan(sparse_problem(x, reduction, offsets_dtype))
@@ -861,8 +868,16 @@ def test_simulated_sparse(simulated_sparse, configure_nvmath, strategy, dtype, r
         executor.free()
     left = [o["kind"] for o in simulated_sparse.objects.values()]
     assert left == ["handle"], f"free() left cuSPARSE objects behind: {left}"
-    launches = {1: 1, 2: 2 if strategy == "loop" else 1}
-    assert len(simulated_sparse.products) == 2 * sum(launches[B] for B in (1, 2, 1, 2))
+    # One product per batch slice where the executor loops (the loop strategy, or a few vectors:
+    # complex data is two real columns), else one; several vectors' columns take CSR_ALG2.
+    vectors = not dtype.startswith("complex")
+    loops = [B > 1 and (strategy == "loop" or (vectors and D == 1 and B <= LOOP_VECTORS)) for B, D in cases]
+    launches = sum(B if loop else 1 for (B, _), loop in zip(cases, loops, strict=True))
+    assert len(simulated_sparse.products) == 2 * launches
+    for p in simulated_sparse.products:
+        several = p["columns"] > 1 and p["order"] == simulated_sparse.Order.COL
+        assert p["alg"] == (SPMM_ALG_COLUMNS if several else SPMM_ALG), p
+    assert any(p["alg"] == SPMM_ALG_COLUMNS for p in simulated_sparse.products) == (strategy == "batched" and vectors)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

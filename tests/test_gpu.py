@@ -523,7 +523,7 @@ def test_result_does_not_depend_on_the_memory_it_lands_in(kind, backend, reducti
 @pytest.mark.parametrize("backend", GPU_BACKEND_PARAMS)
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 @pytest.mark.parametrize(("batch", "features"), [(2, 1), (3, 1), (12, 1), (2, 4), (1, 1)])
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
 def test_nan_and_inf_stay_in_their_segment_and_batch_slice(kind, backend, reduction, batch, features, dtype, rng):
     """A NaN or an infinity makes its own segment's result NaN or infinite, in its own slice of a
     batch, and no other (cuSPARSE's default SpMM of several column-major columns gave NaN as
@@ -542,7 +542,8 @@ def test_nan_and_inf_stay_in_their_segment_and_batch_slice(kind, backend, reduct
             x_np[:, 0] = np.inf
             x_np[-1, 0, 0] = np.nan
         elif trial == 0:
-            x_np[-1, offsets[17] : offsets[18]] = np.nan  # (a segment all -inf: x - mean is NaN throughout)
+            # (the squares of x - mean where a segment is all -inf: NaN throughout)
+            x_np[-1, offsets[17] : offsets[18]] = np.nan
             x_np[-1, offsets[23] + 125] = np.nan
             x_np[0, offsets[16] + 3] = np.nan
             x_np[0, offsets[23] + 662] = np.inf
@@ -553,3 +554,8 @@ def test_nan_and_inf_stay_in_their_segment_and_batch_slice(kind, backend, reduct
         x = to_kind(x_np, kind)
         got = run_or_refused(fn, x, offsets=off, axis=1, check=False, backend=backend)
         assert_reduction(got, reduction, x_np, segments=segments, axis=1, like=x)
+        if batch > 1:  # slices apart, NaN between them (a leading dimension past n)
+            padded = to_kind(np.full((batch, n + 5, features), np.nan, dtype=dtype), kind)
+            padded[:, :n] = x
+            got = run_or_refused(fn, padded[:, :n], offsets=off, axis=1, check=False, backend=backend)
+            assert_reduction(got, reduction, x_np, segments=segments, axis=1, like=x)

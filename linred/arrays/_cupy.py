@@ -141,7 +141,8 @@ class CupyAdapter(ArrayAdapter):
         return empty
 
     def capturing(self, x: cupy.ndarray) -> bool:
-        return cupy.cuda.get_current_stream().is_capturing()
+        # (the current stream of x's device, the stream its call runs on, whichever device is current)
+        return cupy.cuda.get_current_stream(x.device.id).is_capturing()
 
     def current_stream(self, device: int) -> Any:
         current = cupy.cuda.get_current_stream

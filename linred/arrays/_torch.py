@@ -19,6 +19,7 @@ from linred.arrays._streams import stream_handle
 #: whether the current CUDA stream is capturing a graph: asked on every checked call, so the
 #: function under ``torch.cuda.is_current_stream_capturing`` where this PyTorch has it
 _stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 
 _TORCH_DTYPES = {
     "bool": torch.bool,
@@ -174,7 +175,16 @@ class TorchAdapter(ArrayAdapter):
         return _current_stream_handle(device)
 
     def capturing(self, x: torch.Tensor) -> bool:
-        return x.is_cuda and _stream_capturing()
+        """Whether the current stream of ``x``'s device (the stream its call runs on) is being
+        captured into a CUDA graph (that device's, not the current device's: a capture on
+        cuda:1 while cuda:0 is current must still refuse a checked call on cuda:1's data)."""
+        if not x.is_cuda:
+            return False
+        device = x.get_device()
+        if device == _current_device():
+            return _stream_capturing()
+        with torch.cuda.device(device):
+            return _stream_capturing()
 
     def is_writeable(self, x: torch.Tensor) -> bool:
         return not (x.is_conj() or x.is_neg())

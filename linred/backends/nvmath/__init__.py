@@ -14,8 +14,8 @@
 - **Device data, offsets or lengths**: the segment indicator matrix ``S`` (CSR:
   ``data = ones(n)``, ``indices = arange(n)``, ``indptr = offsets``) times the data,
   by cuSPARSE SpMM driven through ``nvmath.bindings.cusparse``; a batch
-  (``axis > 0``) is one SpMM (a batch of vectors: the columns of one matrix; of feature
-  rows: a strided batch with ``S`` broadcast).  ``data`` and
+  (``axis > 0``) is one SpMM (more than 8 vectors: the columns of one matrix; feature rows:
+  a strided batch with ``S`` broadcast), or one SpMM a vector for up to 8.  ``data`` and
   ``indices`` depend on ``n`` only and are built once per plan (``n`` elements
   each: memory that a cached plan keeps); ``indptr`` is each call's offsets.
   float16/bfloat16 data is summed into float32 (cuSPARSE's mixed precision) and
@@ -73,8 +73,9 @@ if LOGGER.level == logging.NOTSET:
     LOGGER.setLevel(logging.WARNING)
 
 #: how cuSPARSE reduces a batch of variable-length segments (``axis > 0``): ``"batched"``, one
-#: SpMM over the whole batch (vectors as the columns of one matrix, feature rows as a strided
-#: batch with the segment matrix broadcast); ``"loop"``, one SpMM per batch slice (more launches)
+#: SpMM over the whole batch (more than 8 vectors as the columns of one matrix, feature rows as a
+#: strided batch with the segment matrix broadcast; up to 8 vectors one SpMM each, which is
+#: faster: see ``sparse.LOOP_VECTORS``); ``"loop"``, one SpMM per batch slice (more launches)
 BATCH_STRATEGIES = ("batched", "loop")
 
 
