@@ -141,8 +141,14 @@ class CupyAdapter(ArrayAdapter):
         return empty
 
     def capturing(self, x: cupy.ndarray) -> bool:
-        # (the current stream of x's device, the stream its call runs on, whichever device is current)
-        return cupy.cuda.get_current_stream(x.device.id).is_capturing()
+        """Whether the current stream of ``x``'s device (the stream its call runs on) is being
+        captured into a CUDA graph, whichever device is current (asked with ``x``'s device
+        current: the null stream's handle 0 names the current device's)."""
+        device = x.device.id
+        if device == cupy.cuda.runtime.getDevice():
+            return cupy.cuda.get_current_stream().is_capturing()
+        with cupy.cuda.Device(device):
+            return cupy.cuda.get_current_stream().is_capturing()
 
     def current_stream(self, device: int) -> Any:
         current = cupy.cuda.get_current_stream
