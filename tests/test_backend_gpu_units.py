@@ -1499,3 +1499,72 @@ def test_nvrtc_features_long_wrapper():
     assert src.startswith('#include "features.cuh"\n')
     head = f"LINRED_FEATURES_LONG(double, double, double, OpMax, false, 256, 2, {DEFAULT_OPTIONS.unroll}, "
     assert f"{head}{FEATURE_TILE_ROWS}, int, ArrayOffsets<int>{{offsets}})\n" in src
+
+
+def test_stream_order_idle_leaves_the_next_call_nothing_to_wait_for():
+    """(No GPU needed.) After a call the host waited for (a checked call that listed nothing),
+    ``idle`` records nothing, and a call on another stream then waits for nothing."""
+    from linred.backends._device import StreamOrder
+
+    calls: list[tuple] = []
+
+    class Ops:
+        def event(self):
+            return "event"
+
+        def record(self, event, stream):
+            calls.append(("recorded", stream))
+
+        def wait(self, stream, event):
+            calls.append(("waited", stream))
+
+        def capturing(self, stream):
+            return False
+
+    order = StreamOrder(Ops())
+    order.begin(1)
+    order.end(1, False)
+    order.begin(2)  # waits for stream 1's call
+    order.idle()
+    order.begin(3)  # nothing to wait for
+    assert calls == [("recorded", 1), ("waited", 2)] and order._last is None
+
+
+def test_torch_capture_test_asks_about_the_datas_device(monkeypatch):
+    """(No GPU needed.) A checked call is refused inside a CUDA graph capture of the stream it
+    runs on, the current stream of its data's device: the question is asked with that device
+    current, whichever device is current."""
+    torch = pytest.importorskip("torch")
+    from linred.arrays import _torch
+
+    current = [0]
+    asked: list[int] = []
+
+    class Device:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            self.before, current[0] = current[0], self.index
+
+        def __exit__(self, *exc):
+            current[0] = self.before
+
+    class CudaTensor:
+        is_cuda = True
+
+        def __init__(self, device):
+            self.device = device
+
+        def get_device(self):
+            return self.device
+
+    monkeypatch.setattr(_torch, "_current_device", lambda: current[0])
+    monkeypatch.setattr(_torch, "_stream_capturing", lambda: asked.append(current[0]) or current[0] == 1)
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    adapter = _torch.TorchAdapter()
+    assert adapter.capturing(CudaTensor(1)) is True  # cuda:1 captures, cuda:0 is current
+    assert adapter.capturing(CudaTensor(0)) is False
+    assert asked == [1, 0] and current == [0]
+    assert adapter.capturing(torch.zeros(2)) is False  # host data: never asked
+    assert asked == [1, 0]
