@@ -13,7 +13,8 @@ float32/float64 tensors of differentiable functions it also checks ``x.grad`` of
 Usage (from the repository root, linred importable):
 
     # the GPU host (16 cores: NVRTC compiles in parallel), within a 150 s budget:
-    timeout 150 python tools/fuzz_gpu.py --workers 8 --seconds 110 --grace 20 --seed 1 --out $OUT/fuzz.jsonl
+    timeout 150 python tools/fuzz_gpu.py --workers 8 --seconds 110 --grace 20 --seed 1 --out $OUT/fuzz.jsonl \
+        --scratch /tmp/fuzz
     python tools/fuzz_gpu.py --seconds 140 --seed 1 --out fuzz.jsonl            # one process
     python tools/fuzz_gpu.py --cpu --seconds 60 --out /tmp/fz.jsonl             # host arrays only
     python tools/fuzz_gpu.py --replay 1000:123 [--cpu]                          # one case, verbose
@@ -1417,6 +1418,13 @@ def print_summary(summary, fails):
 def run_workers(args):
     procs = []
     t0 = time.time()
+    if args.scratch:
+        os.makedirs(args.scratch, exist_ok=True)
+    stem = os.path.join(args.scratch, os.path.basename(args.out)) if args.scratch else args.out
+
+    def worker_out(w: int) -> str:
+        return f"{stem}.w{w}"
+
     for w in range(args.workers):
         cmd = [
             sys.executable,
@@ -1426,7 +1434,7 @@ def run_workers(args):
             "--seed",
             str(args.seed * 1000 + w),
             "--out",
-            f"{args.out}.w{w}",
+            worker_out(w),
             "--case-timeout",
             str(args.case_timeout),
             "--worker-id",
@@ -1434,7 +1442,7 @@ def run_workers(args):
         ] + (["--cpu"] if args.cpu else [])
         for suffix in ("", ".summary.json", ".current"):
             with contextlib.suppress(OSError):
-                os.remove(f"{args.out}.w{w}{suffix}")
+                os.remove(worker_out(w) + suffix)
         procs.append(subprocess.Popen(cmd))
     deadline = t0 + args.seconds + args.grace
     codes = []
@@ -1458,7 +1466,7 @@ def run_workers(args):
     fails, notes = [], []
     with open(args.out, "w") as out:
         for w, code in enumerate(codes):
-            base = f"{args.out}.w{w}"
+            base = worker_out(w)
             with contextlib.suppress(OSError), open(base) as fh:
                 for line in fh:
                     out.write(line)
@@ -1534,6 +1542,12 @@ def main():
     p.add_argument("--cpu", action="store_true", help="NumPy arrays and CPU tensors (no GPU needed)")
     p.add_argument("--workers", type=int, default=1, help="processes (seeds SEED*1000+i); e.g. 8 on the GPU host")
     p.add_argument("--grace", type=float, default=20.0, help="with --workers: kill workers this long after --seconds")
+    p.add_argument(
+        "--scratch",
+        default=None,
+        help="with --workers: the directory of the workers' own files (default: beside --out), so that the "
+        "directory of --out holds only the merged OUT and OUT.summary.json",
+    )
     p.add_argument("--case-timeout", type=float, default=60.0, help="a case running longer is reported as a hang")
     p.add_argument("--replay", help="SEED:INDEX: run one case verbosely")
     p.add_argument("--verbose", action="store_true")
