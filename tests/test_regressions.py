@@ -252,6 +252,38 @@ def test_object_arrays_of_small_integers_are_taken_as_lists(kind):
         linred.segmented_sum(x, offsets=np.array([0, -(2**63), 2**63, 12], dtype=object))  # (|-2**63| ties 2**63)
 
 
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
+@pytest.mark.parametrize("name", ["sum", "max", "argmax", "var", "softmax", "plan"])
+@pytest.mark.parametrize("order", [">i8", ">i4", "<i8"])
+def test_byte_swapped_index_arrays_with_tensors(name, order):
+    """Big-endian NumPy offsets, lengths and ids with a tensor's data: the functions that convert
+    them with ``torch.as_tensor`` (argmax, var, softmax, plans, ids) raised TypeError ("byte order
+    different from the native byte order") where sum and max took them."""
+    x_np = np.array([3.0, 1.0, 4.0, 1.0, 5.0, 9.0])
+    x = to_kind(x_np, "torch-cpu")
+    specs = {
+        "offsets": np.array([0, 2, 6], dtype=order),
+        "lengths": np.array([2, 4], dtype=order),
+        "segment_ids": np.array([0, 0, 1, 1, 1, 1], dtype=order),
+    }
+    for key, value in specs.items():
+        if name == "plan":
+            got = linred.SegmentedReduction(x, **{key: value})(x) if key != "segment_ids" else None
+            expected = [4.0, 19.0]
+        else:
+            got = getattr(linred, f"segmented_{name}")(x, **{key: value})
+            expected = {
+                "sum": [4.0, 19.0],
+                "max": [3.0, 9.0],
+                "argmax": [0, 5],
+                "var": [np.var(x_np[:2]), np.var(x_np[2:])],
+                "softmax": np.concatenate([np.exp(x_np[:2]) / np.exp(x_np[:2]).sum(),
+                                           np.exp(x_np[2:]) / np.exp(x_np[2:]).sum()]),
+            }[name]  # fmt: skip
+        if got is not None:
+            np.testing.assert_allclose(to_numpy(got), expected, rtol=1e-12)
+
+
 def _unusual_layout(layout: str) -> np.ndarray:
     """``np.arange(1, 13)`` as float32: big-endian, a field of a structured array (5-byte strides)
     or at an odd address."""

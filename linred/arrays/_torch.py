@@ -254,6 +254,8 @@ class TorchAdapter(ArrayAdapter):
                 from linred.arrays._numpy import refuse_huge_integers
 
                 a = refuse_huge_integers(a, name)
+            elif isinstance(a, np.ndarray) and not a.dtype.isnative:  # (PyTorch takes native byte order only)
+                a = a.astype(a.dtype.newbyteorder("="))
             try:
                 t = torch.as_tensor(a, device=_device(device))
             except (TypeError, ValueError, RuntimeError) as e:
