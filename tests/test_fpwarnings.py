@@ -21,6 +21,11 @@ CALLS = {
     "sum rows": lambda: linred.segmented_sum(np.full((8, 3), 1e308), 4, axis=0),
     "sum plan": lambda: linred.SegmentedReduction(HUGE, 4)(HUGE),
     "mean strided": lambda: linred.segmented_mean(np.full(16, 1e308)[::2], 4),
+    # integer data into a float16 result: the cast overflows (warned inside linred before)
+    "max int into float16": lambda: linred.segmented_max(np.array([70000, 1, 2, 3], np.int32), 2, dtype="float16"),
+    "max int offsets into float16": lambda: linred.segmented_max(
+        np.array([70000, 1, 2, 3], np.int32), offsets=[0, 1, 4], dtype="float16"
+    ),
 }
 
 

@@ -1267,8 +1267,9 @@ class NumpyBackend(Backend):
 def _at_caller(problem: Problem, run: Any) -> Any:
     """``run``, with NumPy's overflow and invalid-value warnings reported at the caller's line.
 
-    Integer data raises none (NumPy's integer sums wrap silently; linred's accumulators
-    are wide enough), so its calls skip the switch of error modes.  The maximum and minimum of
+    Integer data into an integer result raises none (NumPy's integer sums wrap silently;
+    linred's accumulators are wide enough), so its calls skip the switch of error modes; a
+    floating result of integer data does not (the cast of 70000 into float16 overflows).  The maximum and minimum of
     bfloat16 data run with invalid values ignored: ml_dtypes' ``maximum.reduce`` warns where
     a segment holds a NaN, NumPy's own floating-point types do not (a NaN is their result).
     """
@@ -1279,7 +1280,9 @@ def _at_caller(problem: Problem, run: Any) -> Any:
             with np.errstate(invalid="ignore"):
                 inner(x, out, segments, stream)
 
-    if numpy_dtype(problem.acc_dtype).kind in "fc" or problem.dtype in ("float16", "bfloat16"):
+    floating = "fc"
+    if (numpy_dtype(problem.acc_dtype).kind in floating or numpy_dtype(problem.out_dtype).kind in floating
+            or problem.dtype in ("float16", "bfloat16")):  # fmt: skip
         return at_caller(run)
     return run
 
