@@ -141,9 +141,7 @@ def at_caller(run: Callable[..., None]) -> Callable[..., None]:
         caller = get()
         extobj = cache.get(caller)
         if extobj is None:
-            if len(cache) >= _CACHE_SIZE:
-                cache.clear()
-            extobj = cache[caller] = _build(caller)
+            extobj = _remember(caller)
         token = set_(extobj)
         try:
             run(x, out, segments, stream)
@@ -151,3 +149,27 @@ def at_caller(run: Callable[..., None]) -> Callable[..., None]:
             reset(token)
 
     return redirected
+
+
+def _remember(caller: Any) -> Any:
+    """The error object linred runs under for ``caller``'s, built and kept (the cache bounded)."""
+    if len(_redirected) >= _CACHE_SIZE:
+        _redirected.clear()
+    extobj = _redirected[caller] = _build(caller)
+    return extobj
+
+
+def call_at_caller(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` under :func:`at_caller`'s error modes: for a host
+    computation of several NumPy calls (the composed functions' steps and their final cast)."""
+    if _VAR is None:  # pragma: no cover - NumPy 1.26
+        return function(*args, **kwargs)
+    caller = _VAR.get()
+    extobj = _redirected.get(caller)
+    if extobj is None:
+        extobj = _remember(caller)
+    token = _VAR.set(extobj)
+    try:
+        return function(*args, **kwargs)
+    finally:
+        _VAR.reset(token)

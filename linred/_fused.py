@@ -36,6 +36,7 @@ import numpy as np
 
 from linred import _softmax_kernel
 from linred._dtypes import COMPLEX, HALF, REAL, SUPPORTED, dtype_name, numpy_dtype
+from linred._fpwarnings import call_at_caller
 from linred._frontend import normalize_axis
 from linred._functions import _remainder, segmented_max, segmented_mean, segmented_sum
 from linred._jax import _as_local, call_jax, is_jax
@@ -401,7 +402,13 @@ def _compute(
         # One kernel on the GPU, with the composition's results (see linred._softmax_kernel).
         return _softmax_kernel.run(name, x, adapter, axis, compute, result, segments, device, check, handle, **options)
     c = _Call(name, None, adapter, xp, axis, compute, result, grad, backend, check, segments, device, shape=shape)
-    c.x = _astype(c, x, compute)
+    if adapter.kind == "numpy":  # (NumPy's warnings, a final cast's overflow say, at the caller's line)
+        return call_at_caller(_composed, c, x, body, options)
+    return _composed(c, x, body, options)
+
+
+def _composed(c: _Call, x: Any, body: Callable[..., Any], options: dict[str, Any]) -> Any:
+    c.x = _astype(c, x, c.compute)
     return body(c, **options)
 
 
