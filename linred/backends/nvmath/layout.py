@@ -246,6 +246,8 @@ def dense_layout(problem: Problem, *, host: bool) -> Layout | str:
 
     if D > 1:
         # each segment is an (L, D) block; BLAS needs it row- or column-major
+        if sD == 0:  # (nvmath raised its own ValueError for the leading dimension 0 this makes)
+            return f"its {D} features have stride 0 (a broadcast view); BLAS needs them at distinct addresses"
         if L == 1:
             s_l = D if sD == 1 else 1
         elif (sD == 1 and sn >= D) or (sn == 1 and sD >= L):  # row- or column-major
