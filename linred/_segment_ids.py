@@ -224,6 +224,10 @@ def _by_ids(
         raise TypeError("out= and stream= are not supported for a tensor that requires grad: the result is a new "
                         "tensor on the current stream")  # fmt: skip
     known = n > 0 and _reads_ids(check, device)
+    if known and device is not None:
+        from linred.segments import _refuse_capture  # (a read back: no capture allows it)
+
+        _refuse_capture(adapter, ids, "segment_ids")
     lo, hi, is_sorted = ops.summary(ids) if known else (0, -1, n == 0 or ids_sorted is True)
     if ns is None:
         ns = hi + 1 if known else (int(ids.max()) + 1 if n else 0)  # (a read back on a device)

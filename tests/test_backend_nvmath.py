@@ -264,11 +264,11 @@ REFUSALS = {
     # features broadcast (stride 0) in segments of one row: nvmath's own ValueError before
     "broadcast features, L = 1": (
         lambda: linred.segmented_sum(np.broadcast_to(np.ones((8, 1)), (8, 3)), 1, backend="nvmath"),
-        "features have stride 0",
+        r"block has strides \(1, 0\): BLAS needs one of them to be 1",
     ),
     "broadcast features of a batch, L = 1": (
         lambda: linred.segmented_mean(np.broadcast_to(np.ones((2, 8, 1)), (2, 8, 3)), 1, axis=1, backend="nvmath"),
-        "features have stride 0",
+        "BLAS needs one of them to be 1",
     ),
     "complex strided features": (
         lambda: linred.segmented_sum(np.ones((8, 3), np.complex64, order="F"), 2, backend="nvmath"),

@@ -246,9 +246,12 @@ def dense_layout(problem: Problem, *, host: bool) -> Layout | str:
 
     if D > 1:
         # each segment is an (L, D) block; BLAS needs it row- or column-major
-        if sD == 0:  # (nvmath raised its own ValueError for the leading dimension 0 this makes)
-            return f"its {D} features have stride 0 (a broadcast view); BLAS needs them at distinct addresses"
         if L == 1:
+            if sD == 0:  # (nvmath raised its own ValueError for the leading dimension 0 this makes)
+                return (
+                    f"each segment's (L, D) = (1, {D}) block has strides ({sn}, 0): BLAS needs one of them "
+                    "to be 1 and the other at least the extent it steps over"
+                )
             s_l = D if sD == 1 else 1
         elif (sD == 1 and sn >= D) or (sn == 1 and sD >= L):  # row- or column-major
             s_l = sn
