@@ -1260,32 +1260,38 @@ def test_stream_order_records_its_event_only_outside_a_capture(monkeypatch):
     assert recorded == [("event", 1)]
 
 
+class _OrderOps:
+    """The operations StreamOrder calls, recorded; stream 9 is being captured."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def event(self):
+        return "event"
+
+    def record_unless_capturing(self, event, stream):
+        self.calls.append(("asked", stream))
+        return stream != 9
+
+    def record(self, event, stream):
+        self.calls.append(("recorded", stream))
+
+    def wait(self, stream, event):
+        self.calls.append(("waited", stream))
+
+    def capturing(self, stream):
+        return stream == 9
+
+
 def test_stream_order_takes_the_callers_answer_to_whether_the_stream_captures():
     """(No GPU needed.) StreamOrder.end asks whether the stream is being captured only where its
     caller did not: an executor that asked already saves the driver call; a captured call records
     no event and leaves the next call nothing to wait for."""
     from linred.backends._device import StreamOrder
 
-    calls: list[tuple] = []
-
-    class Ops:
-        def event(self):
-            return "event"
-
-        def record_unless_capturing(self, event, stream):
-            calls.append(("asked", stream))
-            return stream != 9
-
-        def record(self, event, stream):
-            calls.append(("recorded", stream))
-
-        def wait(self, stream, event):
-            calls.append(("waited", stream))
-
-        def capturing(self, stream):
-            return stream == 9
-
-    order = StreamOrder(Ops())
+    ops = _OrderOps()
+    calls = ops.calls
+    order = StreamOrder(ops)
     order.end(1, False)
     assert calls == [("recorded", 1)] and order._last == 1
     order.begin(2)  # another stream: it waits for the event of stream 1
@@ -1506,28 +1512,14 @@ def test_stream_order_idle_leaves_the_next_call_nothing_to_wait_for():
     ``idle`` records nothing, and a call on another stream then waits for nothing."""
     from linred.backends._device import StreamOrder
 
-    calls: list[tuple] = []
-
-    class Ops:
-        def event(self):
-            return "event"
-
-        def record(self, event, stream):
-            calls.append(("recorded", stream))
-
-        def wait(self, stream, event):
-            calls.append(("waited", stream))
-
-        def capturing(self, stream):
-            return False
-
-    order = StreamOrder(Ops())
+    ops = _OrderOps()
+    order = StreamOrder(ops)
     order.begin(1)
     order.end(1, False)
     order.begin(2)  # waits for stream 1's call
     order.idle()
     order.begin(3)  # nothing to wait for
-    assert calls == [("recorded", 1), ("waited", 2)] and order._last is None
+    assert ops.calls == [("recorded", 1), ("waited", 2)] and order._last is None
 
 
 def test_torch_capture_test_asks_about_the_datas_device(monkeypatch):
