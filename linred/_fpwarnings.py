@@ -161,7 +161,9 @@ def _remember(caller: Any) -> Any:
 
 def call_at_caller(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``function(*args, **kwargs)`` under :func:`at_caller`'s error modes: for a host
-    computation of several NumPy calls (the composed functions' steps and their final cast)."""
+    computation of several NumPy calls (the composed functions' steps and their final cast).
+    (:func:`at_caller`'s wrapper takes the same steps written out: it is on every small host
+    call's path, where a call through this function would add a frame.)"""
     if _VAR is None:  # pragma: no cover - NumPy 1.26
         return function(*args, **kwargs)
     caller = _VAR.get()

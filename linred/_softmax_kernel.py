@@ -632,26 +632,27 @@ def _launch_pair(lists: str, listed: _LongList, launch: PackedLaunch, first: tup
     if lists == NOTED:
         _device_checks.clear_note()
     listed.order.begin(stream)
-    second_launched = True  # (or an error: the next call is ordered after what this one enqueued)
+    # (whether the host has waited for all this call enqueued: then later calls wait for nothing)
+    waited = False
     try:
         launch(stream, grid, THREADS, 0, *first)
         passed = lists == ALWAYS or adapter.check_passed(stream, device)
-        second_launched = lists == ALWAYS or _device_checks.noted()
-        if second_launched:
+        if lists == ALWAYS or _device_checks.noted():
             if passed:  # (a block a listed segment; none listed: every block returns at once)
                 long_launch(stream, multiprocessors(device), LONG_THREADS, 0, *second)
                 _local.listed = lists == NOTED
             else:  # (offsets that break the rules: the list emptied, the call raises)
                 adapter.fill(listed.buffer, 0, stream)
+        else:  # a checked call whose kernel listed nothing
+            waited = True
     except BaseException:
-        second_launched = True
         adapter.fill(listed.buffer, 0, stream)
         raise
     finally:
-        if second_launched:
-            listed.order.end(stream, capturing=False)
-        else:  # a checked call that listed nothing: the host waited for its one kernel
+        if waited:
             listed.order.idle()
+        else:
+            listed.order.end(stream, capturing=False)
     return passed
 
 

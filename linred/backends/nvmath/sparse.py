@@ -130,6 +130,8 @@ class SparseExecutor:
         # 4M 397 against 383)
         B, D = self._batch, self._features
         self._loop = B > 1 and (batch_strategy == "loop" or (D == 1 and B <= LOOP_VECTORS))
+        columns = D == 1 and B > 1 and not self._loop  # (the vectors as the columns of one matrix)
+        self._algorithm = SPMM_ALG_COLUMNS if columns else SPMM_ALG
         self._batch_stride = problem.strides[0]
         # a batch slice's step in bytes, for the per-slice loop
         self._x_step = self._batch_stride * ITEMSIZE[self._dtype]
@@ -142,7 +144,6 @@ class SparseExecutor:
         self._device = problem.device
         self._handle = 0
         self._descriptors: dict[str, int] = {}
-        self._algorithm = SPMM_ALG
         # an executor dropped without free() (an evicted plan) still destroys its descriptors
         self._finalizer = weakref.finalize(self, _destroy, cusparse, self._descriptors)
         self._finalizer.atexit = False
@@ -175,8 +176,6 @@ class SparseExecutor:
         )
         if D == 1:  # vectors, column-major: a batch of them is the columns of one matrix
             cols, ld = (1, n) if self._loop or B == 1 else (B, max(n, self._batch_stride))
-            if cols > 1:
-                self._algorithm = SPMM_ALG_COLUMNS
             d["b"] = cusparse.create_dn_mat(n, cols, ld, x, DATA_TYPE[self._dtype], cusparse.Order.COL)
             d["c"] = cusparse.create_dn_mat(m, cols, m, sums, DATA_TYPE[self._sums_dtype], cusparse.Order.COL)
         else:  # row-major: unit stride along the features, the result C-contiguous
