@@ -666,13 +666,33 @@ def test_problem_helper_is_consistent():
     [
         ({"dtype": "complex64"}, "real and integer data"),
         ({"kind": "numpy", "device": None}, "runs on CUDA devices"),
-        ({"shape": (1, 64, 8), "strides": (512, 1, 64)}, "contiguous feature columns"),
     ],
 )
 def test_nvrtc_refusal_reasons(kwargs, match):
     from linred.backends.nvrtc import BACKEND
 
     assert re.search(match, BACKEND.unsupported(problem(**kwargs)))
+
+
+@pytest.mark.parametrize(
+    "strides",
+    [
+        (512, 1, 64),  # the transpose of (8, 64) rows: each feature column contiguous
+        (2048, 16, 2),  # every other column of (64, 16) rows
+    ],
+)
+@pytest.mark.parametrize("length", [8, 64, 3, None])
+def test_nvrtc_serves_feature_columns_that_are_not_contiguous(strides, length):
+    """tile_reduce takes them, each column a row of its own, whatever the length: a column
+    of unit stride must not take the one-column kernels' routes (fixed lengths on flat data)."""
+    from linred.backends.nvrtc import BACKEND, DEFAULT_OPTIONS, route
+
+    kwargs = {"offsets_dtype": "int64"} if length is None else {}
+    p = problem(shape=(1, 64, 8), strides=strides, length=length, **kwargs)
+    assert BACKEND.unsupported(p) is None
+    assert route(p, DEFAULT_OPTIONS) == "tile"
+    contiguous = problem(shape=(1, 64, 8), length=length, **kwargs)
+    assert route(contiguous, DEFAULT_OPTIONS) == "features"
 
 
 @pytest.mark.parametrize("shape", [(1, 64, 8), (3, 64, 16)])

@@ -39,6 +39,7 @@ from support import (
     long_feature_segments_forced,
 )
 from support.differential import (
+    COLUMN_LAYOUTS,
     DIFFERENTIAL,
     DTYPES,
     LAYOUTS,
@@ -164,6 +165,17 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
     if big:  # the smallest row that gets runs of 2 tiles
         shapes.append(_fixed(5, 4 * T.min_blocks * sms * 2 * tile // 5 + 1))
     fam["tile_reduce"] = shapes
+    # tile_reduce on feature columns that are not contiguous: each column a row of its own
+    # (TileArgs::inner), its results a column of the result; rows of a batch of columns, tiles
+    # and runs of tiles, fixed lengths and offsets.
+    shapes = [_fixed(L, m, d) for d in (2, 5) for L in (1, 3, tile + 1) for m in around(max(1, tile // L))]
+    for d in (2, vec + 1):
+        shapes += _styles(rng, around(tile // 16), 16, d)
+    shapes += _styles(rng, around(2, 5), tile * 3, 3)
+    if big:  # runs of 2 tiles (the rows are the columns: fewer tiles a row than one column has)
+        d = 4
+        shapes.append(_fixed(5, 4 * T.min_blocks * sms * 2 * tile // (5 * d) + 1, d))
+    fam["tile_columns"] = shapes
     # features_reduce: d around the vector (narrow rows) and of 8 vectors, short and long segments;
     # every tail of its loop of U rows a step (features_unroll: fewer for narrow rows; the tail in
     # steps of halving powers of two) and lengths around k * U.
@@ -489,7 +501,8 @@ def test_boundaries_straddle_the_constants():
 # GPU backends
 # ---------------------------------------------------------------------------
 
-GPU_FAMILIES = ("fixed_small", "fixed_rows", "fixed_long", "warp_reduce", "tile_reduce", "features", "features_long")
+GPU_FAMILIES = ("fixed_small", "fixed_rows", "fixed_long", "warp_reduce", "tile_reduce", "tile_columns", "features",
+                "features_long")  # fmt: skip
 
 
 REAL_DTYPES = [d for d in DTYPES if d not in ("complex64", "complex128")]  # nvrtc refuses complex data
@@ -497,7 +510,8 @@ REAL_DTYPES = [d for d in DTYPES if d not in ("complex64", "complex128")]  # nvr
 
 def _nvrtc_cases(family: str, dtype: str) -> list[Case]:
     features = ("contiguous", "axis-1", "misaligned")
-    layouts = {"tile_reduce": ("strided", "misaligned", "reversed"), "features": features, "features_long": features}
+    layouts = {"tile_reduce": ("strided", "misaligned", "reversed"), "tile_columns": COLUMN_LAYOUTS,
+               "features": features, "features_long": features}  # fmt: skip
     shapes = nvrtc_families(dtype, device_sms()).get(family, [])
     lay = layouts.get(family, ("contiguous", "axis-1"))
     return list(expand(family, "nvrtc", gpu_kinds(), shapes, dtypes=[dtype], layouts=lay, seed=DTYPES.index(dtype)))

@@ -562,3 +562,48 @@ def test_nan_and_inf_stay_in_their_segment_and_batch_slice(kind, backend, reduct
             padded[:, :n] = x
             got = run_or_refused(fn, padded[:, :n], **spec, axis=1, check=False, backend=backend)
             assert_reduction(got, reduction, x_np, segments=segments, axis=1, like=x)
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("backend", ["auto", "nvrtc"])
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("layout", ["transposed", "batch", "sliced"])
+@pytest.mark.parametrize("how", ["offsets", "fixed"])
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_feature_columns_that_are_not_contiguous_are_served(kind, backend, reduction, layout, how, dtype, rng):
+    """Feature columns that are not contiguous (a transposed tensor, a batch stored feature-major,
+    every other column) are reduced in place by tile_reduce, each column a row of its own, for
+    every reduction: no GPU backend served max, min, mean or prod of these layouts before."""
+    lengths = [0, 700, 42, 0, 3, 2049, 1, 0, 300]
+    if how == "fixed":
+        lengths = [37] * 61
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    n, d = int(offsets[-1]), 6
+    spec = {"segment_length": 37} if how == "fixed" else {"offsets": to_kind(offsets, kind)}
+    values = rng.standard_normal((3, n, d)) if dtype == "float32" else rng.integers(-9, 10, (3, n, d))
+    if reduction == "prod":  # (values near one: products of thousands of them stay finite)
+        values = 1 + 0.001 * values if dtype == "float32" else np.where(rng.random((3, n, d)) < 0.002, -1, 1)
+    x_np = values.astype(dtype)
+    axis = 1
+    if layout == "transposed":  # (n, d) with each feature column contiguous
+        x_np, axis = x_np[0], 0
+        x = to_kind(np.ascontiguousarray(x_np.T), kind).T
+    elif layout == "batch":  # (3, n, d) stored as (d, 3, n)
+        stored = to_kind(np.ascontiguousarray(x_np.transpose(2, 0, 1)), kind)
+        x = stored.permute(1, 2, 0) if kind.startswith("torch") else stored.transpose(1, 2, 0)
+    else:  # every other column of (3, n, 2d)
+        buf = np.zeros((3, n, 2 * d), dtype=dtype)
+        buf[..., ::2] = x_np
+        x = to_kind(buf, kind)[..., ::2]
+    got = getattr(linred, f"segmented_{reduction}")(x, **spec, axis=axis, backend=backend)
+    if reduction != "prod":
+        assert_reduction(got, reduction, x_np, segments=segment_bounds(n, offsets=offsets), axis=axis, like=x)
+        return
+    # (products: the float64 product of each segment; float32 near one within 3 * L * eps)
+    moved = np.moveaxis(x_np.astype(np.float64), axis, 0)
+    ref = np.stack([moved[a:b].prod(axis=0) for a, b in segment_bounds(n, offsets=offsets)])
+    res = np.moveaxis(to_numpy(got), axis, 0).astype(np.float64)
+    if dtype == "int32":
+        np.testing.assert_array_equal(res, ref)
+    else:
+        np.testing.assert_allclose(res, ref, rtol=3 * max(lengths) * np.finfo(np.float32).eps)

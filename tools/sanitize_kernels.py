@@ -152,7 +152,9 @@ class Case:
     kind: str  #: "cupy" or "torch"
     shape: tuple[int, ...]  #: the logical shape of x
     axis: int
-    layout: str = "contig"  #: contig | offset1 | stride2 | rows_pad | rows_offset1
+    #: contig | offset1 | stride2 | rows_pad | rows_offset1 | columns (the transpose of (d, n) data)
+    #: | cols_stride2 (every other column of (n, 2d) data)
+    layout: str = "contig"
     L: int | None = None
     lengths: np.ndarray | None = None  #: segment lengths (offsets), None for a fixed length
     index_dtype: str = "int64"
@@ -610,6 +612,22 @@ def _tile_sets(sets: list[ShapeSet], c: Constants) -> None:
              lengths=_lengths_to(6000, 0, 700, _rng("tile/f64"), 0.1)),
         Case("tile/uint8-min-vecload-L7", "min", "uint8", "cupy", (7 * 1000,), 0, L=7, direct="tile"),
     ])  # fmt: skip
+    # feature columns that are not contiguous: each column a row of its own, its results a column
+    # of the result (TileArgs::inner)
+    _singles(sets, "tile/columns", "linred_tile", [
+        Case("tile/float32-sum-columns-offsets", "sum", "float32", "cupy", (5001, 6), 0, "columns",
+             lengths=_lengths_to(5001, 0, 300, _rng("tile/columns-f32"), 0.2)),
+        Case("tile/int32-max-columns-L7", "max", "int32", "torch", (7 * 300, 3), 0, "columns", L=7),
+        Case("tile/float64-min-cols-stride2-offsets", "min", "float64", "cupy", (3000, 5), 0, "cols_stride2",
+             lengths=_lengths_to(3000, 0, 700, _rng("tile/columns-f64"), 0.1)),
+        Case("tile/float32-mean-cols-stride2-L", "mean", "float32", "torch", (3 * (T + 1), 4), 0, "cols_stride2",
+             L=T + 1),
+    ])  # fmt: skip
+    _singles(sets, "tile/columns-vecload", "linred_tile:vecload", [
+        Case("tile/float16-mean-columns-vecload", "mean", "float16", "cupy", (4096, 4), 0, "columns",
+             lengths=_lengths_to(4096, 0, 600, _rng("tile/columns-f16"), 0.2)),
+        Case("tile/int8-sum-columns-vecload-L", "sum", "int8", "torch", (64 * 50, 3), 0, "columns", L=50),
+    ])  # fmt: skip
 
 
 def _features_sets(sets: list[ShapeSet], c: Constants) -> None:
@@ -740,6 +758,10 @@ def _base_shape(case: Case) -> tuple[int, ...]:
         return (*shape[: case.axis], 2 * shape[case.axis], *shape[case.axis + 1 :])
     if case.layout in ("rows_pad", "rows_offset1"):
         return (shape[0], shape[1] + 1, *shape[2:])
+    if case.layout == "columns":
+        return shape[::-1]
+    if case.layout == "cols_stride2":
+        return (*shape[:-1], 2 * shape[-1])
     raise ValueError(case.layout)
 
 
@@ -755,6 +777,10 @@ def _view(base: Any, case: Case) -> Any:
         return base[:, : case.shape[1]]
     if case.layout == "rows_offset1":
         return base[:, 1:]
+    if case.layout == "columns":  # (2-D cases)
+        return base.T
+    if case.layout == "cols_stride2":
+        return base[..., ::2]
     raise ValueError(case.layout)
 
 
@@ -850,6 +876,8 @@ def planned_entries(case: Case, problem: Any, misalignment: int, sms: int | None
         if route in ("staged", "long"):
             return (f"linred_{route}",)
         return ("linred_fixed:" + _nvrtc_kernels().fixed_layout(problem, nv.BACKEND.options)[0],)
+    if route == "tile":  # (feature columns that are not contiguous)
+        return tuple(_tile_entries(problem, _rows_aligned(problem, misalignment)))
     if route == "warp":
         if _rows_aligned(problem, misalignment) and problem.num_segments < 2**31:
             return ("linred_warp",) if _warp_fused(problem, sms) else ("linred_warp", "linred_fixup")

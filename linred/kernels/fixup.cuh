@@ -77,7 +77,7 @@ __device__ __forceinline__ void tile_fixup(i64 b, O* __restrict__ out, Off off, 
         // (Checked offsets keep end <= n, so hi stays in the row; the row's end bounds it anyway.)
         if (CHECKED) hi = min(hi, b + 1 + (a.blocks_per_row - 1 - bj));
         len = end - begin;
-        at = row * a.m + s;
+        at = tile_out_start(a, row) + s * tile_out_stride(a);
         acc = load<COHERENT>(tail + b);
         if (hi - lo <= SHORT) {
 #pragma unroll

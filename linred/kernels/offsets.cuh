@@ -6,7 +6,8 @@
 // segment_of_row and segment_from (the segment a row lies in; gallop_forward and last_at_most,
 // their steps), segment_chunks (a walk over chunks of rows, each value with its segment's
 // parameters), segment_at_or_after and warp_segment_at_or_after (the first segment at or after
-// an element), TileArgs (a row's tiling), the carry modes, and the parameter list and TileArgs
+// an element), TileArgs (a row's tiling) and where a row's data and results lie (tile_row_start,
+// tile_out_start, tile_out_stride), the carry modes, and the parameter list and TileArgs
 // construction every tile kernel's entry point shares (LINRED_TILE_PARAMS, LINRED_TILE_ARGS).
 
 #pragma once
@@ -212,13 +213,31 @@ __device__ __forceinline__ i64 warp_segment_at_or_after(const FixedOffsets& off,
 struct TileArgs {
     i64 n;              // elements per row
     i64 m;              // segments per row
-    i64 row_stride;     // elements between rows of x
+    i64 row_stride;     // elements between rows of x (between batch rows, with inner > 1)
     i64 elem_stride;    // elements between consecutive elements of a row
+    i64 inner;          // rows per batch row: 1, or the feature columns of strided features
+    i64 inner_stride;   // elements between those columns (with inner > 1)
     i64 tiles_per_row;
     i64 blocks_per_row; // each block reduces tiles_per_block consecutive tiles of one row
     i64 num_blocks;     // rows * blocks_per_row
     i64 tiles_per_block;
 };
+
+// Where row `row` of a tiling starts in x, and where its results go in out (a result's
+// successor is tile_out_stride(a) further).  A row is a batch row (inner == 1), or with
+// inner > 1 one feature column of a batch row of strided features (tile_reduce only): its
+// results are that column of the batch row's (m, inner) block of out.
+__device__ __forceinline__ i64 tile_row_start(const TileArgs& a, i64 row) {
+    if (a.inner == 1) return row * a.row_stride;
+    const i64 b = row / a.inner;
+    return b * a.row_stride + (row - b * a.inner) * a.inner_stride;
+}
+__device__ __forceinline__ i64 tile_out_start(const TileArgs& a, i64 row) {
+    if (a.inner == 1) return row * a.m;
+    const i64 b = row / a.inner;
+    return b * a.m * a.inner + (row - b * a.inner);
+}
+__device__ __forceinline__ i64 tile_out_stride(const TileArgs& a) { return a.inner; }
 
 // The open segment a block carries from one of its tiles to the next.
 enum { CARRY_NONE = 0, CARRY_FROM_BEFORE = 1, CARRY_OWN = 2 };
@@ -226,6 +245,6 @@ enum { CARRY_NONE = 0, CARRY_FROM_BEFORE = 1, CARRY_OWN = 2 };
 // The arguments every tile kernel's entry point takes (linred_tile, linred_warp, linred_fixup,
 // linred_bounds), and the TileArgs they make; I is the C type of the offsets.
 #define LINRED_TILE_PARAMS(I)                                                                                    \
-    const I* offsets, long long L, long long n, long long m, long long rs, long long es, long long tpr,           \
-        long long bpr, long long nb, long long tpb, const long long* bounds
-#define LINRED_TILE_ARGS TileArgs a{n, m, rs, es, tpr, bpr, nb, tpb};
+    const I* offsets, long long L, long long n, long long m, long long rs, long long es, long long inner,          \
+        long long is, long long tpr, long long bpr, long long nb, long long tpb, const long long* bounds
+#define LINRED_TILE_ARGS TileArgs a{n, m, rs, es, inner, is, tpr, bpr, nb, tpb};

@@ -1,5 +1,6 @@
 // tile_reduce: any segments (offsets, or a fixed length of any size), any strides,
-// one feature column.
+// one feature column, or feature columns that are not contiguous, each reduced as a row
+// of its own (TileArgs::inner).
 //
 // Holds:
 //  - tile_reduce: a block walks K consecutive tiles of TILE elements, staging each in
@@ -162,8 +163,9 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
     const i64 row = b / a.blocks_per_row;
     const i64 j0 = (b - row * a.blocks_per_row) * K;
     const i64 j1 = min(j0 + (i64)K, a.tiles_per_row);
-    const T* xr = x + row * a.row_stride;
-    O* outr = out + row * a.m;
+    const T* xr = x + tile_row_start(a, row);
+    O* outr = out + tile_out_start(a, row);
+    const i64 os = tile_out_stride(a);  // (1 but for strided features)
     if (tid == 0) carry_mode = CARRY_NONE;
     if (FAST) {
         for (int w = tid; w < 2 * MARK_WORDS; w += THREADS) marks[w / MARK_WORDS][w % MARK_WORDS] = 0;
@@ -282,7 +284,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                     next_acc = total;
                     next_mode = mode;
                 } else if (mode == CARRY_OWN) {
-                    outr[s] = finish<O, MEAN>(total, end - begin);
+                    outr[(s) * os] = finish<O, MEAN>(total, end - begin);
                 } else {
                     head[b] = total;  // the block's whole part of a segment begun before it
                 }
@@ -291,7 +293,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                 next_acc = acc;
                 next_mode = CARRY_OWN;
             } else {
-                outr[s] = finish<O, MEAN>(acc, end - begin);
+                outr[(s) * os] = finish<O, MEAN>(acc, end - begin);
             }
         };
 
@@ -353,7 +355,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                 for (int prev = p; m; prev = p) {  // the segments inside this thread's elements
                     p = r0 + __ffs(m) - 1;
                     m &= m - 1;
-                    outr[s_first + seg_at[prev]] = finish<O, MEAN>(sh[at(p)], p - prev);
+                    outr[(s_first + seg_at[prev]) * os] = finish<O, MEAN>(sh[at(p)], p - prev);
                 }
             }
             if (tid == THREADS - 1) {  // the segment open at the tile's end
@@ -365,7 +367,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                 }
             }
             for (i64 k = tid; k < owned; k += THREADS) {  // empty segments hold no element
-                if (sb[k] == sb[k + 1]) outr[s_first + k] = finish<O, MEAN>(identity, 0);
+                if (sb[k] == sb[k + 1]) outr[(s_first + k) * os] = finish<O, MEAN>(identity, 0);
             }
         } else if (balanced) {
             // Thread tid walks elements [r0, r1); owned segment k starts at sb[k] and
@@ -392,7 +394,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
                             first = acc;  // to be joined with the earlier threads' pieces
                             first_closed = true;
                         } else if (sb[cur] < end) {  // began and ended in this thread
-                            outr[s_first + cur] = finish<O, MEAN>(acc, end - sb[cur]);
+                            outr[(s_first + cur) * os] = finish<O, MEAN>(acc, end - sb[cur]);
                         }
                         acc = identity;
                         ++cur;
@@ -424,7 +426,7 @@ __device__ __forceinline__ void tile_reduce(const T* __restrict__ x, O* __restri
             }
             // Empty owned segments hold no element: they get the identity here.
             for (i64 k = tid; k < owned; k += THREADS) {
-                if (sb[k] == sb[k + 1]) outr[s_first + k] = finish<O, MEAN>(identity, 0);
+                if (sb[k] == sb[k + 1]) outr[(s_first + k) * os] = finish<O, MEAN>(identity, 0);
             }
         } else {
             // Many segments: groups of G lanes, G a power of two from 32 down to 1.

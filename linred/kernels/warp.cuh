@@ -103,7 +103,7 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
     const i64 cj = c - row * a.blocks_per_row;
     const i64 j0 = cj * K;
     const i64 j1 = active ? min(j0 + (i64)K, a.tiles_per_row) : j0;
-    const T* xr = x + row * a.row_stride;
+    const T* xr = x + row * a.row_stride;  // (inner == 1: the backend gives strided features to tile_reduce)
     O* outr = out + row * a.m;
     const int r0 = lane * ITEMS;
     A* const mine = sh + at(r0);  // at(r0 + i) == at(r0) + i + (i >> 4) * PAD

@@ -63,6 +63,10 @@ SPECS = ("fixed", "offsets", "lengths")
 #: layouts every kind can make; NumPy adds byte-swapped, unaligned and structured-field views
 LAYOUTS = ("contiguous", "strided", "reversed", "misaligned", "axis-1")
 NUMPY_LAYOUTS = ("byteswapped", "unaligned", "field")
+#: feature columns that are not contiguous (cases with features only): the transpose of a
+#: contiguous (d, n) array; a batch of three along axis 0 with the segments along axis 1,
+#: stored feature-major (d, 3, n); every other column of an (n, 2d) array
+COLUMN_LAYOUTS = ("columns", "columns-batch", "columns-sliced")
 #: value distributions: centred (errors cancel) and positive with an offset (they add up)
 VALUES = ("centred", "offset")
 
@@ -157,17 +161,32 @@ def _flip(a: Any) -> Any:
     return a[::-1]
 
 
+def _permute(a: Any, axes: tuple[int, ...]) -> Any:
+    """``a`` with its axes in the order ``axes`` (a view), for any array kind."""
+    if HAS_TORCH and isinstance(a, torch.Tensor):
+        return a.permute(*axes)
+    return a.transpose(axes)
+
+
 def make_input(case: Case, rng: np.random.Generator) -> tuple[Any, np.ndarray, int]:
     """``(x as passed, its values as a native NumPy array, axis)`` for ``case``."""
     n, d = case.n, case.d
     shape = (n, d) if d else (n,)
-    if case.layout == "axis-1":
+    if case.layout in ("axis-1", "columns-batch"):
         shape = (3, n) if not d else (3, n, d)
     v = values(case.dtype, shape, rng, case.values) if case.reduction != "prod" else prod_values(case, shape, rng)
-    axis = 1 if case.layout == "axis-1" else 0
+    axis = 1 if case.layout in ("axis-1", "columns-batch") else 0
     layout = case.layout
-    if layout in ("contiguous", "axis-1"):
+    if layout in ("contiguous", "axis-1") or (layout in COLUMN_LAYOUTS and not d):
         return to_kind(v, case.kind), v, axis
+    if layout in ("columns", "columns-batch"):  # stored with the features first
+        order = tuple(range(v.ndim))
+        stored = np.ascontiguousarray(np.transpose(v, order[-1:] + order[:-1]))
+        return _permute(to_kind(stored, case.kind), order[1:] + order[:1]), v, axis
+    if layout == "columns-sliced":  # every other column, every other element of a row
+        buf = np.zeros((n, 2 * d), dtype=v.dtype)
+        buf[:, ::2] = v
+        return to_kind(buf, case.kind)[:, ::2], v, axis
     if layout == "strided":  # every other row of a twice longer buffer
         buf = np.zeros((2 * n, *shape[1:]), dtype=v.dtype)
         buf[::2] = v

@@ -85,7 +85,6 @@ DOCUMENTED_REFUSALS: dict[str, dict[str, str]] = {
     "nvrtc": {
         "host arrays": _HOST_DATA,
         "complex data": r"its kernels handle real and integer data",
-        "strided feature columns": r"its feature kernel reads contiguous feature columns",
         **_RAW_POINTERS,
     },
 }

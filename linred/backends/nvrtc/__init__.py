@@ -22,7 +22,9 @@ kernels (``linred/kernels/*.cuh``):
   32-way search, marking the segment starts of a tile in a bitmask and joining the
   pieces that cross lanes with a keyed warp scan; segments that span runs are
   completed from per-run partials in a fixed order;
-- ``tile_reduce`` + ``tile_fixup`` for everything else with one feature column:
+- ``tile_reduce`` + ``tile_fixup`` for everything else with one feature column, and for
+  feature columns that are not contiguous (a transposed array: each column reduced as a
+  row of its own, its results written as a column of the result):
   tiles of 4096 elements, every segment in a tile reduced by a group of lanes
   sized to the tile's segment count (or, where a tile holds many segments, every
   thread reducing its own 16 consecutive elements and a block-wide segmented
@@ -113,10 +115,14 @@ def route(problem: Problem, options: NvrtcOptions) -> str:
       on contiguous data, ``fixed_staged``;
     - ``"long"``: long fixed lengths of whole 16-byte vectors on contiguous data,
       ``fixed_long``;
-    - ``"features"``: several feature columns, ``features_reduce``;
+    - ``"features"``: several contiguous feature columns, ``features_reduce``;
+    - ``"tile"``: several feature columns that are not contiguous, ``tile_reduce``, each
+      column a row of its own;
     - ``"warp"``: everything else, ``warp_reduce`` on aligned contiguous rows and
       ``tile_reduce`` on the rest (chosen per call, by the data's alignment).
     """
+    if problem.features != 1:  # (before the one-column kernels: a strided column can look flat)
+        return "features" if problem.strides[2] == 1 else "tile"
     L, v = problem.segment_length, vec(problem)
     # fixed_rows and fixed_long keep up to 16 vectors in flight per thread; 1-byte data widened
     # to 4- or 8-byte sums would need over 100 registers for that, so for 1-byte data only
@@ -128,14 +134,12 @@ def route(problem: Problem, options: NvrtcOptions) -> str:
         return "fixed"
     # Short lengths that are not powers of two, whole segments staged in shared memory.
     staged = problem.fixed and not is_pow2(L) and L * itemsize(problem.dtype) <= STAGED_MAX_BYTES
-    if staged and problem.features == 1 and flat(problem):
+    if staged and flat(problem):
         return "staged"
     # Long fixed lengths of whole vectors: fixed_long.
     long = wide and problem.fixed and L % v == 0 and L * itemsize(problem.dtype) >= options.long_min_bytes
-    if long and problem.features == 1 and flat(problem):
+    if long and flat(problem):
         return "long"
-    if problem.features != 1:
-        return "features"
     return "warp"
 
 
@@ -178,11 +182,6 @@ class NvrtcBackend(Backend):
             return "its kernels handle real and integer data; 'nvmath' and 'cublas' serve complex sums"
         if "bfloat16" in (problem.dtype, problem.out_dtype) and _compute_capability(problem.device) < (8, 0):
             return "its bfloat16 conversions need compute capability 8.0 or newer; 'cub' serves bfloat16 here"
-        if problem.features != 1 and problem.strides[2] != 1:
-            return (
-                f"its feature kernel reads contiguous feature columns (their stride is {problem.strides[2]} elements); "
-                "'nvmath', 'cublas' and 'cub' serve strided features"
-            )
         return None
 
     def plan(self, problem: Problem) -> Executor:

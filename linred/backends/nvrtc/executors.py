@@ -259,7 +259,8 @@ class _Runs:
         self._problem = problem
         self._tuning = tuning = options
         self._launch = launch
-        b, n, _ = problem.in_shape
+        b, n, d = problem.in_shape
+        b *= d  # (strided feature columns, tile_reduce's only: each column a row of its own)
         threads = tuning.threads
         self._tiles_per_row = -(-n // tile)
         # Tiles per run: as many as leave a few waves of workers for every SM.
@@ -300,16 +301,16 @@ class _Runs:
         problem, launch = self._problem, self._launch
         kernels = tuple(get_kernels(launch.device, wrapper, names))
         launch.allow_shared_memory(kernels[0], shared)
-        # (x, out, offsets, the 10 tiling arguments, 4 partials), (out, offsets, 10, 4), (offsets, 10)
+        # (x, out, offsets, the 12 tiling arguments, 4 partials), (out, offsets, 12, 4), (offsets, 12)
         # (linred_warp and linred_fixup: and the walks and the check word; linred_warp: the ticket)
-        counts = {"linred_tile": 17, "linred_warp": _WARP_ARGS, "linred_fixup": 18, "linred_bounds": 11}
+        counts = {"linred_tile": 19, "linred_warp": _WARP_ARGS, "linred_fixup": 20, "linred_bounds": 13}
         launches = tuple(
             PackedLaunch(k, counts[name], name, launch.device) for k, name in zip(kernels, names, strict=True)
         )
-        _, n, _ = problem.in_shape
-        s0, s1, _ = problem.strides
+        _, n, d = problem.in_shape
+        s0, s1, s2 = problem.strides
         bounds = 0 if self._bounds is None else launch.ptr(self._bounds)
-        tiling = (problem.segment_length or 0, n, problem.num_segments, s0, s1, self._tiles_per_row,
+        tiling = (problem.segment_length or 0, n, problem.num_segments, s0, s1, d, s2, self._tiles_per_row,
                   self._runs_per_row, self._runs, self._k, bounds)  # fmt: skip
         group = 0 if self._group_head is None else launch.ptr(self._group_head)
         partials = (launch.ptr(self._head), launch.ptr(self._tail), launch.ptr(self._tail_seg), group)
@@ -363,8 +364,10 @@ class _Runs:
 
 
 class _TileExecutor(_Runs):
-    """Any segments (fixed or offsets) with one feature column, any strides: rows cut into
-    tiles, runs of tiles given to blocks, per-block partials joined by the fix-up."""
+    """Any segments (fixed or offsets), any strides, with one feature column or feature columns
+    that are not contiguous (each read as a row of its own, its results a column of the
+    result): rows cut into tiles, runs of tiles given to blocks, per-block partials joined by
+    the fix-up."""
 
     def __init__(self, problem: Problem, options: NvrtcOptions, launch: _Launcher | None = None) -> None:
         tuning = options
@@ -609,8 +612,8 @@ class _FeaturesExecutor:
 
 #: linred_warp's argument count, and the slot of its check word (the walks' pointer before it,
 #: the ticket after it)
-_WARP_ARGS = 20
-_WARP_WORD = 18
+_WARP_ARGS = 22
+_WARP_WORD = 20
 
 #: the executor of each route of :func:`linred.backends.nvrtc.route`
 EXECUTORS = {
@@ -619,4 +622,5 @@ EXECUTORS = {
     "long": _LongExecutor,
     "features": _FeaturesExecutor,
     "warp": _WarpExecutor,
+    "tile": _TileExecutor,
 }

@@ -99,9 +99,15 @@ def flat(problem: Problem) -> bool:
 def rows_aligned(problem: Problem, xp: int) -> bool:
     """Whether every row of the data at address ``xp`` is contiguous and made of whole 16-byte
     vectors (then ``warp_reduce``, and ``tile_reduce``'s vector loads, can read it)."""
-    b, _, _ = problem.in_shape
-    s0, s1, _ = problem.strides
-    return s1 == 1 and xp % 16 == 0 and (b == 1 or (s0 * itemsize(problem.dtype)) % 16 == 0)
+    b, _, d = problem.in_shape
+    s0, s1, s2 = problem.strides
+    size = itemsize(problem.dtype)
+    return (
+        s1 == 1
+        and xp % 16 == 0
+        and (b == 1 or (s0 * size) % 16 == 0)
+        and (d == 1 or (s2 * size) % 16 == 0)  # (strided feature columns: each a row)
+    )
 
 
 def index_ctype(problem: Problem) -> str:
