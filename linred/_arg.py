@@ -104,9 +104,14 @@ def first_positions(adapter: Any, info: Any, x: Any, extreme: Any, segment_lengt
 
 
 def _on_stream(adapter: Any, handle: Any, device: Any) -> Any:
-    """``adapter.on_stream(handle, device)``, or nothing to enter where ``handle`` is None (the
-    current stream already)."""
-    return contextlib.nullcontext() if handle is None else adapter.on_stream(handle, device)
+    """``adapter.on_stream(handle, device)``; where ``handle`` is None (the current stream
+    already), nothing to enter but, for CuPy, the data's device (CuPy's operations run on the
+    current device, whichever device their arrays are on)."""
+    if handle is not None:
+        return adapter.on_stream(handle, device)
+    if adapter.kind == "cupy" and device is not None:
+        return adapter.on_stream(adapter.resolve_stream(None, device), device)
+    return contextlib.nullcontext()
 
 
 #: host data: each segment's positions found by a loop over segments (:func:`host_first`) where

@@ -7,6 +7,7 @@ runs in the other modules, parametrized by conftest.py.
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
@@ -313,24 +314,33 @@ def test_stream_argument_types():
 @pytest.mark.skipif(GPU_COUNT < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("backend", GPU_BACKEND_PARAMS)
 def test_second_device(backend):
-    """Data on device 1 while device 0 is current: the result is on device 1 and right."""
+    """Data on device 1 while device 0 is current: the result is on device 1 and right, and
+    device 0 is still current after the call (planning too: the first call of each)."""
     with cupy.cuda.Device(1):
         x = cupy.arange(1, 13, dtype=cupy.float32)
     with cupy.cuda.Device(0):
         got = run_or_refused(linred.segmented_sum, x, 4, backend=backend)
+        assert cupy.cuda.runtime.getDevice() == 0
         assert got.device.id == 1
         np.testing.assert_array_equal(cupy.asnumpy(got), [10, 26, 42])
         got = run_or_refused(linred.segmented_max, x, offsets=[0, 4, 12], backend=backend)
+        assert cupy.cuda.runtime.getDevice() == 0
         assert got.device.id == 1
         np.testing.assert_array_equal(cupy.asnumpy(got), [4, 12])
         got = run_or_refused(linred.segmented_argmax, x, offsets=[0, 4, 12], backend=backend)
+        assert cupy.cuda.runtime.getDevice() == 0
         assert got.device.id == 1
         np.testing.assert_array_equal(cupy.asnumpy(got), [3, 11])
     if HAS_TORCH_CUDA:
+        torch.cuda.set_device(0)
         t = torch.arange(1, 13, dtype=torch.float32, device="cuda:1")
         got = run_or_refused(linred.segmented_sum, t, 4, backend=backend)
+        assert torch.cuda.current_device() == 0
         assert got.device == t.device
         np.testing.assert_array_equal(got.cpu().numpy(), [10, 26, 42])
+        got = run_or_refused(linred.segmented_mean, t.reshape(6, 2), offsets=[0, 1, 6], backend=backend)
+        assert torch.cuda.current_device() == 0
+        np.testing.assert_allclose(got.cpu().numpy(), [[1, 2], [7, 8]])
 
 
 @pytest.mark.skipif(GPU_COUNT < 2, reason="needs two GPUs")
@@ -607,3 +617,89 @@ def test_feature_columns_that_are_not_contiguous_are_served(kind, backend, reduc
         np.testing.assert_array_equal(res, ref)
     else:
         np.testing.assert_allclose(res, ref, rtol=3 * max(lengths) * np.finfo(np.float32).eps)
+
+
+def _segment_reference(name: str, x: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """float64 NumPy: each function of a 1-D ``x`` cut at ``bounds`` (no empty segments)."""
+    parts = [x[a:b].astype(np.float64) for a, b in itertools.pairwise(bounds.tolist())]
+    if name in ("softmax", "log_softmax"):
+        out = []
+        for p in parts:
+            z = p - p.max()
+            lse = np.log(np.exp(z).sum())
+            out.append(np.exp(z - lse) if name == "softmax" else z - lse)
+        return np.concatenate(out)
+    ops = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "var": np.var, "std": np.std,
+           "logsumexp": lambda p: p.max() + np.log(np.exp(p - p.max()).sum()), "argmax": np.argmax,
+           "argmin": np.argmin}  # fmt: skip
+    return np.array([ops[name](p) for p in parts])
+
+
+@pytest.mark.skipif(GPU_COUNT < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("size", ["small", "long"])
+def test_every_function_on_the_second_device(kind, size, rng):
+    """Data and offsets on device 1 while device 0 is current: every function's result is on
+    device 1 and right (checked, unchecked, by lengths, by sorted ids), the current device is still 0 after
+    each call, bad offsets raise the documented ValueError, and torch's gradients land on
+    device 1.  ``long``: 2^22 values with one segment of 319,564 rows among short ones (a
+    checked call lists it on the data's device)."""
+    if size == "small":
+        lengths = rng.integers(1, 40, 500)
+    else:
+        lengths = rng.integers(1, 30, (1 << 22) // 16)
+        lengths[777] = 319_564
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    n = int(bounds[-1])
+    x_np = rng.standard_normal(n).astype(np.float32)
+
+    def current() -> tuple[int, ...]:
+        devices = (cupy.cuda.runtime.getDevice(),)
+        return devices + ((torch.cuda.current_device(),) if HAS_TORCH_CUDA else ())
+
+    with cupy.cuda.Device(1):
+        x = to_kind(x_np, kind)
+        offsets = to_kind(bounds, kind)
+        lens = to_kind(lengths.astype(np.int64), kind)
+        ids = to_kind(np.repeat(np.arange(len(lengths)), lengths), kind)
+    if kind == "torch-cuda":
+        x, offsets, lens, ids = x.to("cuda:1"), offsets.to("cuda:1"), lens.to("cuda:1"), ids.to("cuda:1")
+    specs = ({"offsets": offsets}, {"offsets": offsets, "check": False}, {"lengths": lens},
+             {"segment_ids": ids, "num_segments": len(lengths)}, {"segment_ids": ids})  # fmt: skip
+    with cupy.cuda.Device(0):
+        if HAS_TORCH_CUDA:
+            torch.cuda.set_device(0)
+        names = ("sum", "mean", "max", "min", "var", "std", "logsumexp", "softmax", "log_softmax", "argmax", "argmin")
+        for name in names:
+            fn = getattr(linred, f"segmented_{name}")
+            expected = _segment_reference(name, x_np, bounds)
+            for spec in specs:
+                got = fn(x, **spec)
+                assert current() == (0,) * len(current()), (name, spec)
+                if kind == "cupy":
+                    assert got.device.id == 1
+                else:
+                    assert got.device == torch.device("cuda:1")
+                res = to_numpy(got)
+                if name.startswith("arg"):
+                    np.testing.assert_array_equal(res, expected + bounds[:-1], err_msg=name)
+                else:
+                    atol = 1e-9 if name == "softmax" else 2e-5  # (softmax values of the long segment: 3e-6)
+                    np.testing.assert_allclose(res, expected, rtol=2e-5, atol=atol, err_msg=name)
+        bad = bounds.copy()
+        bad[3] = bad[2] - 1  # segment 2 ends before it starts
+        with cupy.cuda.Device(1):
+            bad_dev = to_kind(bad, kind)
+        if kind == "torch-cuda":
+            bad_dev = bad_dev.to("cuda:1")
+        for name in ("sum", "softmax", "argmax"):
+            with pytest.raises(ValueError, match=r"offsets"):
+                getattr(linred, f"segmented_{name}")(x, offsets=bad_dev)
+            assert current() == (0,) * len(current())
+        if kind == "torch-cuda":
+            for name in ("sum", "softmax"):
+                leaf = x.detach().clone().requires_grad_(True)
+                getattr(linred, f"segmented_{name}")(leaf, offsets=offsets).square().sum().backward()
+                assert leaf.grad.device == torch.device("cuda:1")
+                assert torch.isfinite(leaf.grad).all()
+            assert current() == (0,) * len(current())

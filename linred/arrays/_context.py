@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-__all__ = ["current_device", "driver", "on_device"]
+__all__ = ["current_device", "driver", "keep_current", "on_device"]
 
 #: per device: its primary context (retained once, for the process)
 _contexts: dict[int, Any] = {}
@@ -90,3 +90,25 @@ class on_device:
         if self._pushed:
             _driver.cuCtxPopCurrent()
             self._pushed = False
+
+
+class keep_current:
+    """The thread's current CUDA context put back when the block ends, whatever the block made
+    current: for cuda.core's ``Device(n).set_current()``, which its APIs need once per thread
+    and which replaces the caller's context (its device, as CuPy and PyTorch report it) instead
+    of stacking on it."""
+
+    __slots__ = ("_context",)
+
+    def __enter__(self) -> None:
+        cuda = _driver or driver()
+        err, context = cuda.cuCtxGetCurrent()
+        self._context = context if err == cuda.CUresult.CUDA_SUCCESS else None
+
+    def __exit__(self, *exc: object) -> None:
+        if self._context is None:
+            return
+        cuda = _driver
+        err, context = cuda.cuCtxGetCurrent()
+        if err != cuda.CUresult.CUDA_SUCCESS or int(context) != int(self._context):
+            cuda.cuCtxSetCurrent(self._context)

@@ -31,6 +31,13 @@ def external_stream(handle: int, device: int) -> Any:
         return from_external(ProtocolStream(handle))
 
 
+@contextlib.contextmanager
+def _on_device_stream(device: int, stream: int) -> Any:
+    """``device`` current and the stream ``stream`` (a raw handle) of it current for the block."""
+    with cupy.cuda.Device(device), external_stream(stream, device):
+        yield
+
+
 def _pinned_words() -> tuple[Any, int]:
     memory = cupy.cuda.alloc_pinned_memory(8)  # (the check's word and a note: linred.arrays._device_checks)
     return memory, memory.ptr
@@ -155,9 +162,12 @@ class CupyAdapter(ArrayAdapter):
         return lambda: current(device).ptr
 
     def on_stream(self, stream: Any, device: int | None) -> Any:
+        # CuPy's operations run on the current device, whichever device their arrays are on (and
+        # read another device's through peer access): the data's device is made current too.
+        switch = device is not None and device != cupy.cuda.runtime.getDevice()
         if stream == cupy.cuda.get_current_stream(device).ptr:
-            return contextlib.nullcontext()
-        return external_stream(stream, device)
+            return cupy.cuda.Device(device) if switch else contextlib.nullcontext()
+        return _on_device_stream(device, stream) if switch else external_stream(stream, device)
 
     def resolve_stream(self, stream: Any, device: int | None) -> int:
         if stream is None:

@@ -26,6 +26,7 @@ from nvmath.linalg import ComputeType
 from nvmath.linalg.advanced import Matmul, MatmulOptions, MatmulPlanPreferences, MatmulReductionScheme
 
 from linred._dtypes import HALF
+from linred.arrays._context import keep_current
 from linred.arrays.views import physical
 from linred.backends._device import StreamOrder, alignment, ops_for
 from linred.backends.nvmath.layout import Layout, View
@@ -135,17 +136,18 @@ class DenseExecutor:
         # device's context current, and free() may run on a thread that never used the device
         # (where CuPy's and torch's device guards make none current).
         device = Device(self._ops.device)
-        device.set_current()
-        for entry in self._plans:
-            if entry is not None:
-                mm = entry[0]
-                # wait_idle() has waited for the last call: nvmath need not order the release after
-                # it on that call's stream, which its owner may have destroyed since (a thread's
-                # stream, say); the workspace goes back on the device's default stream instead.
-                mm.last_compute_event = None
-                workspace = getattr(mm, "workspace", None)
-                if getattr(workspace, "stream", None) is not None:
-                    workspace.stream = device.default_stream
-                mm.free()
+        with keep_current():  # (the thread's own device current again afterwards)
+            device.set_current()
+            for entry in self._plans:
+                if entry is not None:
+                    mm = entry[0]
+                    # wait_idle() has waited for the last call: nvmath need not order the release
+                    # after it on that call's stream, which its owner may have destroyed since (a
+                    # thread's stream, say); the workspace goes back on the device's default stream.
+                    mm.last_compute_event = None
+                    workspace = getattr(mm, "workspace", None)
+                    if getattr(workspace, "stream", None) is not None:
+                        workspace.stream = device.default_stream
+                    mm.free()
         self._plans = []
         self._constants = None

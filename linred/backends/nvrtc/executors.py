@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings import driver
 from cuda.core import Device
 
-from linred.arrays._context import on_device
+from linred.arrays._context import keep_current, on_device
 from linred.backends._device import StreamOrder, ops_for
 from linred.backends.base import INT32_MAX
 from linred.backends.nvrtc.kernels import (
@@ -69,8 +69,8 @@ class _Launcher:
 
     def __init__(self, problem: Problem) -> None:
         self.device = problem.device
-        dev = Device(problem.device)
-        dev.set_current()
+        with keep_current():  # (cuda.core's per-thread set-up; the caller's device stays current)
+            Device(problem.device).set_current()
         self.sms = multiprocessors(problem.device)
         self.kind = problem.kind
         #: the device pointer of an array of the problem's library (chosen once: calls are hot)
