@@ -123,9 +123,12 @@ def call(
             global _hits
             _hits += 1  # (a module global: a call's cheapest counter)
             plan._last_use = _hits
-            handle = (plan._current_stream and plan._current_stream()) if stream is None else plan._stream(stream)
+            if stream is None:
+                handle, named = plan._current_stream and plan._current_stream(), False
+            else:  # (a named stream: the result is allocated on it, see SegmentedReduction._run)
+                handle, named = plan._stream(stream), True
             if fixed:
-                return plan._run(x, out, handle, plan._segments)
+                return plan._run(x, out, handle, plan._segments, named)
             if (
                 plan._offsets_as_given
                 and type(offsets) is plan._type
@@ -136,7 +139,7 @@ def call(
                 # Contiguous offsets of the first call's array type, shape (the key), dtype and
                 # device: used as they are, as parse_offsets would return them.
                 if check is False:
-                    return plan._run(x, out, handle, VariableSegments(offsets, plan._count))
+                    return plan._run(x, out, handle, VariableSegments(offsets, plan._count), named)
                 if plan._armed and stream is None and not plan._capturing(offsets):
                     # Checked by the kernel that reads them (as parse_offsets arranges it when
                     # deferred): this thread's word armed, one wait for the stream after the call.
@@ -151,11 +154,11 @@ def call(
             segments = _segments(plan, offsets, lengths, check, stream, handle)
             if segments.offsets.dtype == plan._offsets_dtype:
                 if not segments.word:
-                    return plan._run(x, out, handle, segments)
+                    return plan._run(x, out, handle, segments, named)
                 if plan._ahead:
-                    return _checked_ahead(plan, x, out, handle, segments, lengths)
+                    return _checked_ahead(plan, x, out, handle, segments, lengths, named)
                 # Checked by the kernel that reads them: one wait for the stream, after the call.
-                result = plan._run(x, out, handle, segments)
+                result = plan._run(x, out, handle, segments, named)
                 req = plan._request
                 verify(segments, req.adapter, handle, lengths, n=req.problem.n, axis=req.axis, device=plan._device)
                 return result
@@ -197,7 +200,7 @@ def call(
     plan._ahead = _ahead(plan, segments) if check and plan._checks_offsets and plan._device is not None else False
     if key is not None and _cache.maxsize:
         _cache.put(key, plan)
-    return plan._run(x, out, handle, req.segments)
+    return plan._run(x, out, handle, req.segments, stream is not None)
 
 
 def _ahead(plan: SegmentedReduction, segments: Any) -> bool:
@@ -221,7 +224,7 @@ def _ahead(plan: SegmentedReduction, segments: Any) -> bool:
 
 
 def _checked_ahead(plan: SegmentedReduction, x: Any, out: Any, handle: Any, segments: VariableSegments,
-                   lengths: Any) -> Any:  # fmt: skip
+                   lengths: Any, named: bool = False) -> Any:  # fmt: skip
     """A checked call (``segments.word`` armed) whose verdict comes from the offsets check
     enqueued ahead of its reduction: it waits for that check, not for the reduction, and
     returns while the reduction runs (the next call's host work overlaps it).  Bad offsets
@@ -230,7 +233,7 @@ def _checked_ahead(plan: SegmentedReduction, x: Any, out: Any, handle: Any, segm
     req, device = plan._request, plan._device
     if plan._check_ahead(plan._pointer(segments.offsets), plan._wide, segments.count, req.problem.n, device, handle):
         try:
-            result = plan._run(x, out, handle, segments)
+            result = plan._run(x, out, handle, segments, named)
             passed = plan._verdict(device)
         except BaseException:
             # The check, and any reduction behind it, end before this thread's word is armed again
@@ -240,7 +243,7 @@ def _checked_ahead(plan: SegmentedReduction, x: Any, out: Any, handle: Any, segm
         if passed:
             return result
     else:  # (the check cannot run on this device: the reduction's own check, waited for)
-        result = plan._run(x, out, handle, segments)
+        result = plan._run(x, out, handle, segments, named)
     verify(segments, req.adapter, handle, lengths, n=req.problem.n, axis=req.axis, device=device)
     return result
 
@@ -312,8 +315,10 @@ def clear_plan_cache() -> None:
     """Drop every cached plan.
 
     A dropped plan's resources (library handles, workspaces, scratch buffers)
-    are released once no running call uses it.  The hit and miss counters are
-    kept.
+    are released once no running call uses it; a GPU plan whose last call may
+    still run on another stream than the one it was planned on waits for that
+    call first (its buffers go back to the memory pool of the stream they were
+    allocated on).  The hit and miss counters are kept.
 
     See Also
     --------

@@ -230,13 +230,18 @@ class SegmentedReduction:
             return self._current_stream and self._current_stream()
         return self._request.adapter.resolve_stream(stream, self._request.problem.device)
 
-    def _run(self, x: Any, out: Any, handle: Any, segments: Segments) -> Any:
-        """Run on ``x``, whose layout matches the plan's, into ``out`` (or a new array)."""
+    def _run(self, x: Any, out: Any, handle: Any, segments: Segments, named: bool = False) -> Any:
+        """Run on ``x``, whose layout matches the plan's, into ``out`` (or a new array).
+
+        ``named``: the call names its stream (``handle``), which need not be the library's current
+        one; a new result is then allocated on it, so that the array library's memory pool orders
+        its reuse after the work written there (allocated on the current stream, a result dropped
+        before the call's stream is done could be handed to another array while it is written)."""
         if self._prepare is not None:
             x = self._prepare(x)
         copy_back = False
         if out is None:
-            result = target = self._empty(self.out_shape)
+            result = target = self._empty_on(handle) if named else self._empty(self.out_shape)
         else:
             result = out
             if self._prepare_out is not None:
@@ -256,7 +261,7 @@ class SegmentedReduction:
             if direct:
                 target = out
             else:  # out overlaps the inputs or is not plain: a new result, then copied (as NumPy's ufuncs do)
-                target = self._empty(self.out_shape)
+                target = self._empty_on(handle) if named else self._empty(self.out_shape)
                 copy_back = True
         if self._views:
             self._launch(x.reshape(self._in3), target.reshape(self._out3), segments, handle)
@@ -267,6 +272,12 @@ class SegmentedReduction:
         if self._written is not None and out is not None:
             self._written(out)  # (PyTorch: autograd learns that out changed)
         return result
+
+    def _empty_on(self, handle: Any) -> Any:
+        """A new result allocated on the stream ``handle`` (see :meth:`_run`)."""
+        req = self._request
+        with req.adapter.on_stream(handle, req.problem.device):
+            return self._empty(self.out_shape)
 
     def _host_run(self, fits: Callable[[Any], bool]) -> Callable[..., Any]:
         """:meth:`_run` for host data whose arrays need no preparing, with what it looks up on
@@ -279,7 +290,7 @@ class SegmentedReduction:
         fixed, views, in3, out3 = self._fixed, self._views, self._in3, self._out3
         test_overlap = not (fixed and getattr(self._executor, "overlap_safe", False))
 
-        def _run(x: Any, out: Any, handle: Any, segments: Segments) -> Any:
+        def _run(x: Any, out: Any, handle: Any, segments: Segments, named: bool = False) -> Any:
             if out is None:
                 out = empty(shape)
             elif not fits(out) or (
@@ -358,8 +369,9 @@ class SegmentedReduction:
             self._plan_input(x)  # (a PyTorch tensor that requires grad: refused, not silently detached)
         if type(x) is not self._type or self._describe(x) != self._x_key:
             x = check_x(x, self._request)  # the same layout through another route, or an error
-        handle = (self._current_stream and self._current_stream()) if stream is None else self._stream(stream)
-        return self._run(x, out, handle, self._segments)
+        if stream is None:
+            return self._run(x, out, self._current_stream and self._current_stream(), self._segments)
+        return self._run(x, out, self._stream(stream), self._segments, True)
 
     __call__ = execute
 

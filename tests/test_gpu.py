@@ -7,6 +7,7 @@ runs in the other modules, parametrized by conftest.py.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 
@@ -137,8 +138,21 @@ def _cupy_spin(stream, seconds: float) -> None:
         kernel((1,), (1,), (np.int64(seconds * CYCLES_PER_SECOND),))
 
 
+@contextlib.contextmanager
+def _drained(stream):
+    """``stream`` waited for when the block ends, however it ends: an array made by
+    ``_late_ones_*`` is written by ``stream`` after 0.2 s, and one dropped before that (a
+    refusal's skip leaves the test early) goes back to the memory pool of the current stream,
+    whose next array (another test's data) the late ones would overwrite."""
+    try:
+        yield
+    finally:
+        stream.synchronize()
+
+
 def _late_ones_cupy(shape, dtype, stream, seconds=0.2):
-    """An array that becomes ones on ``stream`` only after ``seconds`` of GPU time (zeros before)."""
+    """An array that becomes ones on ``stream`` only after ``seconds`` of GPU time (zeros before);
+    use it inside ``_drained(stream)``."""
     x = cupy.zeros(shape, dtype=dtype)
     cupy.cuda.Device().synchronize()
     _cupy_spin(stream, seconds)
@@ -148,6 +162,7 @@ def _late_ones_cupy(shape, dtype, stream, seconds=0.2):
 
 
 def _late_ones_torch(shape, dtype, stream, seconds=0.2):
+    """As ``_late_ones_cupy``, for PyTorch."""
     x = torch.zeros(shape, dtype=dtype, device="cuda")
     torch.cuda.synchronize()
     with torch.cuda.stream(stream):
@@ -166,15 +181,15 @@ SPECS = {"fixed": {"segment_length": 256}, "offsets": {"offsets": [0, 0, 256 * 1
 @pytest.mark.parametrize("way", ["current stream", "stream=Stream", "stream=int"])
 def test_cupy_stream(backend, reduction, how, way):
     stream = cupy.cuda.Stream(non_blocking=True)
-    x = _late_ones_cupy((256 * 1024,), cupy.float32, stream)
-    fn = FUNCTIONS[reduction]
-    if way == "current stream":
-        with stream:
-            got = run_or_refused(fn, x, backend=backend, **SPECS[how])
-    else:
-        handle = stream if way == "stream=Stream" else stream.ptr
-        got = run_or_refused(fn, x, backend=backend, stream=handle, **SPECS[how])
-    stream.synchronize()
+    with _drained(stream):
+        x = _late_ones_cupy((256 * 1024,), cupy.float32, stream)
+        fn = FUNCTIONS[reduction]
+        if way == "current stream":
+            with stream:
+                got = run_or_refused(fn, x, backend=backend, **SPECS[how])
+        else:
+            handle = stream if way == "stream=Stream" else stream.ptr
+            got = run_or_refused(fn, x, backend=backend, stream=handle, **SPECS[how])
     bounds = segment_bounds(256 * 1024, **SPECS[how])
     assert_reduction(got, reduction, np.ones(256 * 1024, np.float32), segments=bounds, like=x)
 
@@ -186,15 +201,15 @@ def test_cupy_stream(backend, reduction, how, way):
 @pytest.mark.parametrize("way", ["current stream", "stream=Stream", "stream=int"])
 def test_torch_stream(backend, reduction, how, way):
     stream = torch.cuda.Stream()
-    x = _late_ones_torch((256 * 1024,), torch.float32, stream)
-    fn = FUNCTIONS[reduction]
-    if way == "current stream":
-        with torch.cuda.stream(stream):
-            got = run_or_refused(fn, x, backend=backend, **SPECS[how])
-    else:
-        handle = stream if way == "stream=Stream" else stream.cuda_stream
-        got = run_or_refused(fn, x, backend=backend, stream=handle, **SPECS[how])
-    stream.synchronize()
+    with _drained(stream):
+        x = _late_ones_torch((256 * 1024,), torch.float32, stream)
+        fn = FUNCTIONS[reduction]
+        if way == "current stream":
+            with torch.cuda.stream(stream):
+                got = run_or_refused(fn, x, backend=backend, **SPECS[how])
+        else:
+            handle = stream if way == "stream=Stream" else stream.cuda_stream
+            got = run_or_refused(fn, x, backend=backend, stream=handle, **SPECS[how])
     bounds = segment_bounds(256 * 1024, **SPECS[how])
     assert_reduction(got, reduction, np.ones(256 * 1024, np.float32), segments=bounds, like=x)
 
@@ -218,10 +233,10 @@ def test_repeated_call_uses_the_current_stream(kind, backend):
         first = torch.zeros(n, dtype=torch.float32, device="cuda")
         x = _late_ones_torch((n,), torch.float32, stream)
         context = torch.cuda.stream(stream)
-    run_or_refused(linred.segmented_sum, first, 256, backend=backend)  # plans on the default stream
-    with context:
-        got = run_or_refused(linred.segmented_sum, x, 256, backend=backend)
-    stream.synchronize()
+    with _drained(stream):
+        run_or_refused(linred.segmented_sum, first, 256, backend=backend)  # plans on the default stream
+        with context:
+            got = run_or_refused(linred.segmented_sum, x, 256, backend=backend)
     assert_reduction(got, "sum", np.ones(n, np.float32), segments=segment_bounds(n, segment_length=256), like=x)
 
 
@@ -281,11 +296,11 @@ def test_no_hidden_synchronization(backend, reduction, how):
     fn = FUNCTIONS[reduction]
     run_or_refused(fn, x, backend=backend, stream=stream, **kwargs)  # plan (and compile) outside the timing
     stream.synchronize()
-    _cupy_spin(stream, 1.0)
-    start = time.perf_counter()
-    got = fn(x, backend=backend, stream=stream, **kwargs)
-    elapsed = time.perf_counter() - start
-    stream.synchronize()
+    with _drained(stream):  # (x must outlive the spin and the call behind it)
+        _cupy_spin(stream, 1.0)
+        start = time.perf_counter()
+        got = fn(x, backend=backend, stream=stream, **kwargs)
+        elapsed = time.perf_counter() - start
     assert elapsed < 0.5, f"the call blocked for {elapsed:.2f} s: it synchronized with the busy stream"
     bounds = segment_bounds(256 * 1024, **{k: v for k, v in kwargs.items() if k != "check"})
     assert_reduction(got, reduction, np.ones(256 * 1024, np.float32), segments=bounds, like=x)
@@ -703,3 +718,62 @@ def test_every_function_on_the_second_device(kind, size, rng):
                 assert leaf.grad.device == torch.device("cuda:1")
                 assert torch.isfinite(leaf.grad).all()
             assert current() == (0,) * len(current())
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+def test_result_of_a_named_stream_is_that_streams_memory(kind):
+    """A result of a call on a busy ``stream=`` dropped before that stream is done goes back to
+    that stream's pool: an array made next on the current stream is not where the call writes
+    (the result used to be allocated on the current stream, and such an array got its memory
+    and the call's late sums)."""
+    n, L = 1 << 20, 4
+    if kind == "cupy":
+        stream = cupy.cuda.Stream(non_blocking=True)
+        x = cupy.ones(n, dtype=cupy.float32)
+        cupy.cuda.Device().synchronize()
+        fill = lambda: cupy.full(n // L, 7.0, dtype=cupy.float32)
+        handle = stream
+    else:
+        stream = torch.cuda.Stream()
+        x = torch.ones(n, dtype=torch.float32, device="cuda")
+        torch.cuda.synchronize()
+        fill = lambda: torch.full((n // L,), 7.0, dtype=torch.float32, device="cuda")
+        handle = stream
+    linred.segmented_sum(x, L, stream=handle)  # (planned and compiled outside the test)
+    stream.synchronize()
+    for _ in range(3):
+        with _drained(stream):
+            if kind == "cupy":
+                _cupy_spin(stream, 0.2)
+            else:
+                with torch.cuda.stream(stream):
+                    torch.cuda._sleep(int(0.2 * CYCLES_PER_SECOND))
+            y = linred.segmented_sum(x, L, stream=handle)
+            del y  # before the stream gets to it
+            z = fill()  # on the current stream
+        np.testing.assert_array_equal(to_numpy(z), np.full(n // L, 7.0, np.float32))
+
+
+@needs_cupy
+@pytest.mark.parametrize("backend", ["nvrtc", "nvmath"])
+def test_a_dropped_plan_waits_for_its_last_call_before_its_scratch_is_released(backend):
+    """A plan dropped from the functions' cache whose last call still runs on another stream
+    waits for it before its scratch buffers go back to the memory pool (of the stream it was
+    planned on, where the next array could otherwise take them while that call writes them)."""
+    import gc
+
+    x = cupy.random.random(1 << 22, dtype=cupy.float64)  # (nvmath sums long float32 rows less accurately)
+    offsets = cupy.asarray([0, 5, 1 << 21, (1 << 22) - 3, 1 << 22])
+    stream = cupy.cuda.Stream(non_blocking=True)
+    cupy.cuda.Device().synchronize()
+    linred.clear_plan_cache()
+    run_or_refused(linred.segmented_sum, x, offsets=offsets, check=False, stream=stream, backend=backend)
+    stream.synchronize()
+    with _drained(stream):
+        _cupy_spin(stream, 0.5)
+        linred.segmented_sum(x, offsets=offsets, check=False, stream=stream, backend=backend)
+        start = time.perf_counter()
+        linred.clear_plan_cache()
+        gc.collect()
+        waited = time.perf_counter() - start
+        assert stream.done and waited > 0.2, f"dropped after {waited:.3f} s, the stream still busy"

@@ -324,11 +324,11 @@ def test_cache_eviction_never_frees_a_plan_in_use(monkeypatch, clean_plan_cache)
         original(plan, req, x)
         run = plan._run
 
-        def paused_run(x, out, handle, segments):
+        def paused_run(x, out, handle, segments, named=False):
             if threading.current_thread().name == "A":
                 looked_up.set()
                 assert evicted.wait(10)
-            return run(x, out, handle, segments)
+            return run(x, out, handle, segments, named)
 
         plan._run = paused_run
 

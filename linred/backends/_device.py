@@ -420,6 +420,22 @@ class StreamOrder:
             self._event.synchronize()
 
 
+class ReleasedInOrder:
+    """What an executor with a :class:`StreamOrder` (``self._order``) and scratch buffers does
+    when it is dropped without :meth:`free` (a plan evicted from the functions' cache, a dropped
+    cache entry): it waits for its last call before its buffers go back to the memory pool.
+    They were allocated on the stream current when it was planned, and CuPy's and PyTorch's
+    pools hand memory back to that stream's allocations without waiting for the streams later
+    calls used: a kernel still running there would write into another array."""
+
+    def __del__(self) -> None:
+        order = getattr(self, "_order", None)
+        if order is not None:
+            # (at interpreter exit the driver may be gone: nothing is left to order then)
+            with contextlib.suppress(Exception):
+                order.wait_idle()
+
+
 class DriverEvent:
     """A CUDA event without timing on ``device``, recorded
     (:meth:`_DriverOrdering.record_unless_capturing`) and waited on through the driver (one call

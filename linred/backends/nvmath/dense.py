@@ -28,7 +28,7 @@ from nvmath.linalg.advanced import Matmul, MatmulOptions, MatmulPlanPreferences,
 from linred._dtypes import HALF
 from linred.arrays._context import keep_current
 from linred.arrays.views import physical
-from linred.backends._device import StreamOrder, alignment, ops_for
+from linred.backends._device import ReleasedInOrder, StreamOrder, alignment, ops_for
 from linred.backends.nvmath.layout import Layout, View
 from linred.problem import Problem
 from linred.segments import Segments
@@ -41,7 +41,7 @@ def compute_type(dtype: str) -> ComputeType:
     return ComputeType.COMPUTE_64F if dtype in DOUBLE else ComputeType.COMPUTE_32F
 
 
-class DenseExecutor:
+class DenseExecutor(ReleasedInOrder):
     """Runs a :class:`Layout` through planned cuBLASLt products on the call's stream."""
 
     def __init__(self, problem: Problem, layout: Layout, logger: Any, *, complex_as_real: bool = False) -> None:

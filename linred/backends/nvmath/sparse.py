@@ -45,7 +45,7 @@ from nvmath.bindings import cusparse
 
 from linred._dtypes import HALF
 from linred.arrays.views import physical
-from linred.backends._device import StreamOrder, ops_for
+from linred.backends._device import ReleasedInOrder, StreamOrder, ops_for
 from linred.backends.base import INT32_MAX
 from linred.backends.nvmath.layout import sparse_dense_strides
 from linred.problem import Problem
@@ -100,7 +100,7 @@ def sums_dtype(dtype: str) -> str:
     return "float32" if dtype in HALF else dtype
 
 
-class SparseExecutor:
+class SparseExecutor(ReleasedInOrder):
     """``out3 = S @ x3`` (and a division by the segment lengths for a mean).
 
     ``problem`` is the real problem: complex data as its real and imaginary

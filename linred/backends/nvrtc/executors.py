@@ -22,7 +22,7 @@ from cuda.bindings import driver
 from cuda.core import Device
 
 from linred.arrays._context import keep_current, on_device
-from linred.backends._device import StreamOrder, ops_for
+from linred.backends._device import ReleasedInOrder, StreamOrder, ops_for
 from linred.backends.base import INT32_MAX
 from linred.backends.nvrtc.kernels import (
     FEATURE_TILE_ROWS,
@@ -196,7 +196,7 @@ class _StagedExecutor(_OneLaunch):
         return self._bind(staged_wrapper(problem), "linred_staged", grid, m, shared=staged_shared_bytes(problem))
 
 
-class _LongExecutor(_OneLaunch):
+class _LongExecutor(_OneLaunch, ReleasedInOrder):
     """Long fixed lengths of whole 16-byte vectors on contiguous data: ``fixed_long`` (blocks
     reduce chunks of a segment; the last one of a segment adds the partials in order)."""
 
@@ -241,7 +241,7 @@ class _LongExecutor(_OneLaunch):
         self._partials = self._tickets = self._order = None
 
 
-class _Runs:
+class _Runs(ReleasedInOrder):
     """What the executors of ``tile_reduce`` and ``warp_reduce`` share: every row cut into tiles
     of ``tile`` elements, runs of ``k`` consecutive tiles each reduced by one worker (a block of
     ``tile_reduce``, a warp of ``warp_reduce``; ``per_block`` workers to a block), the partials of
@@ -483,7 +483,7 @@ class _WarpExecutor(_Runs):
         self._tiles = self._walks = self._ticket = None
 
 
-class _FeaturesExecutor:
+class _FeaturesExecutor(ReleasedInOrder):
     """Segments of rows of several contiguous feature columns: one thread per segment
     and group of features (16 bytes of them where the rows are 16-byte aligned), or, where
     those threads are too few to fill the device, each segment's rows dealt to several lanes
