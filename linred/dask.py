@@ -38,6 +38,7 @@ by their type's module, without importing it.
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import sys
@@ -763,7 +764,10 @@ def ids_offsets(x: Any, segment_ids: Any, num_segments: int | None, axis: Any) -
     stable sort of the ids (:func:`by_ids_order` moves the elements).  Ids outside
     ``[0, num_segments)`` are refused, also with ``check=False``: the graph is built from them.
     (``ids_sorted`` is not needed: the ids are read.)"""
-    n = x.shape[normalize_axis(axis, x.ndim)]
+    ax = normalize_axis(axis, x.ndim)
+    n = x.shape[ax]
+    if math.isnan(n):
+        raise ValueError(f"x has unknown chunk sizes along axis {ax}; call x.compute_chunk_sizes() first")
     ids = np.asarray(_host_index(segment_ids, "segment_ids"))
     if ids.dtype.kind not in "iu":
         raise TypeError(f"segment_ids must be an array of integers; got dtype {ids.dtype}")
@@ -786,14 +790,58 @@ def ids_offsets(x: Any, segment_ids: Any, num_segments: int | None, axis: Any) -
 
 
 def by_ids_order(x: Any, order: np.ndarray, axis: int) -> Any:
-    """Dask array ``x`` with its elements along ``axis`` moved into ``order`` (a shuffle of the
-    data: each output chunk gathers from the input chunks its positions come from)."""
+    """Dask array ``x`` with its elements along ``axis`` moved into ``order``: Dask's gather
+    (``x[order]``), or in the array-expression mode, which cannot index by an integer array in
+    Dask 2026.8 ("'Shuffle' object has no attribute '_token'"), :func:`_gather`."""
     ax = normalize_axis(axis, x.ndim)
     if 0 in x.chunks[ax] and x.shape[ax]:
         # (Dask's gather sizes its output chunks by the mean input chunk, which empty chunks
         # can make 0: "range() arg 3 must not be zero"; the same data without them)
         x = x.rechunk({ax: tuple(c for c in x.chunks[ax] if c)})
-    return x[(slice(None),) * ax + (order,)]
+    if type(x).__module__.startswith("dask.array._array_expr"):
+        return _gather(x, order, ax)
+    return x[_index(ax, order)]
+
+
+def _gather(x: Any, order: np.ndarray, ax: int) -> Any:
+    """``x[order]`` along ``ax`` (no empty chunks) from plain slices and ``map_blocks``, in chunks of
+    the sizes of ``x``'s: each output chunk takes, from each input chunk it reads, the elements it
+    needs (one task a pair), joined and put in order by one more task (about twice the time of
+    Dask's own gather, 2M x 4 float64 in 50 chunks: 2.5 s against 1.0)."""
+    import dask.array as da
+
+    sizes = x.chunks[ax]
+    if not len(order):
+        return x
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    source = np.searchsorted(bounds, order, side="right") - 1  # the input chunk of each position
+    outputs = []
+    for start, stop in itertools.pairwise(bounds.tolist()):
+        wanted, chunk = order[start:stop], source[start:stop]
+        by_chunk = np.argsort(chunk, kind="stable")  # the output chunk's positions grouped by input chunk
+        parts = []
+        for k in np.unique(chunk):
+            local = wanted[chunk == k] - bounds[k]
+            block = x[_index(ax, slice(int(bounds[k]), int(bounds[k + 1])))]  # (input chunk k: a plain slice)
+            parts.append(block.map_blocks(_take_task, local, ax, chunks=_with(block.chunks, ax, len(local)),
+                                          dtype=x.dtype, meta=x._meta))  # fmt: skip
+        joined = parts[0] if len(parts) == 1 else da.concatenate(parts, axis=ax).rechunk({ax: -1})
+        back = np.argsort(by_chunk, kind="stable")  # where each output position lies in `joined`
+        if (back != np.arange(len(back))).any():
+            joined = joined.map_blocks(_take_task, back, ax, dtype=x.dtype, meta=x._meta)
+        outputs.append(joined)
+    return outputs[0] if len(outputs) == 1 else da.concatenate(outputs, axis=ax)
+
+
+def _with(chunks: tuple[tuple[int, ...], ...], axis: int, size: int) -> tuple[tuple[int, ...], ...]:
+    """``chunks`` with one chunk of ``size`` along ``axis``."""
+    return (*chunks[:axis], (size,), *chunks[axis + 1 :])
+
+
+def _take_task(block: Any, index: np.ndarray, axis: int) -> Any:
+    """The elements ``index`` (NumPy integers) of ``block`` along ``axis``, on the block's device."""
+    xp = _xp(block)
+    return xp.take(block, index if xp is np else xp.asarray(index), axis=axis)
 
 
 def positions_back(result: Any, order: np.ndarray, n: int) -> Any:
@@ -807,7 +855,11 @@ def positions_back(result: Any, order: np.ndarray, n: int) -> Any:
     import dask
 
     xp = _xp(result._meta)
-    table = dask.delayed(order if xp is np else xp.asarray(order), pure=True)
+    table = order if xp is np else xp.asarray(order)
+    if not type(result).__module__.startswith("dask.array._array_expr"):
+        # (one node of the graph that every task reads; the array-expression mode has no place
+        # for a delayed argument: "Missing dependency", so there each task holds the table)
+        table = dask.delayed(table, pure=True)
     return result.map_blocks(_positions_back_task, table, n=n, dtype=result.dtype, meta=result._meta)
 
 

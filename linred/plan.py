@@ -40,6 +40,19 @@ def make_executor(req: Request) -> tuple[str, Executor]:
     return backend.name, backend.plan(problem)
 
 
+def _refuse_served_otherwise(x: Any) -> None:
+    """A JAX or Dask array (which the functions take, through DLPack or chunk by chunk) is
+    refused by a plan with a message that says where it is served."""
+    from linred._jax import is_jax
+    from linred.dask import is_dask  # (no Dask import: the type's module is read)
+
+    if is_jax(x) or is_dask(x):
+        raise TypeError(
+            f"SegmentedReduction takes NumPy, CuPy and PyTorch arrays; got {type(x).__module__}.{type(x).__name__}: "
+            "JAX and Dask arrays are reduced by the functions (linred.segmented_sum and the others)"
+        )
+
+
 class SegmentedReduction:
     """A segmented reduction planned once for repeated calls on same-shaped data.
 
@@ -137,6 +150,7 @@ class SegmentedReduction:
         check: bool = True,
     ) -> None:
         check_reduction(reduction)
+        _refuse_served_otherwise(x)
         req, x, _ = request(
             reduction,
             x,

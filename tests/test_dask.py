@@ -464,6 +464,9 @@ def test_refusals_of_dask_input():
         ldask.segmented_sum(np.ones(10), 5)
     with pytest.raises(ValueError, match=r"unknown chunk sizes along axis 0; call x.compute_chunk_sizes\(\)"):
         linred.segmented_sum(dx[dx > 0], 1)
+    for name in ("sum", "softmax"):  # (segment ids are read against the axis's length, which is unknown)
+        with pytest.raises(ValueError, match=r"unknown chunk sizes along axis 0; call x.compute_chunk_sizes\(\)"):
+            getattr(linred, "segmented_" + name)(dx[dx > 0], segment_ids=[0] * 10)
     with pytest.raises(TypeError, match=r"^x must be a Dask array of NumPy or CuPy chunks; got chunks of numpy.ma"):
         linred.segmented_sum(da.ma.masked_array(dx), 5)
 
@@ -552,6 +555,14 @@ _EXPR_SCRIPT = textwrap.dedent(
                     assert type(got).__module__.startswith("dask.array._array_expr"), type(got)
                     single = getattr(linred, "segmented_" + reduction)(x, **kwargs)
                     np.testing.assert_allclose(got.compute(), single, rtol=1e-12, atol=1e-12)
+    # unsorted ids move the elements first (not by integer-array indexing, which this mode lacks)
+    ids = rng.integers(0, 7, 300)
+    for chunks in ((40, 2), (300, 3), (1, 3)):
+        dx = da.from_array(x, chunks=chunks)
+        for name in ("sum", "max", "argmin", "softmax", "var"):
+            got = getattr(linred, "segmented_" + name)(dx, segment_ids=ids, num_segments=8)
+            single = getattr(linred, "segmented_" + name)(x, segment_ids=ids, num_segments=8)
+            np.testing.assert_allclose(got.compute(), single, rtol=1e-12, atol=1e-12, equal_nan=True)
     print("ok")
     """
 )

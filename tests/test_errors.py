@@ -222,12 +222,13 @@ def test_check_not_a_bool(array_kind, check):
         linred.segmented_sum(x, offsets=[0, 12], check=check)
 
 
+_KINDS = r"x must be a NumPy, CuPy, PyTorch, JAX or Dask array or a sequence of numbers; got "
 X_ERRORS = {
-    "str": ("abc", TypeError, r"x must be a NumPy, CuPy or PyTorch array or a sequence of numbers; got str"),
-    "bytes": (b"abc", TypeError, r"x must be a NumPy, CuPy or PyTorch array or a sequence of numbers; got bytes"),
-    "None": (None, TypeError, r"x must be a NumPy, CuPy or PyTorch array or a sequence of numbers; got NoneType"),
-    "dict": ({"a": 1}, TypeError, r"x must be a NumPy, CuPy or PyTorch array or a sequence of numbers; got dict"),
-    "set": ({1, 2}, TypeError, r"x must be a NumPy, CuPy or PyTorch array or a sequence of numbers; got set"),
+    "str": ("abc", TypeError, _KINDS + r"str"),
+    "bytes": (b"abc", TypeError, _KINDS + r"bytes"),
+    "None": (None, TypeError, _KINDS + r"NoneType"),
+    "dict": ({"a": 1}, TypeError, _KINDS + r"dict"),
+    "set": ({1, 2}, TypeError, _KINDS + r"set"),
     "list of str": ([["a"]], TypeError, r"x must hold numbers; got list converted to dtype <U1"),
     "ragged": ([[1], [1, 2]], TypeError, r"x must be a NumPy.* got list that NumPy cannot convert"),
     "0-d array": (np.float64(3.0), ValueError, r"x must have at least one dimension; got a 0-d array"),

@@ -96,7 +96,7 @@ def _plan_mismatches(kind: str) -> dict:
             r"x must have the dtype of .*float32",
         ),
         "strides": (wide[:, ::2], ValueError, r"x must have the strides of the array the plan was built for"),
-        "string": ("abc", TypeError, r"x must be a NumPy, CuPy or PyTorch array"),
+        "string": ("abc", TypeError, r"x must be a NumPy, CuPy, PyTorch, JAX or Dask array"),
     }
     if kind != "numpy":
         cases["numpy array"] = (np.zeros((24, 3), np.float32), TypeError, r"x must be a .* like the array the plan")
@@ -393,3 +393,18 @@ def test_checked_calls_take_the_verdict_ahead_only_where_it_pays():
     (plan,) = _plan_cache._plans.values()
     assert plan._ahead is False
     linred.clear_plan_cache()
+
+
+@pytest.mark.parametrize("library", ["jax", "dask"])
+def test_plans_refuse_jax_and_dask_arrays_saying_where_they_are_served(library):
+    """The functions take JAX and Dask arrays (through DLPack, chunk by chunk); a plan does not,
+    and says so, rather than asking for a JAX or Dask array."""
+    if library == "jax":
+        jnp = pytest.importorskip("jax.numpy")
+        x = jnp.arange(8.0)
+    else:
+        da = pytest.importorskip("dask.array")
+        x = da.from_array(np.arange(8.0), chunks=4)
+    with pytest.raises(TypeError, match=r"^SegmentedReduction takes NumPy, CuPy and PyTorch arrays; got .*: JAX and "
+                       r"Dask arrays are reduced by the functions"):  # fmt: skip
+        linred.SegmentedReduction(x, 2)

@@ -80,6 +80,12 @@ def namespace(kind: str) -> Any:
     return np if kind == "numpy" else sys.modules[kind]
 
 
+def _kinds(name: str) -> str:
+    """The arrays an argument may be: the data also JAX and Dask arrays (which the public
+    functions take before they get here), the other arguments NumPy, CuPy and PyTorch ones."""
+    return "a NumPy, CuPy, PyTorch, JAX or Dask array" if name == "x" else "a NumPy, CuPy or PyTorch array"
+
+
 def as_array(x: Any, name: str = "x") -> tuple[Any, ArrayAdapter]:
     """Return ``(array, adapter)``; Python sequences and numbers become NumPy arrays.
 
@@ -100,12 +106,12 @@ def as_array(x: Any, name: str = "x") -> tuple[Any, ArrayAdapter]:
         where = type(x).__module__
         kind = type(x).__name__ if where == "builtins" else f"{where}.{type(x).__name__}"
         hint = "" if where == "builtins" else f"; pass np.asarray({name}) to reduce a host copy of its values"
-        raise TypeError(f"{name} must be a NumPy, CuPy or PyTorch array or a sequence of numbers; got {kind}{hint}")
+        raise TypeError(f"{name} must be {_kinds(name)} or a sequence of numbers; got {kind}{hint}")
     try:
         arr = np.asarray(x)
     except (TypeError, ValueError) as e:
         raise TypeError(
-            f"{name} must be a NumPy, CuPy or PyTorch array or a sequence of numbers; "
+            f"{name} must be {_kinds(name)} or a sequence of numbers; "
             f"got {type(x).__name__} that NumPy cannot convert ({e})"
         ) from None
     if arr.dtype.kind not in "biufc":
