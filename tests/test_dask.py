@@ -936,3 +936,20 @@ def test_empty_complex_means_are_nan_plus_0j():
     np.testing.assert_array_equal(got.real, want.real)
     np.testing.assert_array_equal(got.imag, want.imag)
     assert np.isnan(got.real[[0, 2]]).all() and (got.imag[[0, 2]] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("spec", ["offsets", "lengths", "segment_ids"])
+def test_dask_segments_of_other_arrays_are_refused_not_computed(kind, spec):
+    """A Dask array as the segments of a NumPy array or a tensor is refused: reading it would run
+    its graph behind the caller's back (the Dask functions read them when they build theirs)."""
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        x = torch.arange(12.0)
+    else:
+        x = np.arange(12.0)
+    value = {"offsets": [0, 4, 12], "lengths": [4, 8], "segment_ids": [0] * 4 + [1] * 8}[spec]
+    lazy = da.from_array(np.array(value), chunks=2)
+    for function in (linred.segmented_sum, linred.segmented_softmax, linred.segmented_argmax):
+        with pytest.raises(TypeError, match=rf"^{spec} is a Dask array but x is not: pass {spec}.compute\(\)"):
+            function(x, **{spec: lazy})

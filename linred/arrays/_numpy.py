@@ -24,8 +24,20 @@ def refuse_huge_integers(a: np.ndarray, name: str) -> np.ndarray:
     return a
 
 
+def refuse_dask(obj: Any, name: str) -> None:
+    """Raise where the segment argument ``obj`` is a Dask array and x is not: converting it would
+    compute its graph behind the caller's back."""
+    if type(obj).__module__.partition(".")[0] == "dask":
+        raise TypeError(
+            f"{name} is a Dask array but x is not: pass {name}.compute(), or x as a Dask array (whose "
+            "functions read the segments when they build the graph)"
+        )
+
+
 def _int_array(xp: Any, obj: Any, name: str, **asarray_kwargs: Any) -> Any:
-    """Shared by the NumPy and CuPy adapters: ``obj`` as an int32/int64 array."""
+    """Shared by the NumPy and CuPy adapters: ``obj`` as an int32/int64 array (a Dask array is
+    refused: converting it would compute its graph behind the caller's back)."""
+    refuse_dask(obj, name)
     try:
         a = xp.asarray(obj, **asarray_kwargs)
     except (TypeError, ValueError) as e:

@@ -14,6 +14,7 @@ from linred._dtypes import dtype_name
 from linred._dynamo import register_torch
 from linred.arrays import _device_checks
 from linred.arrays._base import ArrayAdapter, ArrayInfo, adapters, byte_range, ranges_overlap
+from linred.arrays._numpy import refuse_dask
 from linred.arrays._streams import stream_handle
 
 #: whether the current CUDA stream is capturing a graph: asked on every checked call, so the
@@ -242,6 +243,7 @@ class TorchAdapter(ArrayAdapter):
                     raise ValueError(f"{name} is on CUDA device {here} but x is on CUDA device {device}")
                 t = t.to(_device(device))
         else:
+            refuse_dask(obj, name)
             if hasattr(obj, "__cuda_array_interface__") and device is None:
                 raise TypeError(f"{name} is a device array but x is a CPU tensor; pass {name} on the CPU")
             try:
