@@ -133,7 +133,10 @@ class _Call:
             ids = segments["segment_ids"]  # (on the device: see _run)
             self.index = ids.long() if self.kind == "torch" else ids.astype(xp.int64, copy=False)
             known = segments.get("ids_sorted")
-            if (self.check or self.device is None) and n > 1:
+            traced = self.kind == "torch" and _compiling()  # (no value can be read back: see below)
+            if traced and self.check:
+                known = None  # (the promise unchecked: the later reductions sort the ids, right for any)
+            elif not traced and (self.check or self.device is None) and n > 1:
                 # Read once here (one small read back on a device, where the checked first reduction
                 # has synchronized already), so that the later reductions do not sort sorted ids;
                 # read also where ids_sorted was given, as the first reduction read them (the later
@@ -150,7 +153,7 @@ class _Call:
                 # then give them NaN through a where (elements).  Host ids are read: nothing of
                 # this where none lies outside.
                 outside = (self.index < 0) | (self.index >= m)
-                if self.device is not None or bool(outside.any()):
+                if self.device is not None or traced or bool(outside.any()):
                     self.index = xp.where(outside, m, self.index)
                     self.dropped = True
                     if self.grad:

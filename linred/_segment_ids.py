@@ -223,6 +223,8 @@ def _by_ids(
         # (as the functions refuse it: the reduction below may compute aside and copy into out)
         raise TypeError("out= and stream= are not supported for a tensor that requires grad: the result is a new "
                         "tensor on the current stream")  # fmt: skip
+    if kind == "torch" and ops.xp.compiler.is_compiling():
+        return _by_ids_traced(function, ops, x, ids, ns, ids_sorted, ax, out, check, positions, kwargs)
     known = n > 0 and _reads_ids(check, device)
     if known and device is not None:
         from linred.segments import _refuse_capture  # (a read back: no capture allows it)
@@ -275,6 +277,39 @@ def _by_ids(
             out.copy_(result)
         else:
             ops.xp.copyto(out, result)
+        return out
+    return result
+
+
+def _by_ids_traced(function: Any, ops: _Ops, x: Any, ids: Any, ns: int | None, ids_sorted: Any, ax: int, out: Any,
+                   check: bool, positions: bool, kwargs: dict[str, Any]) -> Any:  # fmt: skip
+    """:func:`_by_ids` inside ``torch.compile``, which cannot read the ids (a value read back is a
+    graph break, and an error with ``fullgraph=True``): ``num_segments`` must be given; the ids
+    are sorted unless promised sorted with ``check=False``; with ``check=True`` the offsets they
+    make are checked by the reduction's operator as it runs (ids outside ``[0, num_segments)``
+    make offsets that do not start at 0 or end at ``n``: its ``ValueError``), with
+    ``check=False`` such ids are dropped, as outside the compiler."""
+    if ns is None:
+        raise TypeError("inside torch.compile, segment_ids needs num_segments: the result's shape cannot depend "
+                        "on the ids' values")  # fmt: skip
+    n = x.shape[ax]
+    order = None
+    if n and not (ids_sorted is True and not check):
+        order = ops.argsort(ids)
+        ids = ops.take(ids, order, 0)
+        x = ops.take(x, order, ax)
+    offsets = ops.searchsorted(ids, ops.arange(ns + 1))
+    if not check:  # sentinel segments take the ids outside [0, ns), then go
+        offsets = ops.pad(offsets, n)
+    if not positions:  # (argmax and argmin take no out=)
+        kwargs["out"] = out if check else None
+    result = function(x, offsets=offsets, axis=ax, check=check, **kwargs)
+    if not check:
+        result = result[(slice(None),) * ax + (slice(1, ns + 1),)]
+    if positions and order is not None:
+        result = _unsort_positions(ops, result, order, n)
+    if out is not None and result is not out:
+        out.copy_(result)
         return out
     return result
 

@@ -288,7 +288,9 @@ def _prod_backward(ctx: Any, grad: Tensor) -> Tensor:
     zero = x == 0
     ones = torch.where(zero, torch.ones_like(x), x)
     zeros = _reduce(zero.to(torch.int64), spec, "sum")
-    others = _reduce(ones, spec, "prod")  # the product of the non-zeros
+    # the product of the non-zeros, in the result's dtype (dtype=float64 of float32 data: the
+    # derivative of the one zero is that product, as precise as the result's)
+    others = _reduce(ones if ones.dtype == product.dtype else ones.to(product.dtype), spec, "prod")
     # the zero itself (0 in value), kept in the graph so that double backward sees it
     the_zero = _reduce(torch.where(zero, x, torch.zeros_like(x)), spec, "sum")
     zeros, others, product, the_zero, g = (_expand(ctx, t, lengths) for t in (zeros, others, product, the_zero, grad))
@@ -451,10 +453,12 @@ def refuse_forward_ad(x: Tensor) -> None:
 
 
 def transformed() -> bool:
-    """Whether a ``torch.func`` transform is in effect: linred's tensors may then be wrappers
+    """Whether a ``torch.func`` transform may be in effect: linred's tensors may then be wrappers
     (batched, or tracking a gradient) with no memory of their own, which only the autograd
-    Function's rules take apart."""
-    return _transform_level() is not None
+    Function's rules take apart.  Inside ``torch.compile``, which cannot trace the question (a
+    ``vmap`` it compiles), the answer is yes: the compositions without in-place operations and
+    kernels of linred's own, which trace with or without a transform."""
+    return torch.compiler.is_compiling() or _transform_level() is not None
 
 
 def _as_dtype_name(dtype: Any) -> Any:

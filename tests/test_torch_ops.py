@@ -807,3 +807,69 @@ def test_vjp_pullback_called_after_vjp_returns(device, reduction):
     got = pull(w)[0].cpu().numpy()
     expected = _gradient_reference(reduction, xn, FUNC_OFFSETS, np.where(np.isfinite(out.cpu().numpy()), wn, 0))
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+_IDS = {"sorted": [0, 0, 1, 1, 1, 2, 2, 4, 4], "unsorted": [2, 0, 1, 4, 1, 2, 0, 4, 1]}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["sum", "max", "argmax", "softmax", "var", "logsumexp"])
+@pytest.mark.parametrize("order", list(_IDS))
+@pytest.mark.parametrize("check", [True, False])
+def test_compile_fullgraph_with_segment_ids(device, name, order, check):
+    """Segment ids inside torch.compile(fullgraph=True): no value is read back (a graph break),
+    the results and gradients are the eager ones, ids outside [0, num_segments) raise with
+    check=True (the ValueError of the offsets they make) and are dropped with check=False."""
+    ids = torch.tensor(_IDS[order], device=device)
+    f = getattr(linred, f"segmented_{name}")
+    kw = {"segment_ids": ids, "num_segments": 5, "check": check}
+    x = torch.randn(9, 3, dtype=torch.float64, device=device, requires_grad=name != "argmax")
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: f(t, **kw), fullgraph=True, backend="aot_eager")
+    got, want = compiled(x), f(x, **kw)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    if name != "argmax":
+        (g1,) = torch.autograd.grad(got.square().sum(), x)
+        (g2,) = torch.autograd.grad(want.square().sum(), x)
+        torch.testing.assert_close(g1, g2, equal_nan=True)
+    outside = torch.tensor([0, 0, 1, 1, 7, 2, 2, -1, 4], device=device)
+    kw["segment_ids"] = outside
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: f(t, **kw), fullgraph=True, backend="aot_eager")
+    if check:
+        with pytest.raises(ValueError, match=r"offsets\[0\] must be 0"):
+            compiled(x.detach())
+    else:
+        torch.testing.assert_close(compiled(x.detach()), f(x.detach(), **kw), equal_nan=True)
+
+
+def test_compile_with_segment_ids_needs_num_segments():
+    f = torch.compile(lambda t: linred.segmented_sum(t, segment_ids=torch.tensor([0, 1, 1])), fullgraph=True)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"inside torch.compile, segment_ids needs num_segments"):
+        f(torch.ones(3))
+
+
+@pytest.mark.parametrize("name", ["sum", "argmax", "softmax", "log_softmax", "logsumexp", "var", "std"])
+def test_compile_fullgraph_of_a_vmap(name):
+    """torch.compile of a vmap of every kind of function (the compositions too) is one graph."""
+    f = getattr(linred, f"segmented_{name}")
+    x = torch.randn(3, 10, dtype=torch.float64)
+    offsets = torch.tensor([0, 3, 3, 10])
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: torch.func.vmap(lambda u: f(u, offsets=offsets))(t), fullgraph=True,
+                             backend="eager")  # fmt: skip
+    torch.testing.assert_close(compiled(x), torch.stack([f(row, offsets=offsets) for row in x]), equal_nan=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prod_gradient_of_the_one_zero_in_the_result_dtype(device):
+    """With dtype=float64 of float32 data, the derivative of a segment's one zero (the product of
+    its other elements) is computed in float64 as the result is: float32 rounds it once."""
+    rng = np.random.default_rng(1)
+    v = (np.sign(rng.standard_normal((8, 64))) * np.exp(0.3 * rng.standard_normal((8, 64)))).astype(np.float32)
+    v[:, 5] = 0
+    x = torch.tensor(v.reshape(-1), device=device, requires_grad=True)
+    (g,) = torch.autograd.grad(linred.segmented_prod(x, 64, dtype=torch.float64).sum(), x)
+    others = np.prod(np.delete(v.astype(np.float64), 5, axis=1), axis=1).astype(np.float32)
+    np.testing.assert_array_equal(g.reshape(8, 64)[:, 5].cpu().numpy(), others)
