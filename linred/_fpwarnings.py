@@ -148,17 +148,7 @@ def at_caller(run: Callable[..., None]) -> Callable[..., None]:
         finally:
             reset(token)
 
-    redirected.inner = run  # type: ignore[attr-defined]  # (for callers that switch the modes themselves)
     return redirected
-
-
-def switch() -> tuple[Callable[[], Any], Callable[[Any], Any], Callable[[Any], None], dict, Callable[[Any], Any]]:
-    """What :func:`at_caller`'s wrapper does, for a caller that writes its steps into its own
-    frame (a small host call's path, where the wrapper's frame is a tenth of the call):
-    ``(get, set, reset, cache, remember)``: the caller's error object is ``get()``, the one to
-    run under ``cache.get(caller) or remember(caller)``, made current by ``set`` and put back
-    by ``reset(token)``."""
-    return _VAR.get, _VAR.set, _VAR.reset, _redirected, _remember
 
 
 def _remember(caller: Any) -> Any:

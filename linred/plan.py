@@ -18,7 +18,6 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from linred import _fpwarnings
 from linred._dtypes import itemsize
 from linred._frontend import FillExecutor, Request, check_out, check_reduction, check_x, request
 from linred.backends.base import Executor, FunctionExecutor
@@ -304,30 +303,6 @@ class SegmentedReduction:
         launch, overlaps, empty, shape = self._launch, self._overlaps, self._empty, self.out_shape
         fixed, views, in3, out3 = self._fixed, self._views, self._in3, self._out3
         test_overlap = not (fixed and getattr(self._executor, "overlap_safe", False))
-        inner = getattr(launch, "inner", None)  # (the reduction under linred._fpwarnings.at_caller)
-        if inner is not None and not views:
-            # The floating-point warnings' switch of error modes written out here: one frame less.
-            get, set_, reset, cache, remember = _fpwarnings.switch()
-
-            def _run_switched(x: Any, out: Any, handle: Any, segments: Segments, named: bool = False) -> Any:
-                if out is None:
-                    out = empty(shape)
-                elif not fits(out) or (
-                    test_overlap and (overlaps(out, x) or (not fixed and overlaps(out, segments.offsets)))
-                ):
-                    return general(x, out, handle, segments)
-                caller = get()
-                extobj = cache.get(caller)
-                if extobj is None:
-                    extobj = remember(caller)
-                token = set_(extobj)
-                try:
-                    inner(x, out, segments, handle)
-                finally:
-                    reset(token)
-                return out
-
-            return _run_switched
 
         def _run(x: Any, out: Any, handle: Any, segments: Segments, named: bool = False) -> Any:
             if out is None:
