@@ -33,7 +33,8 @@ class PlanCache:
     that is not safe to share between threads, so each thread gets its own; the
     lock guards only the dictionary's updates.  An evicted plan is dropped, not
     freed: a call in another thread may still be running it, and its resources are
-    released with the last reference to it.
+    released with the last reference to it (after the lock; see
+    :class:`linred.backends._device.ReleasedInOrder` for GPU scratch).
     """
 
     def __init__(self, maxsize: int) -> None:
@@ -42,26 +43,35 @@ class PlanCache:
         self._lock = threading.Lock()
         self.misses = 0
 
+    # Evicted plans are let go after the lock is released: dropping a GPU plan makes driver calls
+    # (:class:`linred.backends._device.ReleasedInOrder`), which other threads need not wait for.
+
     def put(self, key: tuple, plan: SegmentedReduction) -> None:
         plan._last_use = _hits
         with self._lock:
             if self.maxsize:
                 self.plans[key] = plan
-            self._evict(self.maxsize)
+            dropped = self._evict(self.maxsize)
+        del dropped
 
-    def _evict(self, maxsize: int) -> None:
+    def _evict(self, maxsize: int) -> list[SegmentedReduction]:
         plans = self.plans
+        dropped = []
         while len(plans) > maxsize:
-            del plans[min(plans, key=lambda k: plans[k]._last_use)]
+            dropped.append(plans.pop(min(plans, key=lambda k: plans[k]._last_use)))
+        return dropped
 
     def resize(self, maxsize: int) -> None:
         with self._lock:
             self.maxsize = maxsize
-            self._evict(maxsize)
+            dropped = self._evict(maxsize)
+        del dropped
 
     def clear(self) -> None:
         with self._lock:
+            dropped = list(self.plans.values())
             self.plans.clear()
+        del dropped
 
 
 _cache = PlanCache(64)
@@ -315,10 +325,10 @@ def clear_plan_cache() -> None:
     """Drop every cached plan.
 
     A dropped plan's resources (library handles, workspaces, scratch buffers)
-    are released once no running call uses it; a GPU plan whose last call may
-    still run on another stream than the one it was planned on waits for that
-    call first (its buffers go back to the memory pool of the stream they were
-    allocated on).  The hit and miss counters are kept.
+    are released once no running call uses it; where a GPU plan's last call ran
+    on another stream than the one it was planned on, that stream is first made
+    to wait for the call (its buffers go back to that stream's memory pool; the
+    host does not wait).  The hit and miss counters are kept.
 
     See Also
     --------

@@ -275,8 +275,9 @@ def _takes_runs(name: str, x: Any, adapter: Any, result: str, axis: int, segment
 
 #: per thread: the warp_reduce executors of logsumexp by their problem and the nvrtc options
 #: (each holds its partials; the least recently used beyond this many are dropped, not freed, as
-#: the plan cache's evicted plans: freeing waits for the device, and the array library's pool
-#: orders the memory's next use on the stream after the kernels that may still read it)
+#: the plan cache's evicted plans: freeing waits for the device; a dropped one makes the stream
+#: its partials were allocated on wait for its last call where that ran on another stream, so
+#: that the array library's pool orders the memory's next use after it: ReleasedInOrder)
 RUNS_CACHE_SIZE = 32
 
 

@@ -10,8 +10,11 @@ checked directly.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
+import types
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +25,8 @@ from linred.backends import BACKENDS, configure, cub, cublas, get_backend, optio
 from linred.backends.base import INT32_MAX, Options, segment_chunks
 from linred.backends.nvrtc import DEFAULT_OPTIONS
 from linred.problem import Problem
+
+KERNELS = Path(__file__).resolve().parents[1] / "linred" / "kernels"
 
 
 def gpu_helpers():
@@ -677,8 +682,8 @@ def test_nvrtc_refusal_reasons(kwargs, match):
 @pytest.mark.parametrize(
     "strides",
     [
-        (512, 1, 64),  # the transpose of (8, 64) rows: each feature column contiguous
-        (2048, 16, 2),  # every other column of (64, 16) rows
+        (8192, 1, 1024),  # the transpose of (8, 1024) rows: each feature column contiguous
+        (32768, 16, 2),  # every other column of (1024, 16) rows
     ],
 )
 @pytest.mark.parametrize("length", [8, 64, 3, None])
@@ -687,12 +692,24 @@ def test_nvrtc_serves_feature_columns_that_are_not_contiguous(strides, length):
     of unit stride must not take the one-column kernels' routes (fixed lengths on flat data)."""
     from linred.backends.nvrtc import BACKEND, DEFAULT_OPTIONS, route
 
-    kwargs = {"offsets_dtype": "int64"} if length is None else {}
-    p = problem(shape=(1, 64, 8), strides=strides, length=length, **kwargs)
+    kwargs = {"offsets_dtype": "int64"} if length is None else {"segments": 1023 // length}
+    p = problem(shape=(1, 1024, 8), strides=strides, length=length, **kwargs)
     assert BACKEND.unsupported(p) is None
     assert route(p, DEFAULT_OPTIONS) == "tile"
-    contiguous = problem(shape=(1, 64, 8), length=length, **kwargs)
+    contiguous = problem(shape=(1, 1024, 8), length=length, **kwargs)
     assert route(contiguous, DEFAULT_OPTIONS) == "features"
+
+
+def test_nvrtc_refuses_feature_columns_too_short_for_its_tiles():
+    """Columns shorter than a quarter of a tile (the transpose of wide rows in short segments)
+    are left to the backends that read strided features: each would take a block of its own."""
+    from linred.backends.nvrtc import BACKEND, COLUMN_MIN_TILE_SHARE, DEFAULT_OPTIONS
+
+    n = DEFAULT_OPTIONS.tile // COLUMN_MIN_TILE_SHARE
+    assert BACKEND.unsupported(problem(shape=(1, n, 64), strides=(n * 64, 1, n), length=8)) is None
+    short = problem(shape=(1, n - 8, 64), strides=(n * 64, 1, n), length=8)
+    assert re.search(r"columns of 1016 elements \(fewer than 1024\) would leave its tiles nearly empty",
+                     BACKEND.unsupported(short))  # fmt: skip
 
 
 @pytest.mark.parametrize("shape", [(1, 64, 8), (3, 64, 16)])
@@ -1302,6 +1319,38 @@ class _OrderOps:
     def capturing(self, stream):
         return stream == 9
 
+    def current_stream(self):
+        return self.home
+
+    home = 0
+
+
+def test_stream_order_release_orders_the_home_stream_after_a_call_elsewhere():
+    """(No GPU needed.) A dropped executor's buffers go back to the pool of the stream current
+    when it was made (its home): that stream waits for the last call where it ran on another
+    stream; not where it ran there, where the host waited for it (idle), before any call, or
+    where the home stream is being captured."""
+    from linred.backends._device import StreamOrder
+
+    for home, calls_on, idle, waits in [
+        (0, None, False, False),  # no call
+        (0, 0, False, False),  # the last call on the home stream: the pool orders it already
+        (0, 5, False, True),  # on another stream: the home stream waits for it
+        (0, 5, True, False),  # the host waited for it since
+        (9, 5, False, False),  # the home stream captures: it cannot wait on work outside
+    ]:
+        ops = _OrderOps()
+        ops.home = home
+        order = StreamOrder(ops)
+        if calls_on is not None:
+            order.begin(calls_on)
+            order.end(calls_on)
+            if idle:
+                order.idle()
+        ops.calls.clear()
+        order.release()
+        assert ops.calls == ([("waited", home)] if waits else []), (home, calls_on, idle)
+
 
 def test_stream_order_takes_the_callers_answer_to_whether_the_stream_captures():
     """(No GPU needed.) StreamOrder.end asks whether the stream is being captured only where its
@@ -1580,3 +1629,113 @@ def test_torch_capture_test_asks_about_the_datas_device(monkeypatch):
     assert asked == [1, 0] and current == [0]
     assert adapter.capturing(torch.zeros(2)) is False  # host data: never asked
     assert asked == [1, 0]
+
+
+def _tile_kernel_parameters() -> dict[str, list[str]]:
+    """The parameter names of linred_tile, linred_fixup, linred_bounds and linred_warp, in order,
+    read from the C++ (LINRED_TILE_PARAMS expanded)."""
+    src = "".join((KERNELS / f"{f}.cuh").read_text() for f in ("offsets", "tile", "fixup", "warp"))
+    shared = re.search(r"#define LINRED_TILE_PARAMS\(I\)(.*?)\n#define", src, re.S).group(1)
+
+    def last(p: str) -> str:
+        return re.split(r"[\s*]+", p.replace("\\", "").strip())[-1]
+
+    tiling = [last(p) for p in shared.split(",")]
+    names = {}
+    for kernel in ("linred_tile", "linred_fixup", "linred_bounds", "linred_warp"):
+        signature = re.search(kernel + r"\(\s*(.*?)\)\s*\{", src, re.S).group(1)
+        names[kernel] = [n for p in signature.split(",") for n in (tiling if "LINRED_TILE_PARAMS" in p else [last(p)])]
+    return names
+
+
+def test_tile_launch_arguments_match_the_kernels_and_reduce_strided_columns(monkeypatch):
+    """The slots nvrtc's tile executor packs for linred_tile, linred_fixup and linred_bounds line
+    up with the kernels' parameters (read from the C++), warp_reduce's word slots too, and the
+    kernels' row and result arithmetic (tile_row_start, tile_out_start, tile_out_stride) over
+    those values reduces strided feature columns right: six layouts, against NumPy."""
+    pytest.importorskip("cuda.core")
+    import contextlib
+
+    from linred._frontend import request
+    from linred.backends.nvrtc import DEFAULT_OPTIONS, executors, route
+
+    names = _tile_kernel_parameters()
+    assert len(names["linred_warp"]) == executors._WARP_ARGS
+    w = names["linred_warp"]
+    assert (w[executors._WARP_WORD - 1], w[executors._WARP_WORD], w[executors._WARP_WORD + 1]) == (
+        "walks", "bad", "ticket")  # fmt: skip
+    launched = []
+
+    class Arr:
+        def __init__(self, ptr: int) -> None:
+            self.ptr = ptr
+
+    class Launcher:
+        device, sms = 0, 132
+
+        def __init__(self, problem: Problem) -> None:
+            self._next = 1 << 20
+
+        @staticmethod
+        def ptr(a: Any) -> int:
+            return getattr(a, "ptr", 4242)  # (the offsets: a NumPy array here)
+
+        def empty(self, count: int, dtype: str) -> Arr:
+            self._next += 1 << 16
+            return Arr(self._next)
+
+        def allow_shared_memory(self, kernel: Any, size: int) -> None:
+            pass
+
+        def stream_order(self) -> Any:
+            return types.SimpleNamespace(begin=lambda s: None, end=lambda s: None, wait_idle=lambda: None)
+
+    class Packed:
+        def __init__(self, kernel: Any, count: int, name: str, device: int) -> None:
+            assert count == len(names[name]), (name, count)
+            self.name, self.count, self.slots = name, count, [None] * count
+
+        def bind(self, first: int, *values: Any) -> None:
+            assert first + len(values) <= self.count
+            self.slots[first : first + len(values)] = values
+
+        def launch(self, stream: Any, grid: int, block: int, shared: int) -> None:
+            launched.append((self.name, list(self.slots)))
+
+    monkeypatch.setattr(executors, "_Launcher", Launcher)
+    monkeypatch.setattr(executors, "PackedLaunch", Packed)
+    monkeypatch.setattr(executors, "get_kernels", lambda device, wrapper, kernels: kernels)
+    monkeypatch.setattr(executors, "on_device", lambda device: contextlib.nullcontext())
+
+    def check(buf: np.ndarray, x: np.ndarray, axis: int, L: int | None = None, offsets: Any = None) -> None:
+        first = (x.__array_interface__["data"][0] - buf.__array_interface__["data"][0]) // buf.itemsize
+        req, _, _ = request("sum", x, segment_length=L, offsets=offsets, axis=axis, check=False)
+        p = dataclasses.replace(req.problem, kind="cupy", device=0)
+        assert route(p, DEFAULT_OPTIONS) == "tile"
+        launched.clear()
+        executors.EXECUTORS["tile"](p, DEFAULT_OPTIONS)(Arr(16000), Arr(80000), req.segments, 7)
+        slots = {name: dict(zip(names[name], values, strict=True)) for name, values in launched}
+        t = slots["linred_tile"]
+        for name, values in slots.items():  # (the tiling every kernel takes, the same values)
+            assert all(values[k] == t[k] for k in names["linred_bounds"][1:] if k in values), name
+        b, n, d = p.in_shape
+        bounds = np.arange(0, n + 1, L) if L else np.asarray(offsets)
+        got = np.full(b * len(bounds[:-1]) * d, np.nan)
+        for row in range(t["nb"] // t["bpr"]):  # (what tile_row_start / tile_out_start compute)
+            batch, column = divmod(row, t["inner"])
+            start = batch * t["rs"] + column * t["is"]
+            out = batch * t["m"] * t["inner"] + column
+            for s in range(t["m"]):
+                got[out + s * t["inner"]] = buf[first + start + np.arange(bounds[s], bounds[s + 1]) * t["es"]].sum()
+        moved = np.moveaxis(x, axis, 0)
+        want = np.stack([moved[a:c].sum(axis=0) for a, c in itertools.pairwise(bounds.tolist())])
+        np.testing.assert_allclose(got.reshape(np.moveaxis(want, 0, axis).shape), np.moveaxis(want, 0, axis))
+
+    n, d = 301, 5
+    buf = np.random.default_rng(0).standard_normal(10 * n * d)
+    check(buf, buf[: d * n].reshape(d, n).T, 0, offsets=[0, 7, 7, 200, 301])  # transposed
+    check(buf, buf[: d * 3 * n].reshape(d, 3, n).transpose(1, 2, 0), 1, L=7)  # a batch stored feature-major
+    check(buf, buf[: 3 * n * 2 * d].reshape(3, n, 2 * d)[..., ::2], 1, offsets=[0, 0, 100, 301])  # sliced
+    check(buf, buf[: 3 * n * 2 * d].reshape(3, n, 2 * d)[..., ::-2], 1, L=43)  # reversed columns
+    check(buf, buf[: 2 * d * n].reshape(d, 2 * n).T[::2], 0, offsets=[0, 50, 301])  # strided rows and columns
+    check(buf, buf[: 2 * n * d].reshape(2, d, n).transpose(2, 0, 1), 0, L=7)  # (2, d) features after the axis

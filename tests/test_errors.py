@@ -222,7 +222,10 @@ def test_check_not_a_bool(array_kind, check):
         linred.segmented_sum(x, offsets=[0, 12], check=check)
 
 
-_KINDS = r"x must be a NumPy, CuPy, PyTorch, JAX or Dask array or a sequence of numbers; got "
+_KINDS = (
+    r"x must be a NumPy, CuPy or PyTorch array or a sequence of numbers \(the functions also take JAX and "
+    r"Dask arrays\); got "
+)
 X_ERRORS = {
     "str": ("abc", TypeError, _KINDS + r"str"),
     "bytes": (b"abc", TypeError, _KINDS + r"bytes"),

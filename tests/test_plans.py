@@ -96,7 +96,7 @@ def _plan_mismatches(kind: str) -> dict:
             r"x must have the dtype of .*float32",
         ),
         "strides": (wide[:, ::2], ValueError, r"x must have the strides of the array the plan was built for"),
-        "string": ("abc", TypeError, r"x must be a NumPy, CuPy, PyTorch, JAX or Dask array"),
+        "string": ("abc", TypeError, r"x must be a NumPy, CuPy or PyTorch array"),
     }
     if kind != "numpy":
         cases["numpy array"] = (np.zeros((24, 3), np.float32), TypeError, r"x must be a .* like the array the plan")

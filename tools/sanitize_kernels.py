@@ -17,8 +17,9 @@ The entry points.  ``linred/backends/nvrtc/`` (wrappers of
 ``linred_warp`` + ``linred_fixup`` (``warp_reduce``),
 ``linred_tile`` + ``linred_fixup`` + ``linred_bounds`` (``tile_reduce``),
 ``linred_features`` (``features_reduce``).  ``tile_reduce`` with 16-byte vector loads
-(``linred_tile:vecload``) is planned only for aligned rows with 2**31 segments or more;
-the driver reaches it by calling ``nvrtc.executors._TileExecutor`` directly.
+(``linred_tile:vecload``) is planned for aligned feature columns that are not contiguous
+and for aligned rows with 2**31 segments or more; the driver reaches the second by calling
+``nvrtc.executors._TileExecutor`` directly.
 ``linred/kernels/elementwise.py`` (CuPy ``ElementwiseKernel``, compiled with NVRTC, run by the
 ``cub`` backend): ``linred_strided_*``, ``linred_divide_by_lengths_*``,
 ``linred_fill_empty``, ``linred_cast_bf16``.  ``linred/backends/cub/operators.py``'s
@@ -617,16 +618,20 @@ def _tile_sets(sets: list[ShapeSet], c: Constants) -> None:
     _singles(sets, "tile/columns", "linred_tile", [
         Case("tile/float32-sum-columns-offsets", "sum", "float32", "cupy", (5001, 6), 0, "columns",
              lengths=_lengths_to(5001, 0, 300, _rng("tile/columns-f32"), 0.2)),
-        Case("tile/int32-max-columns-L7", "max", "int32", "torch", (7 * 300, 3), 0, "columns", L=7),
+        Case("tile/int32-max-columns-L7-unaligned", "max", "int32", "torch", (7 * 301, 3), 0, "columns", L=7),
         Case("tile/float64-min-cols-stride2-offsets", "min", "float64", "cupy", (3000, 5), 0, "cols_stride2",
              lengths=_lengths_to(3000, 0, 700, _rng("tile/columns-f64"), 0.1)),
         Case("tile/float32-mean-cols-stride2-L", "mean", "float32", "torch", (3 * (T + 1), 4), 0, "cols_stride2",
              L=T + 1),
+        # (planned for one SM: runs of several tiles, partials joined across blocks)
+        Case("tile/float64-sum-columns-runs", "sum", "float64", "cupy", (9 * T + 3, 2), 0, "columns",
+             lengths=_lengths_to(9 * T + 3, 0, 3 * T, _rng("tile/columns-runs"), 0.1), sms=1),
     ])  # fmt: skip
     _singles(sets, "tile/columns-vecload", "linred_tile:vecload", [
         Case("tile/float16-mean-columns-vecload", "mean", "float16", "cupy", (4096, 4), 0, "columns",
              lengths=_lengths_to(4096, 0, 600, _rng("tile/columns-f16"), 0.2)),
         Case("tile/int8-sum-columns-vecload-L", "sum", "int8", "torch", (64 * 50, 3), 0, "columns", L=50),
+        Case("tile/int32-max-columns-vecload-L7", "max", "int32", "torch", (7 * 300, 3), 0, "columns", L=7),
     ])  # fmt: skip
 
 

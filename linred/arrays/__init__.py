@@ -81,9 +81,11 @@ def namespace(kind: str) -> Any:
 
 
 def _kinds(name: str) -> str:
-    """The arrays an argument may be: the data also JAX and Dask arrays (which the public
-    functions take before they get here), the other arguments NumPy, CuPy and PyTorch ones."""
-    return "a NumPy, CuPy, PyTorch, JAX or Dask array" if name == "x" else "a NumPy, CuPy or PyTorch array"
+    """The arrays an argument may be (the data: also JAX and Dask arrays for the functions, which
+    take them before they get here; plans do not)."""
+    if name == "x":
+        return "a NumPy, CuPy or PyTorch array or a sequence of numbers (the functions also take JAX and Dask arrays)"
+    return "a NumPy, CuPy or PyTorch array or a sequence of numbers"
 
 
 def as_array(x: Any, name: str = "x") -> tuple[Any, ArrayAdapter]:
@@ -106,13 +108,12 @@ def as_array(x: Any, name: str = "x") -> tuple[Any, ArrayAdapter]:
         where = type(x).__module__
         kind = type(x).__name__ if where == "builtins" else f"{where}.{type(x).__name__}"
         hint = "" if where == "builtins" else f"; pass np.asarray({name}) to reduce a host copy of its values"
-        raise TypeError(f"{name} must be {_kinds(name)} or a sequence of numbers; got {kind}{hint}")
+        raise TypeError(f"{name} must be {_kinds(name)}; got {kind}{hint}")
     try:
         arr = np.asarray(x)
     except (TypeError, ValueError) as e:
         raise TypeError(
-            f"{name} must be {_kinds(name)} or a sequence of numbers; "
-            f"got {type(x).__name__} that NumPy cannot convert ({e})"
+            f"{name} must be {_kinds(name)}; got {type(x).__name__} that NumPy cannot convert ({e})"
         ) from None
     if arr.dtype.kind not in "biufc":
         raise TypeError(f"{name} must hold numbers; got {type(x).__name__} converted to dtype {arr.dtype}")

@@ -186,6 +186,10 @@ class CupyOps(_DriverOrdering):
     def __init__(self, device: int) -> None:
         self.device = device
 
+    def current_stream(self) -> int:
+        """The handle of CuPy's current stream on the device (where its pool allocates now)."""
+        return cupy.cuda.get_current_stream(self.device).ptr
+
     @contextlib.contextmanager
     def on(self, stream: int) -> Iterator[None]:
         with cupy.cuda.Device(self.device), cupy_stream(stream, self.device):
@@ -252,6 +256,10 @@ class TorchOps(_DriverOrdering):
         self._torch_stream = torch_stream
         self.device = device
         self._device = torch.device("cuda", device)
+
+    def current_stream(self) -> int:
+        """The handle of PyTorch's current stream on the device (where its allocator allocates now)."""
+        return self._torch.cuda.current_stream(self.device).cuda_stream
 
     def stream(self, handle: int) -> Any:
         """The PyTorch stream object of a raw handle (cached); 0 is the device's default stream."""
@@ -380,6 +388,8 @@ class StreamOrder:
         self._ops = ops
         self._event: Any = None
         self._last: int | None = None
+        #: the stream current when the owner was made, whose memory pool its buffers come from
+        self._home = ops.current_stream()
 
     def begin(self, stream: int) -> None:
         if self._last is not None and stream != self._last:
@@ -419,21 +429,32 @@ class StreamOrder:
         if self._event is not None:
             self._event.synchronize()
 
+    def release(self) -> None:
+        """Before the owner's buffers go back to the memory pool of the stream they were allocated
+        on: that stream waits for the last call, where it ran on another one (no host wait; the
+        pool orders the memory's next use on that stream after it).  Nothing where the last call
+        ran there, where the host has waited for it, or where that stream is being captured into
+        a CUDA graph (which cannot wait on work outside it)."""
+        last, home = self._last, self._home
+        if last is None or last == home or self._event is None or self._ops.capturing(home):
+            return
+        self._ops.wait(home, self._event)
+
 
 class ReleasedInOrder:
     """What an executor with a :class:`StreamOrder` (``self._order``) and scratch buffers does
     when it is dropped without :meth:`free` (a plan evicted from the functions' cache, a dropped
-    cache entry): it waits for its last call before its buffers go back to the memory pool.
-    They were allocated on the stream current when it was planned, and CuPy's and PyTorch's
-    pools hand memory back to that stream's allocations without waiting for the streams later
-    calls used: a kernel still running there would write into another array."""
+    cache entry): its buffers were allocated on the stream current when it was planned, and
+    CuPy's and PyTorch's pools hand memory back to that stream's allocations without waiting
+    for the streams later calls used (a kernel still running there would write into another
+    array), so that stream first waits for its last call (:meth:`StreamOrder.release`)."""
 
     def __del__(self) -> None:
         order = getattr(self, "_order", None)
         if order is not None:
             # (at interpreter exit the driver may be gone: nothing is left to order then)
             with contextlib.suppress(Exception):
-                order.wait_idle()
+                order.release()
 
 
 class DriverEvent:

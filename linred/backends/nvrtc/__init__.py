@@ -50,7 +50,7 @@ import functools
 from dataclasses import dataclass
 
 from linred._dtypes import COMPLEX, itemsize
-from linred.backends.base import Backend, Executor, Options
+from linred.backends.base import INT32_MAX, Backend, Executor, Options
 from linred.backends.nvrtc.kernels import STAGED_MAX_BYTES, flat, is_pow2, vec
 from linred.problem import Problem
 
@@ -143,6 +143,26 @@ def route(problem: Problem, options: NvrtcOptions) -> str:
     return "warp"
 
 
+#: feature columns that are not contiguous are read by tile_reduce, each as a row of its own,
+#: only where a column holds at least a quarter of a tile: shorter ones (the transpose of wide
+#: rows in short segments, say) would each take a block that reads a few elements
+COLUMN_MIN_TILE_SHARE = 4
+
+
+def _columns_unsupported(problem: Problem, options: NvrtcOptions) -> str | None:
+    """Why tile_reduce does not take ``problem``'s feature columns that are not contiguous, or None."""
+    n = problem.n
+    if n * COLUMN_MIN_TILE_SHARE < options.tile:
+        return (
+            f"it reads feature columns that are not contiguous as rows of their own, and columns of {n} "
+            f"elements (fewer than {options.tile // COLUMN_MIN_TILE_SHARE}) would leave its tiles nearly empty; "
+            "'cublas', 'nvmath' and 'cub' serve strided features"
+        )
+    if problem.batch * problem.features * -(-n // options.tile) > INT32_MAX:
+        return f"its tile kernel would need more than {INT32_MAX} blocks for {problem.batch * problem.features} columns"
+    return None
+
+
 @functools.cache
 def _compute_capability(device: int) -> tuple[int, int]:
     from cuda.core import Device
@@ -182,6 +202,8 @@ class NvrtcBackend(Backend):
             return "its kernels handle real and integer data; 'nvmath' and 'cublas' serve complex sums"
         if "bfloat16" in (problem.dtype, problem.out_dtype) and _compute_capability(problem.device) < (8, 0):
             return "its bfloat16 conversions need compute capability 8.0 or newer; 'cub' serves bfloat16 here"
+        if problem.features != 1 and problem.strides[2] != 1:
+            return _columns_unsupported(problem, self.options)
         return None
 
     def plan(self, problem: Problem) -> Executor:
