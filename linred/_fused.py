@@ -324,7 +324,9 @@ def _run(
     # batched tensors take no out= and no kernel of linred's own)
     grad = adapter.kind == "torch" and ((x.requires_grad and xp.is_grad_enabled()) or _torch_transformed())
     device = adapter.device_of(x)
-    handle = adapter.resolve_stream(stream, device)
+    # (inside torch.compile, which cannot ask for the current stream, None: the current one)
+    traced = stream is None and adapter.kind == "torch" and _compiling()
+    handle = None if traced else adapter.resolve_stream(stream, device)
     with contextlib.ExitStack() as stack:
         if adapter.kind == "cupy":
             stack.enter_context(xp.cuda.Device(device))

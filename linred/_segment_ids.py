@@ -191,6 +191,10 @@ def reduce_by_ids(
     if not x.shape:
         raise ValueError("x must have at least one dimension; got a 0-d array")
     device = adapter.device_of(x)
+    if adapter.kind == "torch" and kwargs.get("stream") is None and namespace("torch").compiler.is_compiling():
+        # (the current stream, which torch.compile cannot ask about: _by_ids_traced)
+        return _by_ids(function, adapter, x, device, segment_ids, ns, ids_sorted, axis, out, check, positions,
+                       kwargs)  # fmt: skip
     # The ids' sort and search run on the call's stream, ahead of the reduction that reads them.
     with adapter.on_stream(adapter.resolve_stream(kwargs.get("stream"), device), device):
         return _by_ids(function, adapter, x, device, segment_ids, ns, ids_sorted, axis, out, check, positions,

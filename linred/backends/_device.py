@@ -388,7 +388,8 @@ class StreamOrder:
         self._ops = ops
         self._event: Any = None
         self._last: int | None = None
-        #: the stream current when the owner was made, whose memory pool its buffers come from
+        #: the stream whose memory pool the owner's buffers come from: the one current when it
+        #: was made, unless it allocates them later (:meth:`allocated_on`)
         self._home = ops.current_stream()
 
     def begin(self, stream: int) -> None:
@@ -428,6 +429,10 @@ class StreamOrder:
         """Block until the last call's work is done: its buffers may then be released to any stream."""
         if self._event is not None:
             self._event.synchronize()
+
+    def allocated_on(self, stream: int) -> None:
+        """The owner's buffers were allocated on ``stream`` (its first call's, say)."""
+        self._home = stream
 
     def release(self) -> None:
         """Before the owner's buffers go back to the memory pool of the stream they were allocated

@@ -82,6 +82,7 @@ class DenseExecutor(ReleasedInOrder):
         ]
         # built once and then read on whatever stream later calls use: wait for them once
         ops.synchronize(stream)
+        self._order.allocated_on(stream)
         return constants
 
     def _view(self, sources: dict[str, Any], v: View) -> Any:

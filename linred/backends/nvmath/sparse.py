@@ -201,6 +201,7 @@ class SparseExecutor(ReleasedInOrder):
             size,
         )
         ops.synchronize(stream)  # the index arrays are then valid on any stream
+        self._order.allocated_on(stream)
 
     def _arguments(self) -> tuple:
         """The arguments cusparseSpMM_bufferSize takes (cusparseSpMM adds the workspace)."""
