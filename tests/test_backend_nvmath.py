@@ -457,6 +457,10 @@ class NumpyOps:
     def capturing(stream: int) -> bool:
         return False  # (no CUDA graphs on the host)
 
+    @staticmethod
+    def current_stream() -> int:
+        return 0  # (the host has one "stream")
+
     waits: ClassVar[list[int]] = []
 
     @staticmethod
@@ -661,6 +665,7 @@ class TorchCpuOps:
         ops.record_unless_capturing = lambda event, stream: True
         ops.wait = lambda stream, event: None
         ops.capturing = lambda stream: False
+        ops.current_stream = lambda: 0
         return ops
 
 
