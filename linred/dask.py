@@ -852,15 +852,16 @@ def positions_back(result: Any, order: np.ndarray, n: int) -> Any:
     in the caller's: the tie rule holds."""
     if n == 0:
         return result
-    import dask
+    import dask.array as da
 
     xp = _xp(result._meta)
-    table = order if xp is np else xp.asarray(order)
-    if not type(result).__module__.startswith("dask.array._array_expr"):
-        # (one node of the graph that every task reads; the array-expression mode has no place
-        # for a delayed argument: "Missing dependency", so there each task holds the table)
-        table = dask.delayed(table, pure=True)
-    return result.map_blocks(_positions_back_task, table, n=n, dtype=result.dtype, meta=result._meta)
+    # The order as one chunk of the graph that every task reads (an index of its own, "z", which
+    # the result lacks: each task gets the whole of it); also in the array-expression mode,
+    # which has no place for a delayed argument ("Missing dependency").
+    table = da.from_array(order if xp is np else xp.asarray(order), chunks=-1)
+    ind = "".join(chr(ord("a") + i) for i in range(result.ndim))
+    return da.blockwise(_positions_back_task, ind, result, ind, table, "z", n=n, concatenate=True,
+                        dtype=result.dtype, meta=result._meta)  # fmt: skip
 
 
 def _positions_back_task(block: Any, table: Any, *, n: int) -> Any:
