@@ -120,6 +120,8 @@ def _batched(t: Any) -> bool:
     """Whether tensor ``t`` is a torch.func transform's batched tensor (one id array a sample)."""
     import torch
 
+    if torch.compiler.is_compiling():  # (which cannot trace the question; a vmap's ids are refused eagerly)
+        return False
     functorch = torch._C._functorch
     return functorch.maybe_current_level() is not None and functorch.is_batchedtensor(t)
 
@@ -289,32 +291,36 @@ def _by_ids_traced(function: Any, ops: _Ops, x: Any, ids: Any, ns: int | None, i
                    check: bool, positions: bool, kwargs: dict[str, Any]) -> Any:  # fmt: skip
     """:func:`_by_ids` inside ``torch.compile``, which cannot read the ids (a value read back is a
     graph break, and an error with ``fullgraph=True``): ``num_segments`` must be given; the ids
-    are sorted unless promised sorted with ``check=False``; with ``check=True`` the offsets they
-    make are checked by the reduction's operator as it runs (ids outside ``[0, num_segments)``
-    make offsets that do not start at 0 or end at ``n``: its ``ValueError``), with
-    ``check=False`` such ids are dropped, as outside the compiler."""
+    are sorted unless promised sorted with ``check=False`` on a CUDA device (host ids are sorted
+    always: outside the compiler they are read, and a wrong promise does not count); with
+    ``check=True`` the offsets they make are checked by the reduction's operator as it runs (ids
+    outside ``[0, num_segments)`` make offsets that do not start at 0 or end at ``n``: its
+    ``ValueError``), with ``check=False`` such ids are dropped, as outside the compiler."""
     if ns is None:
         raise TypeError("inside torch.compile, segment_ids needs num_segments: the result's shape cannot depend "
                         "on the ids' values")  # fmt: skip
+    if out is not None:  # (as the operator refuses it, with or without ids)
+        raise TypeError("out= and stream= are not supported inside torch.compile: the result is a new tensor on the "
+                        "current stream")  # fmt: skip
     n = x.shape[ax]
     order = None
-    if n and not (ids_sorted is True and not check):
+    if n and not (ids_sorted is True and not check and x.is_cuda):
         order = ops.argsort(ids)
         ids = ops.take(ids, order, 0)
         x = ops.take(x, order, ax)
     offsets = ops.searchsorted(ids, ops.arange(ns + 1))
     if not check:  # sentinel segments take the ids outside [0, ns), then go
         offsets = ops.pad(offsets, n)
-    if not positions:  # (argmax and argmin take no out=)
-        kwargs["out"] = out if check else None
+        if function.__name__ == "segmented_prod" and x.requires_grad and ops.xp.is_grad_enabled():
+            # (as in _by_ids: their product's derivative would be NaN where it overflows)
+            shape = [1] * x.dim()
+            shape[ax] = n
+            x = ops.xp.where(((ids < 0) | (ids >= ns)).reshape(shape), 1.0, x)
     result = function(x, offsets=offsets, axis=ax, check=check, **kwargs)
     if not check:
         result = result[(slice(None),) * ax + (slice(1, ns + 1),)]
     if positions and order is not None:
         result = _unsort_positions(ops, result, order, n)
-    if out is not None and result is not out:
-        out.copy_(result)
-        return out
     return result
 
 

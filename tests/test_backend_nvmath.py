@@ -666,6 +666,7 @@ class TorchCpuOps:
         ops.wait = lambda stream, event: None
         ops.capturing = lambda stream: False
         ops.current_stream = lambda: 0
+        ops.current_stream_object = lambda: None
         return ops
 
 

@@ -873,3 +873,40 @@ def test_prod_gradient_of_the_one_zero_in_the_result_dtype(device):
     (g,) = torch.autograd.grad(linred.segmented_prod(x, 64, dtype=torch.float64).sum(), x)
     others = np.prod(np.delete(v.astype(np.float64), 5, axis=1), axis=1).astype(np.float32)
     np.testing.assert_array_equal(g.reshape(8, 64)[:, 5].cpu().numpy(), others)
+
+
+def test_compile_with_segment_ids_matches_eager_at_its_edges():
+    """Inside torch.compile(fullgraph=True) with segment ids: a vmap of a call (the ids shared),
+    out= refused as the operator refuses it, a product's dropped elements pass a gradient of 0 (not NaN where the
+    product overflows), and a wrong ids_sorted promise on CPU ids counts for nothing, as eagerly
+    (host ids are read there)."""
+    ids = torch.tensor([0, 0, 2, 2, 1, 1, 1, 0, 2, 2])
+    x = torch.randn(3, 10, dtype=torch.float64)
+    for name in ("sum", "argmax", "softmax"):
+        f = getattr(linred, f"segmented_{name}")
+        g = torch.compile(lambda t, f=f: torch.func.vmap(lambda u: f(u, segment_ids=ids, num_segments=3))(t),
+                          fullgraph=True, backend="eager")  # fmt: skip
+        torch._dynamo.reset()
+        torch.testing.assert_close(g(x), torch.stack([f(row, segment_ids=ids, num_segments=3) for row in x]))
+    for check in (True, False):
+        for bad in (torch.empty(3, dtype=torch.int64), torch.empty(2, 3)):
+            torch._dynamo.reset()
+
+            def call(t, o, c=check):
+                return linred.segmented_sum(t, segment_ids=ids, num_segments=3, out=o, check=c)
+
+            g = torch.compile(call, fullgraph=True, backend="eager")
+            with pytest.raises(Exception, match=r"out= and stream= are not supported inside torch.compile"):
+                g(torch.ones(10), bad)
+    dropped = torch.tensor([0, 0, 5, 1, 5, 1])
+    x = torch.tensor([1.0, 3.0, 1e200, 4.0, 1e200, 5.0], dtype=torch.float64, requires_grad=True)
+    torch._dynamo.reset()
+    g = torch.compile(lambda t: linred.segmented_prod(t, segment_ids=dropped, num_segments=2, check=False).sum(),
+                      fullgraph=True, backend="aot_eager")  # fmt: skip
+    (grad,) = torch.autograd.grad(g(x), x)
+    torch.testing.assert_close(grad, torch.tensor([3.0, 1.0, 0.0, 5.0, 0.0, 4.0], dtype=torch.float64))
+    unsorted = torch.tensor([1, 0, 1, 0])
+    kw = {"segment_ids": unsorted, "num_segments": 2, "ids_sorted": True, "check": False}
+    torch._dynamo.reset()
+    g = torch.compile(lambda t: linred.segmented_sum(t, **kw), fullgraph=True, backend="eager")
+    torch.testing.assert_close(g(torch.arange(1.0, 5.0)), linred.segmented_sum(torch.arange(1.0, 5.0), **kw))

@@ -190,6 +190,10 @@ class CupyOps(_DriverOrdering):
         """The handle of CuPy's current stream on the device (where its pool allocates now)."""
         return cupy.cuda.get_current_stream(self.device).ptr
 
+    def current_stream_object(self) -> Any:
+        """CuPy's current stream on the device (held, its handle stays valid)."""
+        return cupy.cuda.get_current_stream(self.device)
+
     @contextlib.contextmanager
     def on(self, stream: int) -> Iterator[None]:
         with cupy.cuda.Device(self.device), cupy_stream(stream, self.device):
@@ -260,6 +264,10 @@ class TorchOps(_DriverOrdering):
     def current_stream(self) -> int:
         """The handle of PyTorch's current stream on the device (where its allocator allocates now)."""
         return self._torch.cuda.current_stream(self.device).cuda_stream
+
+    def current_stream_object(self) -> Any:
+        """PyTorch's current stream on the device (held, its handle stays valid)."""
+        return self._torch.cuda.current_stream(self.device)
 
     def stream(self, handle: int) -> Any:
         """The PyTorch stream object of a raw handle (cached); 0 is the device's default stream."""
@@ -389,8 +397,12 @@ class StreamOrder:
         self._event: Any = None
         self._last: int | None = None
         #: the stream whose memory pool the owner's buffers come from: the one current when it
-        #: was made, unless it allocates them later (:meth:`allocated_on`)
+        #: was made, unless it allocates them later (:meth:`allocated_on`); its stream object is
+        #: held, so that the handle :meth:`release` names is still a stream (a stream the
+        #: caller made and dropped since would otherwise be destroyed)
         self._home = ops.current_stream()
+        hold = getattr(ops, "current_stream_object", None)
+        self._held = hold() if hold is not None else None
 
     def begin(self, stream: int) -> None:
         if self._last is not None and stream != self._last:
@@ -431,8 +443,9 @@ class StreamOrder:
             self._event.synchronize()
 
     def allocated_on(self, stream: int) -> None:
-        """The owner's buffers were allocated on ``stream`` (its first call's, say)."""
-        self._home = stream
+        """The owner's buffers were allocated on ``stream`` (its first call's, say; a handle the
+        caller passed, whose stream the caller keeps)."""
+        self._home, self._held = stream, None
 
     def release(self) -> None:
         """Before the owner's buffers go back to the memory pool of the stream they were allocated

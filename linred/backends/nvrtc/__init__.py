@@ -145,18 +145,19 @@ def route(problem: Problem, options: NvrtcOptions) -> str:
 
 #: feature columns that are not contiguous are read by tile_reduce, each as a row of its own,
 #: only where a column holds at least a quarter of a tile: shorter ones (the transpose of wide
-#: rows in short segments, say) would each take a block that reads a few elements
+#: rows in short segments, say) would each take a block that reads a few elements, and go to the
+#: backends that read strided features (products, which none of them computes, stay here)
 COLUMN_MIN_TILE_SHARE = 4
 
 
 def _columns_unsupported(problem: Problem, options: NvrtcOptions) -> str | None:
     """Why tile_reduce does not take ``problem``'s feature columns that are not contiguous, or None."""
     n = problem.n
-    if n * COLUMN_MIN_TILE_SHARE < options.tile:
+    if n * COLUMN_MIN_TILE_SHARE < options.tile and problem.reduction != "prod":  # (no other backend has prod)
         return (
             f"it reads feature columns that are not contiguous as rows of their own, and columns of {n} "
             f"elements (fewer than {options.tile // COLUMN_MIN_TILE_SHARE}) would leave its tiles nearly empty; "
-            "'cublas', 'nvmath' and 'cub' serve strided features"
+            "'cublas' and 'nvmath' (float sums and means) and 'cub' (sums, means, max, min) serve strided features"
         )
     if problem.batch * problem.features * -(-n // options.tile) > INT32_MAX:
         return f"its tile kernel would need more than {INT32_MAX} blocks for {problem.batch * problem.features} columns"
