@@ -29,6 +29,7 @@ synchronization even with ``check=False``.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from typing import Any
 
@@ -193,12 +194,14 @@ def reduce_by_ids(
     if not x.shape:
         raise ValueError("x must have at least one dimension; got a 0-d array")
     device = adapter.device_of(x)
-    if adapter.kind == "torch" and kwargs.get("stream") is None and namespace("torch").compiler.is_compiling():
-        # (the current stream, which torch.compile cannot ask about: _by_ids_traced)
-        return _by_ids(function, adapter, x, device, segment_ids, ns, ids_sorted, axis, out, check, positions,
-                       kwargs)  # fmt: skip
-    # The ids' sort and search run on the call's stream, ahead of the reduction that reads them.
-    with adapter.on_stream(adapter.resolve_stream(kwargs.get("stream"), device), device):
+    # The ids' sort and search run on the call's stream, ahead of the reduction that reads them
+    # (inside torch.compile, which cannot ask for the stream, the current one: _by_ids_traced).
+    stream = kwargs.get("stream")
+    if adapter.kind == "torch" and stream is None and namespace("torch").compiler.is_compiling():
+        on_stream = contextlib.nullcontext()
+    else:
+        on_stream = adapter.on_stream(adapter.resolve_stream(stream, device), device)
+    with on_stream:
         return _by_ids(function, adapter, x, device, segment_ids, ns, ids_sorted, axis, out, check, positions,
                        kwargs)  # fmt: skip
 
@@ -262,13 +265,7 @@ def _by_ids(
         trim = False
     if trim:  # ids outside [0, ns) may be there: sentinel segments take them, then go
         offsets = ops.pad(offsets, n)
-        grad = kind == "torch" and x.requires_grad and ops.xp.is_grad_enabled()
-        if grad and function.__name__ == "segmented_prod":
-            # (their product's derivative, 0 times the product of the others, would be NaN where
-            # that product overflows: they count as 1 instead, whose derivative is 0)
-            shape = [1] * x.dim()
-            shape[ax] = n
-            x = ops.xp.where(((ids < 0) | (ids >= ns)).reshape(shape), 1.0, x)
+        x = _dropped_as_ones(function, ops, x, ids, ns, ax)
     if not positions:  # (argmax and argmin take no out=)
         kwargs["out"] = None if trim else out
     result = function(x, offsets=offsets, axis=ax, check=False, **kwargs)
@@ -311,17 +308,25 @@ def _by_ids_traced(function: Any, ops: _Ops, x: Any, ids: Any, ns: int | None, i
     offsets = ops.searchsorted(ids, ops.arange(ns + 1))
     if not check:  # sentinel segments take the ids outside [0, ns), then go
         offsets = ops.pad(offsets, n)
-        if function.__name__ == "segmented_prod" and x.requires_grad and ops.xp.is_grad_enabled():
-            # (as in _by_ids: their product's derivative would be NaN where it overflows)
-            shape = [1] * x.dim()
-            shape[ax] = n
-            x = ops.xp.where(((ids < 0) | (ids >= ns)).reshape(shape), 1.0, x)
+        x = _dropped_as_ones(function, ops, x, ids, ns, ax)
     result = function(x, offsets=offsets, axis=ax, check=check, **kwargs)
     if not check:
         result = result[(slice(None),) * ax + (slice(1, ns + 1),)]
     if positions and order is not None:
         result = _unsort_positions(ops, result, order, n)
     return result
+
+
+def _dropped_as_ones(function: Any, ops: _Ops, x: Any, ids: Any, ns: int, ax: int) -> Any:
+    """``x`` for a call whose ids outside ``[0, ns)`` go to sentinel segments: for a product that
+    autograd records, their elements as 1 (their product's derivative, 0 times the product of
+    the others, would be NaN where that product overflows; 1's derivative here is 0)."""
+    if not (ops.kind == "torch" and function.__name__ == "segmented_prod" and x.requires_grad
+            and ops.xp.is_grad_enabled()):  # fmt: skip
+        return x
+    shape = [1] * x.dim()
+    shape[ax] = x.shape[ax]
+    return ops.xp.where(((ids < 0) | (ids >= ns)).reshape(shape), 1.0, x)
 
 
 def _unsort_positions(ops: _Ops, result: Any, order: Any, n: int) -> Any:

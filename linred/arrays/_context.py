@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-__all__ = ["current_device", "driver", "keep_current", "on_device"]
+__all__ = ["current_device", "driver", "keep_current", "on_device", "set_up"]
 
 #: per device: its primary context (retained once, for the process)
 _contexts: dict[int, Any] = {}
@@ -112,3 +112,12 @@ class keep_current:
         err, context = cuda.cuCtxGetCurrent()
         if err != cuda.CUresult.CUDA_SUCCESS or int(context) != int(self._context):
             cuda.cuCtxSetCurrent(self._context)
+
+
+def set_up(device: int) -> None:
+    """cuda.core's per-thread set-up of ``device`` (``Device(device).set_current()``, which its
+    APIs need before they compile or load for it), the caller's device current again after it."""
+    from cuda.core import Device
+
+    with keep_current():
+        Device(device).set_current()

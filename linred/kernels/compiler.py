@@ -111,12 +111,11 @@ def get_kernels(device_id: int, wrapper: str, names: tuple[str, ...]) -> tuple[A
 
 
 def _build(device_id: int, wrapper: str) -> Any:
-    from cuda.core import Device, ObjectCode, Program, ProgramOptions
+    from cuda.core import ObjectCode, Program, ProgramOptions
 
-    from linred.arrays._context import keep_current
+    from linred.arrays._context import set_up
 
-    with keep_current():  # (the caller's device stays current)
-        Device(device_id).set_current()
+    set_up(device_id)
     arch = _arch(device_id)
     code = source(wrapper)
     options = ProgramOptions(arch=arch, std="c++17", name="linred_segreduce")

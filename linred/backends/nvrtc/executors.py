@@ -19,9 +19,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver
-from cuda.core import Device
 
-from linred.arrays._context import keep_current, on_device
+from linred.arrays._context import on_device, set_up
 from linred.backends._device import ReleasedInOrder, StreamOrder, ops_for
 from linred.backends.base import INT32_MAX
 from linred.backends.nvrtc.kernels import (
@@ -69,8 +68,7 @@ class _Launcher:
 
     def __init__(self, problem: Problem) -> None:
         self.device = problem.device
-        with keep_current():  # (cuda.core's per-thread set-up; the caller's device stays current)
-            Device(problem.device).set_current()
+        set_up(problem.device)
         self.sms = multiprocessors(problem.device)
         self.kind = problem.kind
         #: the device pointer of an array of the problem's library (chosen once: calls are hot)
