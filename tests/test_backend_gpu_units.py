@@ -1354,6 +1354,27 @@ def test_stream_order_release_orders_the_home_stream_after_a_call_elsewhere():
         assert ops.calls == ([("waited", home)] if waits else []), (home, calls_on, idle)
 
 
+def test_stream_order_release_after_free_names_no_stream():
+    """(No GPU needed.) After free() (wait_idle: the host waited for the last call) a dropped
+    executor's release makes no driver call: the stream of that call, which may be a stream the
+    caller has destroyed since, is never named again."""
+    from linred.backends._device import StreamOrder
+
+    class Event:
+        def synchronize(self):
+            ops.calls.append(("synchronized",))
+
+    ops = _OrderOps()
+    ops.event = Event
+    order = StreamOrder(ops)
+    order.begin(5)
+    order.end(5)
+    order.wait_idle()
+    assert order.home == 0
+    order.release()
+    assert ops.calls == [("asked", 5), ("synchronized",)]
+
+
 def test_stream_order_takes_the_callers_answer_to_whether_the_stream_captures():
     """(No GPU needed.) StreamOrder.end asks whether the stream is being captured only where its
     caller did not: an executor that asked already saves the driver call; a captured call records

@@ -396,10 +396,10 @@ class StreamOrder:
         self._ops = ops
         self._event: Any = None
         self._last: int | None = None
-        #: the stream whose memory pool the owner's buffers come from: the one current when it
-        #: was made, unless it allocates them later (:meth:`allocated_on`); its stream object is
-        #: held, so that the handle :meth:`release` names is still a stream (a stream the
-        #: caller made and dropped since would otherwise be destroyed)
+        #: the stream whose memory pool the owner's buffers come from (:attr:`home`): the one
+        #: current when it was made; its stream object is held, so that the handle
+        #: :meth:`release` names is still a stream (a stream the caller made and dropped since
+        #: would otherwise be destroyed, and a driver call on its handle may crash)
         self._home = ops.current_stream()
         hold = getattr(ops, "current_stream_object", None)
         self._held = hold() if hold is not None else None
@@ -441,11 +441,15 @@ class StreamOrder:
         """Block until the last call's work is done: its buffers may then be released to any stream."""
         if self._event is not None:
             self._event.synchronize()
+        self._last = None
 
-    def allocated_on(self, stream: int) -> None:
-        """The owner's buffers were allocated on ``stream`` (its first call's, say; a handle the
-        caller passed, whose stream the caller keeps)."""
-        self._home, self._held = stream, None
+    @property
+    def home(self) -> int:
+        """The stream the owner allocates its long-lived buffers on (``with ops.on(order.home)``),
+        then waits for before another stream reads them.  Not the first call's stream: the
+        caller may destroy that one before the owner goes, and :meth:`release` must name a
+        live stream then."""
+        return self._home
 
     def release(self) -> None:
         """Before the owner's buffers go back to the memory pool of the stream they were allocated

@@ -66,12 +66,14 @@ class DenseExecutor(ReleasedInOrder):
         # per product: the Matmul and the alignments (a, b, c) it was planned for
         self._plans: list[tuple[Any, tuple[int, int, int]] | None] = [None] * len(layout.products)
 
-    def _make_constants(self, stream: int) -> dict[str, Any]:
+    def _make_constants(self) -> dict[str, Any]:
         ops = self._ops
+        home = self._order.home
         constants = {}
-        for name, kind in self._layout.constants.items():
-            assert kind[0] == "ones", kind
-            constants[name] = ops.ones(kind[1], self._dtype)
+        with ops.on(home):  # (see StreamOrder.home)
+            for name, kind in self._layout.constants.items():
+                assert kind[0] == "ones", kind
+                constants[name] = ops.ones(kind[1], self._dtype)
         self._fixed = [
             {
                 key: ops.view(constants[v.src], v.shape, v.strides)
@@ -81,8 +83,7 @@ class DenseExecutor(ReleasedInOrder):
             for p in self._layout.products
         ]
         # built once and then read on whatever stream later calls use: wait for them once
-        ops.synchronize(stream)
-        self._order.allocated_on(stream)
+        ops.synchronize(home)
         return constants
 
     def _view(self, sources: dict[str, Any], v: View) -> Any:
@@ -93,7 +94,7 @@ class DenseExecutor(ReleasedInOrder):
         layout = self._layout
         with ops.on(stream):
             if self._constants is None:
-                self._constants = self._make_constants(stream)
+                self._constants = self._make_constants()
             self._order.begin(stream)
             x, conjugate = physical(x)
             x_base, out_base = (x.real, out.real) if self._real else (x, out)  # complex as real parts (views)

@@ -28,7 +28,7 @@ data accumulates in float32 and float64 data in float64.
 Empty segments come out as 0 (their rows of ``S`` are empty); a mean divides by
 the segment lengths afterwards, 0 / 0 giving NaN.  Complex data is multiplied as
 its real and imaginary parts side by side (a complex product would turn
-``inf + 0j`` into ``inf + nan*j``).  The first call synchronizes its stream once
+``inf + 0j`` into ``inf + nan*j``).  The first call synchronizes its home stream once
 (the index arrays are built then); later calls enqueue their work without
 synchronizing.
 """
@@ -156,8 +156,10 @@ class SparseExecutor(ReleasedInOrder):
         """Make the handle, the descriptors and the workspace for the first call's pointers."""
         ops = self._ops
         B, n, D, m = self._batch, self._n, self._features, self._m
-        self._indices = ops.arange(n, self._index_dtype)
-        self._values = ops.ones(n, self._dtype)
+        home = self._order.home
+        with ops.on(home):  # the executor's own buffers (see StreamOrder.home)
+            self._indices = ops.arange(n, self._index_dtype)
+            self._values = ops.ones(n, self._dtype)
         self._handle = _handle(self._device)
         cusparse.set_stream(self._handle, stream)
         index = INDEX_TYPE[self._index_dtype]
@@ -187,7 +189,8 @@ class SparseExecutor(ReleasedInOrder):
             cusparse.dn_mat_set_strided_batch(d["c"], B, m * D)
         size = cusparse.sp_mm_buffer_size(*self._arguments())
         if size:
-            self._workspace = ops.empty((size,), "uint8")
+            with ops.on(home):
+                self._workspace = ops.empty((size,), "uint8")
             self._workspace_ptr = ops.pointer(self._workspace)
         self._logger.debug(
             "cuSPARSE SpMM planned: S (%d, %d) %s, data %s, sums %s, batch %d%s, workspace %d bytes",
@@ -200,8 +203,9 @@ class SparseExecutor(ReleasedInOrder):
             " (loop)" if self._loop else "",
             size,
         )
-        ops.synchronize(stream)  # the index arrays are then valid on any stream
-        self._order.allocated_on(stream)
+        # the index arrays are then valid on any stream, and the workspace's earlier users on
+        # the home stream are done before the first call's stream writes it
+        ops.synchronize(home)
 
     def _arguments(self) -> tuple:
         """The arguments cusparseSpMM_bufferSize takes (cusparseSpMM adds the workspace)."""
