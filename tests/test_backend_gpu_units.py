@@ -16,6 +16,7 @@ import re
 import types
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from linred.arrays._streams import stream_handle
 from linred.backends import BACKENDS, configure, cub, cublas, get_backend, options_generation
 from linred.backends.base import INT32_MAX, Options, segment_chunks
 from linred.backends.nvrtc import DEFAULT_OPTIONS
+from linred.errors import BackendError
 from linred.problem import Problem
 
 KERNELS = Path(__file__).resolve().parents[1] / "linred" / "kernels"
@@ -700,18 +702,48 @@ def test_nvrtc_serves_feature_columns_that_are_not_contiguous(strides, length):
     assert route(contiguous, DEFAULT_OPTIONS) == "features"
 
 
-def test_nvrtc_refuses_feature_columns_too_short_for_its_tiles():
-    """Columns shorter than a quarter of a tile (the transpose of wide rows in short segments)
-    are left to the backends that read strided features: each would take a block of its own."""
+def test_nvrtc_serves_feature_columns_too_short_for_its_tiles_after_the_others():
+    """Columns shorter than a quarter of a tile (the transpose of wide rows in short segments):
+    nvrtc serves them, but ``auto`` tries the backends that read strided features first (each
+    column would take a block of its own) and comes back to nvrtc where none of them serves the
+    call; a named backend serves what it can."""
+    from linred.backends import select
     from linred.backends.nvrtc import BACKEND, COLUMN_MIN_TILE_SHARE, DEFAULT_OPTIONS
 
     n = DEFAULT_OPTIONS.tile // COLUMN_MIN_TILE_SHARE
-    assert BACKEND.unsupported(problem(shape=(1, n, 64), strides=(n * 64, 1, n), length=8)) is None
+    long = problem(shape=(1, n, 64), strides=(n * 64, 1, n), length=8)
+    assert BACKEND.unsupported(long) is None and BACKEND.slower(long) is None
     short = problem(shape=(1, n - 8, 64), strides=(n * 64, 1, n), length=8)
-    assert re.search(r"columns of 1016 elements \(fewer than 1024\) would leave its tiles nearly empty",
-                     BACKEND.unsupported(short))  # fmt: skip
-    # (products, which no other backend computes, are still served)
-    assert BACKEND.unsupported(problem("prod", shape=(1, n - 8, 64), strides=(n * 64, 1, n), length=8)) is None
+    assert BACKEND.unsupported(short) is None
+    why = BACKEND.slower(short)
+    assert re.search(r"columns of 1016 elements \(fewer than 1024\) leave its tiles nearly empty", why)
+    assert BACKEND.slower(problem(shape=(1, n - 8, 64), length=8)) is None  # contiguous rows
+
+    class Fake:
+        def __init__(self, name, refuses=False, slow=False):
+            self.name, self.refuses, self.slow = name, refuses, slow
+            self.reductions, self.reads_pointers = ("sum",), True
+
+        def unsupported(self, problem):
+            return "refused" if self.refuses else None
+
+        def slower(self, problem):
+            return "slow" if self.slow else None
+
+    def chosen(fakes):
+        table = {f.name: f for f in fakes}
+        with (
+            mock.patch.object(select, "preference", lambda p: tuple(table)),
+            mock.patch.object(select, "unavailable", lambda name: None),
+            mock.patch.object(select, "get_backend", table.__getitem__),
+        ):
+            return select.select(short, "auto").name
+
+    assert chosen([Fake("a", slow=True), Fake("b")]) == "b"  # a faster one serves it
+    assert chosen([Fake("a", slow=True), Fake("b", refuses=True), Fake("c", slow=True)]) == "a"  # none faster
+    assert chosen([Fake("a", refuses=True), Fake("b", slow=True)]) == "b"
+    with pytest.raises(BackendError, match="a: refused; b: refused"):
+        chosen([Fake("a", refuses=True), Fake("b", refuses=True)])
 
 
 @pytest.mark.parametrize("shape", [(1, 64, 8), (3, 64, 16)])

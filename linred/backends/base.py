@@ -102,6 +102,12 @@ class Backend:
         """Why this backend cannot serve ``problem``, or None if it can."""
         raise NotImplementedError
 
+    def slower(self, problem: Problem) -> str | None:
+        """Why ``backend="auto"`` should try the other backends first for ``problem``, which this
+        backend serves (correctly, but slowly for its layout), or None.  ``auto`` comes back to
+        it when none of them serves the problem; naming the backend serves it."""
+        return None
+
     def plan(self, problem: Problem) -> Executor:
         """An executor for ``problem`` (only called when :meth:`unsupported` returned None)."""
         raise NotImplementedError

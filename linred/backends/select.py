@@ -11,7 +11,9 @@ re-measures on the current GPU and caches its own table, which then takes
 precedence.  The table is consulted only when a plan is made, never per call.
 
 The first backend in the order that is available and does not refuse the
-problem wins; when none can serve it, the error lists every backend's reason.
+problem wins, but for a backend that serves it slowly (:meth:`Backend.slower`),
+which wins only where no other backend serves it; when none can serve it, the
+error lists every backend's reason.
 """
 
 from __future__ import annotations
@@ -187,9 +189,16 @@ def select(problem: Problem, name: str) -> Backend:
             raise BackendError(name, reason)
         return backend
     reasons = []
+    later: list[Backend] = []  # (those that serve it slowly: if no other backend serves it)
     for candidate in preference(problem):
         backend, reason = _serve(candidate, problem)
-        if backend is not None:
+        if backend is None:
+            reasons.append(f"{candidate}: {reason}")
+        elif backend.slower(problem) is None:
             return backend
-        reasons.append(f"{candidate}: {reason}")
+        else:
+            later.append(backend)
+    if later:
+        logger.debug("auto: %s serves %s (no faster backend does: %s)", later[0].name, problem.describe(), reasons)
+        return later[0]
     raise BackendError("auto", "no backend can serve " + problem.describe() + " (" + "; ".join(reasons) + ")")

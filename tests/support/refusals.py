@@ -85,9 +85,6 @@ DOCUMENTED_REFUSALS: dict[str, dict[str, str]] = {
     "nvrtc": {
         "host arrays": _HOST_DATA,
         "complex data": r"its kernels handle real and integer data",
-        "feature columns that are not contiguous and shorter than a quarter of a tile": (
-            r"would leave its tiles nearly empty"
-        ),
         **_RAW_POINTERS,
     },
 }

@@ -143,22 +143,28 @@ def route(problem: Problem, options: NvrtcOptions) -> str:
     return "warp"
 
 
-#: feature columns that are not contiguous are read by tile_reduce, each as a row of its own,
-#: only where a column holds at least a quarter of a tile: shorter ones (the transpose of wide
-#: rows in short segments, say) would each take a block that reads a few elements, and go to the
-#: backends that read strided features (products, which none of them computes, stay here)
+#: feature columns that are not contiguous are read by tile_reduce, each as a row of its own;
+#: ``auto`` tries the backends that read strided features first where a column holds less than
+#: a quarter of a tile (the transpose of wide rows in short segments, say: each column would take
+#: a block that reads a few elements), and comes back to nvrtc where none of them serves the call
+#: (products, means and integer sums of some layouts)
 COLUMN_MIN_TILE_SHARE = 4
+
+
+def _columns_slower(problem: Problem, options: NvrtcOptions) -> str | None:
+    """Why ``auto`` should try the other backends first for ``problem``'s feature columns, or None."""
+    n = problem.n
+    if problem.features != 1 and problem.strides[2] != 1 and n * COLUMN_MIN_TILE_SHARE < options.tile:
+        return (
+            f"it reads feature columns that are not contiguous as rows of their own, and columns of {n} "
+            f"elements (fewer than {options.tile // COLUMN_MIN_TILE_SHARE}) leave its tiles nearly empty"
+        )
+    return None
 
 
 def _columns_unsupported(problem: Problem, options: NvrtcOptions) -> str | None:
     """Why tile_reduce does not take ``problem``'s feature columns that are not contiguous, or None."""
     n = problem.n
-    if n * COLUMN_MIN_TILE_SHARE < options.tile and problem.reduction != "prod":  # (no other backend has prod)
-        return (
-            f"it reads feature columns that are not contiguous as rows of their own, and columns of {n} "
-            f"elements (fewer than {options.tile // COLUMN_MIN_TILE_SHARE}) would leave its tiles nearly empty; "
-            "'cublas' and 'nvmath' (float sums and means) and 'cub' (sums, means, max, min) serve strided features"
-        )
     if problem.batch * problem.features * -(-n // options.tile) > INT32_MAX:
         return f"its tile kernel would need more than {INT32_MAX} blocks for {problem.batch * problem.features} columns"
     return None
@@ -206,6 +212,9 @@ class NvrtcBackend(Backend):
         if problem.features != 1 and problem.strides[2] != 1:
             return _columns_unsupported(problem, self.options)
         return None
+
+    def slower(self, problem: Problem) -> str | None:
+        return _columns_slower(problem, self.options)
 
     def plan(self, problem: Problem) -> Executor:
         from linred.backends.nvrtc.executors import EXECUTORS
