@@ -290,9 +290,9 @@ def _by_ids_traced(function: Any, ops: _Ops, x: Any, ids: Any, ns: int | None, i
     graph break, and an error with ``fullgraph=True``): ``num_segments`` must be given; the ids
     are sorted unless promised sorted with ``check=False`` on a CUDA device (host ids are sorted
     always: outside the compiler they are read, and a wrong promise does not count); with
-    ``check=True`` the offsets they make are checked by the reduction's operator as it runs (ids
-    outside ``[0, num_segments)`` make offsets that do not start at 0 or end at ``n``: its
-    ``ValueError``), with ``check=False`` such ids are dropped, as outside the compiler."""
+    ``check=True`` an operator checks them as it makes the offsets (the ``ValueError`` of ids
+    outside ``[0, num_segments)``, as outside the compiler), with ``check=False`` such ids are
+    dropped, as outside the compiler."""
     if ns is None:
         raise TypeError("inside torch.compile, segment_ids needs num_segments: the result's shape cannot depend "
                         "on the ids' values")  # fmt: skip
@@ -301,15 +301,19 @@ def _by_ids_traced(function: Any, ops: _Ops, x: Any, ids: Any, ns: int | None, i
                         "current stream")  # fmt: skip
     n = x.shape[ax]
     order = None
+    given = ids
     if n and not (ids_sorted is True and not check and x.is_cuda):
         order = ops.argsort(ids)
         ids = ops.take(ids, order, 0)
         x = ops.take(x, order, ax)
-    offsets = ops.searchsorted(ids, ops.arange(ns + 1))
-    if not check:  # sentinel segments take the ids outside [0, ns), then go
-        offsets = ops.pad(offsets, n)
+    if check:
+        from linred._torch_ops import segment_ids_offsets
+
+        offsets = segment_ids_offsets(given, ids, ns)  # (valid offsets once it returns)
+    else:  # sentinel segments take the ids outside [0, ns), then go
+        offsets = ops.pad(ops.searchsorted(ids, ops.arange(ns + 1)), n)
         x = _dropped_as_ones(function, ops, x, ids, ns, ax)
-    result = function(x, offsets=offsets, axis=ax, check=check, **kwargs)
+    result = function(x, offsets=offsets, axis=ax, check=False, **kwargs)
     if not check:
         result = result[(slice(None),) * ax + (slice(1, ns + 1),)]
     if positions and order is not None:

@@ -128,6 +128,29 @@ def _(x, offsets, lengths, segment_length, axis, reduction, dtype, backend, chec
     return x.new_empty(shape, dtype=getattr(torch, out_dtype))  # linred's dtype names are torch's
 
 
+@torch.library.custom_op("linred::segment_ids_offsets", mutates_args=())
+def segment_ids_offsets(ids: Tensor, sorted_ids: Tensor, num_segments: int) -> Tensor:
+    """The offsets of ``num_segments`` segments that ``sorted_ids`` (``ids`` sorted) make, after
+    the ``ValueError`` of ids outside ``[0, num_segments)``, which names the first one in the
+    caller's order (one read back on a device): a checked call with segment ids inside
+    ``torch.compile`` raises what it raises outside, not the offsets' error (in-range sorted ids
+    make valid offsets: the reduction need not check them again)."""
+    if ids.shape[0]:
+        bad = (ids < 0) | (ids >= num_segments)
+        if bool(bad.any()):
+            i = int(bad.int().argmax())
+            raise ValueError(
+                f"segment_ids must lie in [0, num_segments) = [0, {num_segments}); segment_ids[{i}] = {int(ids[i])}"
+            )
+    values = torch.arange(num_segments + 1, device=sorted_ids.device, dtype=sorted_ids.dtype)
+    return torch.searchsorted(sorted_ids, values)
+
+
+@segment_ids_offsets.register_fake
+def _(ids, sorted_ids, num_segments):
+    return sorted_ids.new_empty((num_segments + 1,), dtype=torch.int64)
+
+
 def _index(t: Tensor | None) -> Tensor | None:
     """Offsets or lengths as the backward's operations take them: int32 and int64 as they are,
     narrower or unsigned integers as int64 (``repeat_interleave``, ``diff`` and ``cumsum`` have no

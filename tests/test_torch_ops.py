@@ -819,7 +819,8 @@ _IDS = {"sorted": [0, 0, 1, 1, 1, 2, 2, 4, 4], "unsorted": [2, 0, 1, 4, 1, 2, 0,
 def test_compile_fullgraph_with_segment_ids(device, name, order, check):
     """Segment ids inside torch.compile(fullgraph=True): no value is read back (a graph break),
     the results and gradients are the eager ones, ids outside [0, num_segments) raise with
-    check=True (the ValueError of the offsets they make) and are dropped with check=False."""
+    check=True (the ValueError eager calls raise, naming the first such id) and are dropped with
+    check=False."""
     ids = torch.tensor(_IDS[order], device=device)
     f = getattr(linred, f"segmented_{name}")
     kw = {"segment_ids": ids, "num_segments": 5, "check": check}
@@ -837,8 +838,12 @@ def test_compile_fullgraph_with_segment_ids(device, name, order, check):
     torch._dynamo.reset()
     compiled = torch.compile(lambda t: f(t, **kw), fullgraph=True, backend="aot_eager")
     if check:
-        with pytest.raises(ValueError, match=r"offsets\[0\] must be 0"):
+        with pytest.raises(
+            ValueError, match=r"segment_ids must lie in \[0, num_segments\) = \[0, 5\); segment_ids\[4\] = 7"
+        ):
             compiled(x.detach())
+        with pytest.raises(ValueError, match=r"segment_ids\[4\] = 7"):
+            f(x.detach(), **kw)
     else:
         torch.testing.assert_close(compiled(x.detach()), f(x.detach(), **kw), equal_nan=True)
 
