@@ -172,6 +172,9 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
     for d in (2, vec + 1):
         shapes += _styles(rng, around(tile // 16), 16, d)
     shapes += _styles(rng, around(2, 5), tile * 3, 3)
+    # columns shorter than a quarter of a tile (auto tries other backends first; nvrtc serves them)
+    shapes += [_fixed(L, m, 3) for L in (1, 5) for m in (1, 7, (tile // 4 - 1) // L)]
+    shapes += _styles(rng, [3, 20], 16, 2)
     if big:  # runs of 2 tiles (the rows are the columns: fewer tiles a row than one column has)
         d = 4
         shapes.append(_fixed(5, 4 * T.min_blocks * sms * 2 * tile // (5 * d) + 1, d))
