@@ -1407,6 +1407,46 @@ def test_stream_order_release_after_free_names_no_stream():
     assert ops.calls == [("asked", 5), ("synchronized",)]
 
 
+def test_stream_order_waits_on_the_host_for_a_home_stream_it_cannot_keep():
+    """(No GPU needed.) Where the stream current when an executor was made is a wrapper of a raw
+    handle (a stream the caller named, which it may destroy), a dropped executor's release waits
+    for the last call on the host and names no stream; the default streams and linred's own
+    stream (``own=True``) are kept, and ordered on the device."""
+    from linred.backends._device import StreamOrder
+
+    class Event:
+        def synchronize(self):
+            ops.calls.append(("synchronized",))
+
+    class Ops(_OrderOps):
+        held = "wrapper"
+
+        def current_stream_object(self):
+            return self.held
+
+        def lasting(self, stream):
+            return stream != "wrapper"
+
+        def own_stream(self):
+            return 42, "linred's"
+
+    for home, held, own, expected in [
+        (5, "wrapper", False, [("synchronized",)]),
+        (5, "caller's own", False, [("waited", 5)]),
+        (0, "wrapper", False, [("waited", 0)]),  # (the legacy default stream never goes)
+        (5, "wrapper", True, [("waited", 42)]),
+    ]:
+        ops = Ops()
+        ops.home, ops.held = home, held
+        ops.event = Event
+        order = StreamOrder(ops, own=own)
+        order.begin(7)
+        order.end(7)
+        ops.calls.clear()
+        order.release()
+        assert ops.calls == expected, (home, held, own)
+
+
 def test_stream_order_takes_the_callers_answer_to_whether_the_stream_captures():
     """(No GPU needed.) StreamOrder.end asks whether the stream is being captured only where its
     caller did not: an executor that asked already saves the driver call; a captured call records

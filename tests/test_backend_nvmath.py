@@ -23,6 +23,7 @@ import gc
 import logging
 import subprocess
 import sys
+import types
 from typing import Any, ClassVar
 
 import numpy as np
@@ -446,9 +447,29 @@ class NumpyOps:
     def __init__(self, device: int) -> None:
         self.device = device
 
+    #: the stream each buffer was allocated on (the innermost ``on``), and linred's own stream here
+    allocated: ClassVar[list[int | None]] = []
+    _current: ClassVar[list[int]] = []
+    OWN = 99
+
     @contextlib.contextmanager
     def on(self, stream: int):
-        yield
+        NumpyOps._current.append(stream)
+        try:
+            yield
+        finally:
+            NumpyOps._current.pop()
+
+    @staticmethod
+    def _allocating() -> None:
+        NumpyOps.allocated.append(NumpyOps._current[-1] if NumpyOps._current else None)
+
+    def own_stream(self):
+        return NumpyOps.OWN, None
+
+    @staticmethod
+    def lasting(stream) -> bool:
+        return True
 
     def synchronize(self, stream: int) -> None:
         pass
@@ -472,6 +493,10 @@ class NumpyOps:
         return True
 
     @staticmethod
+    def record(event, stream):
+        pass
+
+    @staticmethod
     def wait(stream, event):
         NumpyOps.waits.append(stream)
 
@@ -485,10 +510,12 @@ class NumpyOps:
 
     @staticmethod
     def ones(size, dtype):
+        NumpyOps._allocating()
         return np.ones(size, dtype)
 
     @staticmethod
     def empty(shape, dtype):
+        NumpyOps._allocating()
         return aligned_empty(shape, dtype)
 
     @staticmethod
@@ -510,12 +537,16 @@ class CpuMatmul:
         self._mm = Matmul(
             a, b, c=c, alpha=alpha, beta=beta, options=MatmulOptions(inplace=True), execution=ExecutionCPU()
         )
+        self._allocator = options.allocator
+        self.workspace = None
         CpuMatmul.planned.append(tuple(a.shape))
 
     def plan(self, *, preferences=None, stream=None):
         assert stream in (7, 8)
         CpuMatmul.preferences.append(preferences)
         self._mm.plan()
+        # (nvmath allocates a workspace for the stream it plans on, from the options' allocator)
+        self.workspace = self._allocator.memalloc_async(64, types.SimpleNamespace(handle=stream))
 
     def reset_operands_unchecked(self, **kw):
         self._mm.reset_operands_unchecked(**kw)
@@ -601,14 +632,39 @@ def test_simulated_dense_replans_for_smaller_alignment(simulated_dense, rng):
 
 def test_simulated_dense_orders_a_new_stream_after_the_previous_call(simulated_dense, rng):
     """A call on another stream than the previous one waits for it (the workspace is shared), else not."""
-    NumpyOps.waits = []
     x = data("float32", (64,), rng)
     executor, _ = run_dense(simulated_dense, x, 8, stream=7)
+    NumpyOps.waits = []
     run_dense(simulated_dense, x, 8, executor=executor, stream=7)
     assert NumpyOps.waits == []
     _, got = run_dense(simulated_dense, x, 8, executor=executor, stream=8)
     assert NumpyOps.waits == [8]
     check(got[:, 0], "sum", x, 8)
+
+
+def test_simulated_dense_keeps_its_buffers_on_linreds_own_stream(simulated_dense, rng):
+    """Every buffer of the executor (its ones, nvmath's workspaces, a re-plan's too) comes from the
+    pool of linred's own stream, whichever stream the calls use (the stream a workspace is first
+    used on waits for it), and dropping the executor without free() makes that one stream wait
+    for the last call: the streams of the calls, which their owners may destroy, are never named
+    again."""
+    NumpyOps.allocated, NumpyOps.waits = [], []
+    buf = data("float32", (8192,), rng)
+    start = (-buf.__array_interface__["data"][0] % 256) // 4
+    x = buf[start : start + 4096]
+    executor, got = run_dense(simulated_dense, x, 8, stream=7)
+    check(got[:, 0], "sum", x, 8)
+    assert NumpyOps.allocated == [NumpyOps.OWN] * 2, NumpyOps.allocated  # the ones, the workspace
+    assert NumpyOps.waits == [7]  # (the workspace's first stream waits for linred's)
+    odd = buf[start + 1 : start + 1 + 4096]  # a re-plan on stream 8: its workspace from the same pool
+    got = run_dense(simulated_dense, odd, 8, executor=executor, stream=8)[1]
+    check(got[:, 0], "sum", odd, 8)
+    assert NumpyOps.allocated == [NumpyOps.OWN] * 3, NumpyOps.allocated
+    assert NumpyOps.waits == [7, 8, NumpyOps.OWN, 8]  # the new stream; the old workspace; the new one
+    NumpyOps.waits = []
+    del executor
+    gc.collect()
+    assert NumpyOps.waits == [NumpyOps.OWN]
 
 
 def test_simulated_dense_misaligned_out(simulated_dense, rng):
@@ -667,6 +723,7 @@ class TorchCpuOps:
         ops.capturing = lambda stream: False
         ops.current_stream = lambda: 0
         ops.current_stream_object = lambda: None
+        ops.own_stream = lambda: (0, None)
         return ops
 
 
@@ -1084,3 +1141,30 @@ def test_host_products_probe():
     assert _host_product(batched=False) is None
     assert _host_product(batched=True) is None  # MKL here: both kinds of product work
     assert _host_batched_error() is None
+
+
+def test_float32_rows_cusparse_keeps_within_linreds_accuracy(monkeypatch, configure_nvmath):
+    """(No GPU needed.) cuSPARSE takes float32 rows of offsets up to the length it was measured to
+    sum within 1e-6 of sum|x|: 2^13 elements, 2^12 where several vectors are the columns of one
+    matrix (CSR_ALG2); longer ones are refused naming the library, unless the batch is a loop of
+    SpMVs (``batch_strategy="loop"``) or the data is float64."""
+    from linred.backends import nvmath as backend
+    from linred.backends.base import VENDOR_FLOAT32_LONGEST_SPARSE, VENDOR_FLOAT32_LONGEST_SPARSE_COLUMNS
+
+    monkeypatch.setattr(backend, "_device_error", lambda: None)
+    monkeypatch.setattr(backend, "_sparse_error", lambda: None)
+    nv = backend.BACKEND
+
+    def rows(n, batch, dtype="float32"):
+        return gpu(shape=(batch, n, 1), num_segments=3, segment_length=None, offsets_dtype="int64",
+                   dtype=dtype, acc_dtype=dtype, out_dtype=dtype)  # fmt: skip
+
+    many = backend.layouts.LOOP_VECTORS + 1
+    assert nv.unsupported(rows(VENDOR_FLOAT32_LONGEST_SPARSE, 1)) is None
+    assert "cuSPARSE sums float32 rows of 8193" in nv.unsupported(rows(VENDOR_FLOAT32_LONGEST_SPARSE + 1, 1))
+    assert nv.unsupported(rows(VENDOR_FLOAT32_LONGEST_SPARSE_COLUMNS, many)) is None
+    why = nv.unsupported(rows(VENDOR_FLOAT32_LONGEST_SPARSE_COLUMNS + 1, many))
+    assert "cuSPARSE (CSR_ALG2) sums float32 rows of 4097" in why
+    assert nv.unsupported(rows(VENDOR_FLOAT32_LONGEST_SPARSE_COLUMNS + 1, many, "float64")) is None
+    configure_nvmath(batch_strategy="loop")
+    assert backend.BACKEND.unsupported(rows(VENDOR_FLOAT32_LONGEST_SPARSE_COLUMNS + 1, many)) is None

@@ -26,9 +26,14 @@ def external_stream(handle: int, device: int) -> Any:
     """
     from_external = getattr(cupy.cuda.Stream, "from_external", None)
     if from_external is None:
-        return cupy.cuda.ExternalStream(handle, device)
-    with cupy.cuda.Device(device):
-        return from_external(ProtocolStream(handle))
+        made = cupy.cuda.ExternalStream(handle, device)
+    else:
+        with cupy.cuda.Device(device):
+            made = from_external(ProtocolStream(handle))
+    # (marked: holding it does not keep the stream alive; see linred.backends._device.StreamOrder)
+    with contextlib.suppress(AttributeError, TypeError):
+        made._linred_wraps = True
+    return made
 
 
 @contextlib.contextmanager

@@ -145,6 +145,12 @@ _torch_streams: dict[tuple[int, int], Any] = {}
 _torch_streams_lock = threading.Lock()
 
 
+#: per (array library, device): linred's own stream, where executors that are dropped in any
+#: order keep their long-lived buffers (:class:`StreamOrder` with ``own=True``)
+_own_streams: dict[tuple[str, int], tuple[int, Any]] = {}
+_own_streams_lock = threading.Lock()
+
+
 class _DriverOrdering:
     """What both array libraries' operations share for :class:`StreamOrder`: capture queries and
     events through the driver, on the operations' ``device``."""
@@ -193,6 +199,23 @@ class CupyOps(_DriverOrdering):
     def current_stream_object(self) -> Any:
         """CuPy's current stream on the device (held, its handle stays valid)."""
         return cupy.cuda.get_current_stream(self.device)
+
+    @staticmethod
+    def lasting(stream: Any) -> bool:
+        """Whether holding ``stream`` keeps its CUDA stream alive: not a wrapper linred made of a
+        raw handle (:func:`linred.arrays._cupy.external_stream`), which the caller may destroy."""
+        return not getattr(stream, "_linred_wraps", False)
+
+    def own_stream(self) -> tuple[int, Any]:
+        """linred's own stream on the device (made once, never destroyed): its handle and object."""
+        key = ("cupy", self.device)
+        found = _own_streams.get(key)
+        if found is None:
+            with cupy.cuda.Device(self.device):
+                made = cupy.cuda.Stream(non_blocking=True)
+            with _own_streams_lock:
+                found = _own_streams.setdefault(key, (made.ptr, made))
+        return found
 
     @contextlib.contextmanager
     def on(self, stream: int) -> Iterator[None]:
@@ -268,6 +291,21 @@ class TorchOps(_DriverOrdering):
     def current_stream_object(self) -> Any:
         """PyTorch's current stream on the device (held, its handle stays valid)."""
         return self._torch.cuda.current_stream(self.device)
+
+    def lasting(self, stream: Any) -> bool:
+        """Whether holding ``stream`` keeps its CUDA stream alive: PyTorch's own streams are never
+        destroyed; an ``ExternalStream`` wraps a handle its owner may destroy."""
+        return not isinstance(stream, self._torch.cuda.ExternalStream)
+
+    def own_stream(self) -> tuple[int, Any]:
+        """linred's own stream on the device (from PyTorch's pool: never destroyed), its handle and object."""
+        key = ("torch", self.device)
+        found = _own_streams.get(key)
+        if found is None:
+            made = self._torch.cuda.Stream(self._device)
+            with _own_streams_lock:
+                found = _own_streams.setdefault(key, (made.cuda_stream, made))
+        return found
 
     def stream(self, handle: int) -> Any:
         """The PyTorch stream object of a raw handle (cached); 0 is the device's default stream."""
@@ -392,17 +430,26 @@ class StreamOrder:
     looked for on the previous stream at the next one: that stream may be gone.
     """
 
-    def __init__(self, ops: CupyOps | TorchOps) -> None:
+    def __init__(self, ops: CupyOps | TorchOps, own: bool = False) -> None:
         self._ops = ops
         self._event: Any = None
         self._last: int | None = None
-        #: the stream whose memory pool the owner's buffers come from (:attr:`home`): the one
-        #: current when it was made; its stream object is held, so that the handle
+        #: the stream whose memory pool the owner's buffers come from (:attr:`home`): linred's
+        #: own stream of the device with ``own`` (for owners that allocate their buffers there),
+        #: else the one current when it was made.  Its stream object is held, so that the handle
         #: :meth:`release` names is still a stream (a stream the caller made and dropped since
-        #: would otherwise be destroyed, and a driver call on its handle may crash)
-        self._home = ops.current_stream()
-        hold = getattr(ops, "current_stream_object", None)
-        self._held = hold() if hold is not None else None
+        #: would otherwise be destroyed, and a driver call on its handle may crash); where the
+        #: object does not keep the stream alive (a wrapper of a raw handle the caller passed),
+        #: :meth:`release` waits on the host instead of naming it.
+        if own:
+            self._home, self._held = ops.own_stream()
+            self._lasting = True
+        else:
+            self._home = ops.current_stream()
+            hold = getattr(ops, "current_stream_object", None)
+            self._held = hold() if hold is not None else None
+            # (the default streams, 0 and the per-thread and legacy handles 1 and 2, never go)
+            self._lasting = self._held is None or self._home in (0, 1, 2) or ops.lasting(self._held)
 
     def begin(self, stream: int) -> None:
         if self._last is not None and stream != self._last:
@@ -456,9 +503,15 @@ class StreamOrder:
         on: that stream waits for the last call, where it ran on another one (no host wait; the
         pool orders the memory's next use on that stream after it).  Nothing where the last call
         ran there, where the host has waited for it, or where that stream is being captured into
-        a CUDA graph (which cannot wait on work outside it)."""
+        a CUDA graph (which cannot wait on work outside it).  The host waits for the last call
+        where the home stream may be gone (see ``__init__``)."""
         last, home = self._last, self._home
-        if last is None or last == home or self._event is None or self._ops.capturing(home):
+        if last is None or last == home or self._event is None:
+            return
+        if not self._lasting:
+            self._event.synchronize()
+            return
+        if self._ops.capturing(home):
             return
         self._ops.wait(home, self._event)
 

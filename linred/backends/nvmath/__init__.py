@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from linred.backends.base import (
     INT32_MAX,
     VENDOR_FLOAT32_LONGEST_SPARSE,
+    VENDOR_FLOAT32_LONGEST_SPARSE_COLUMNS,
     Backend,
     Executor,
     Options,
@@ -75,7 +76,7 @@ if LOGGER.level == logging.NOTSET:
 #: how cuSPARSE reduces a batch of variable-length segments (``axis > 0``): ``"batched"``, one
 #: SpMM over the whole batch (more than 8 vectors as the columns of one matrix, feature rows as a
 #: strided batch with the segment matrix broadcast; up to 8 vectors one SpMM each, which is
-#: faster: see ``sparse.LOOP_VECTORS``); ``"loop"``, one SpMM per batch slice (more launches)
+#: faster: see ``layout.LOOP_VECTORS``); ``"loop"``, one SpMM per batch slice (more launches)
 BATCH_STRATEGIES = ("batched", "loop")
 
 
@@ -232,7 +233,16 @@ class NvmathBackend(Backend):
         if problem.fixed:
             reason = vendor_float32_reason(problem, "cuBLASLt")
         else:
-            reason = vendor_float32_reason(problem, "cuSPARSE", VENDOR_FLOAT32_LONGEST_SPARSE)
+            columns = (
+                problem.acc_dtype == "float32"
+                and problem.features == 1
+                and problem.batch > layouts.LOOP_VECTORS
+                and self.options.batch_strategy != "loop"
+            )
+            if columns:  # (several vectors as the columns of one matrix: cuSPARSE's CSR_ALG2)
+                reason = vendor_float32_reason(problem, "cuSPARSE (CSR_ALG2)", VENDOR_FLOAT32_LONGEST_SPARSE_COLUMNS)
+            else:
+                reason = vendor_float32_reason(problem, "cuSPARSE", VENDOR_FLOAT32_LONGEST_SPARSE)
         if reason is not None:
             return reason
         if problem.fixed:

@@ -46,14 +46,21 @@ class DenseExecutor(ReleasedInOrder):
 
     def __init__(self, problem: Problem, layout: Layout, logger: Any, *, complex_as_real: bool = False) -> None:
         self._ops = ops_for(problem.kind, problem.device)
-        self._order = StreamOrder(self._ops)
+        # Every buffer of the executor, nvmath's workspaces too (_HomeAllocator), comes from the
+        # pool of linred's own stream, which it keeps: released in order from one stream.
+        self._order = StreamOrder(self._ops, own=True)
         self._layout = layout
         self._real = complex_as_real
         self._dtype = problem.dtype
         self._out_dtype = problem.out_dtype
         self._alpha = 1.0 / problem.segment_length if problem.reduction == "mean" else 1.0
         self._out_size = problem.batch * problem.num_segments * problem.features
-        self._options = MatmulOptions(compute_type=compute_type(problem.dtype), inplace=True, logger=logger)
+        self._options = MatmulOptions(
+            compute_type=compute_type(problem.dtype),
+            inplace=True,
+            logger=logger,
+            allocator=_HomeAllocator(self._ops, self._order),
+        )
         # split-K partial sums must be added in the float32 compute type, not in a 16-bit result type
         # (the "output type" and "in place" reduction schemes), so that a 16-bit result is rounded once
         self._preferences = (
@@ -114,7 +121,8 @@ class DenseExecutor(ReleasedInOrder):
                 entry = self._plans[i]
                 if entry is None or any(now < then for now, then in zip(aligned, entry[1], strict=True)):
                     if entry is not None:
-                        entry[0].free()
+                        self._order.release()  # (its workspace goes back to the home stream's pool)
+                        _free_matmul(entry[0])
                     alpha = self._alpha if product.scaled else 1.0
                     mm = Matmul(a, b, c=c, alpha=alpha, beta=0.0, options=self._options, stream=stream)
                     mm.plan(preferences=self._preferences, stream=stream)
@@ -137,19 +145,49 @@ class DenseExecutor(ReleasedInOrder):
         # Freeing a Matmul orders its workspace after its last use: a driver call that needs the
         # device's context current, and free() may run on a thread that never used the device
         # (where CuPy's and torch's device guards make none current).
-        device = Device(self._ops.device)
         with keep_current():  # (the thread's own device current again afterwards)
-            device.set_current()
+            Device(self._ops.device).set_current()
             for entry in self._plans:
                 if entry is not None:
-                    mm = entry[0]
-                    # wait_idle() has waited for the last call: nvmath need not order the release
-                    # after it on that call's stream, which its owner may have destroyed since (a
-                    # thread's stream, say); the workspace goes back on the device's default stream.
-                    mm.last_compute_event = None
-                    workspace = getattr(mm, "workspace", None)
-                    if getattr(workspace, "stream", None) is not None:
-                        workspace.stream = device.default_stream
-                    mm.free()
+                    _free_matmul(entry[0])
         self._plans = []
         self._constants = None
+
+
+def _free_matmul(mm: Any) -> None:
+    """Free a Matmul whose last call the caller has ordered before its workspace's reuse (the
+    host waited for it, or the home stream, whose pool the workspace goes back to, waits for it):
+    nvmath need not order the release after it on that call's stream, which its owner may have
+    destroyed since (a thread's stream, say: a driver call on it may crash).  Freeing a Matmul
+    needs the device's context current."""
+    mm.last_compute_event = None
+    workspace = getattr(mm, "workspace", None)
+    if getattr(workspace, "stream", None) is not None:
+        workspace.stream = None
+    mm.free()
+
+
+class _HomeAllocator:
+    """nvmath's memory manager (``BaseCUDAMemoryManagerAsync``) for an executor's Matmuls: each
+    workspace from the pool of the executor's home stream (:attr:`StreamOrder.home`), whatever
+    stream nvmath allocates it for, so that the executor's memory is released in order from one
+    stream that linred keeps; the stream nvmath named first waits for the home stream's work (an
+    event, no host wait: its pool may hand back memory that a released executor's last call,
+    which the home stream waits for, still uses)."""
+
+    def __init__(self, ops: Any, order: StreamOrder) -> None:
+        self.device_id = ops.device
+        self._ops = ops
+        self._order = order
+
+    def memalloc_async(self, size: int, stream: Any) -> Any:
+        from nvmath.memory import MemoryPointer
+
+        ops, home = self._ops, self._order.home
+        with ops.on(home):
+            buffer = ops.empty((size,), "uint8")
+        event = ops.event()
+        ops.record(event, home)
+        ops.wait(int(stream.handle), event)
+        held = [buffer]  # (the buffer lives until nvmath frees the pointer)
+        return MemoryPointer(ops.pointer(buffer), size, finalizer=held.clear)

@@ -60,6 +60,10 @@ HOST_LEVELS_FROM = 1 << 18
 #: off, 1024 rows 5e-7; 2^22 rows 4e-3)
 HOST_SEQUENTIAL_MAX = 1024
 
+#: a batch of at most this many vectors is one SpMM per vector (the default algorithm); more are
+#: the columns of one matrix (``sparse.SPMM_ALG_COLUMNS``), unless the option says "loop"
+LOOP_VECTORS = 8
+
 
 @dataclass(frozen=True, slots=True)
 class View:

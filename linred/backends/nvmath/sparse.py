@@ -47,7 +47,7 @@ from linred._dtypes import HALF
 from linred.arrays.views import physical
 from linred.backends._device import ReleasedInOrder, StreamOrder, ops_for
 from linred.backends.base import INT32_MAX
-from linred.backends.nvmath.layout import sparse_dense_strides
+from linred.backends.nvmath.layout import LOOP_VECTORS, sparse_dense_strides
 from linred.problem import Problem
 from linred.segments import Segments, VariableSegments
 
@@ -65,8 +65,6 @@ DATA_TYPE = {
 #: first element and multiply it by 0); CSR_ALG2 gave the right sums in every case tried.
 SPMM_ALG = cusparse.SpMMAlg.DEFAULT
 SPMM_ALG_COLUMNS = cusparse.SpMMAlg.CSR_ALG2
-#: a batch of at most this many vectors is one SpMM per vector (the default algorithm)
-LOOP_VECTORS = 8
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 INDEX_TYPE = {"int32": cusparse.IndexType.INDEX_32I, "int64": cusparse.IndexType.INDEX_64I}
 
@@ -111,7 +109,7 @@ class SparseExecutor(ReleasedInOrder):
         self, problem: Problem, logger: Any, *, batch_strategy: str = "batched", complex_as_real: bool = False
     ) -> None:
         self._ops = ops_for(problem.kind, problem.device)
-        self._order = StreamOrder(self._ops)
+        self._order = StreamOrder(self._ops, own=True)  # (its buffers on linred's own stream)
         self._logger = logger
         self._mean = problem.reduction == "mean"
         self._dtype = problem.dtype
