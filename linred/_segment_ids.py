@@ -197,7 +197,11 @@ def reduce_by_ids(
     # The ids' sort and search run on the call's stream, ahead of the reduction that reads them
     # (inside torch.compile, which cannot ask for the stream, the current one: _by_ids_traced).
     stream = kwargs.get("stream")
-    if adapter.kind == "torch" and stream is None and namespace("torch").compiler.is_compiling():
+    compiling = adapter.kind == "torch" and namespace("torch").compiler.is_compiling()
+    if compiling and (stream is not None or out is not None):  # (as the operator refuses them, with offsets)
+        raise TypeError("out= and stream= are not supported inside torch.compile: the result is a new tensor on the "
+                        "current stream")  # fmt: skip
+    if compiling:
         on_stream = contextlib.nullcontext()
     else:
         on_stream = adapter.on_stream(adapter.resolve_stream(stream, device), device)
@@ -296,9 +300,6 @@ def _by_ids_traced(function: Any, ops: _Ops, x: Any, ids: Any, ns: int | None, i
     if ns is None:
         raise TypeError("inside torch.compile, segment_ids needs num_segments: the result's shape cannot depend "
                         "on the ids' values")  # fmt: skip
-    if out is not None:  # (as the operator refuses it, with or without ids)
-        raise TypeError("out= and stream= are not supported inside torch.compile: the result is a new tensor on the "
-                        "current stream")  # fmt: skip
     n = x.shape[ax]
     order = None
     given = ids

@@ -915,3 +915,19 @@ def test_compile_with_segment_ids_matches_eager_at_its_edges():
     torch._dynamo.reset()
     g = torch.compile(lambda t: linred.segmented_sum(t, **kw), fullgraph=True, backend="eager")
     torch.testing.assert_close(g(torch.arange(1.0, 5.0)), linred.segmented_sum(torch.arange(1.0, 5.0), **kw))
+
+
+def test_compile_refuses_out_and_stream_with_ids_as_with_offsets():
+    """Inside torch.compile, out= (also of a tensor that requires grad) and stream= are refused
+    with ids as the operator refuses them with offsets: one message, whichever spec names the
+    segments."""
+    ids = torch.tensor([0, 0, 1, 1, 2, 2])
+    offsets = torch.tensor([0, 2, 4, 6])
+    x = torch.randn(6, requires_grad=True)
+    for extra in ({"out": torch.empty(3)}, {"stream": 0}):
+        for spec in ({"segment_ids": ids, "num_segments": 3}, {"offsets": offsets}):
+            torch._dynamo.reset()
+            g = torch.compile(lambda t, s=spec, e=extra: linred.segmented_sum(t, **s, **e), fullgraph=True,
+                              backend="eager")  # fmt: skip
+            with pytest.raises(Exception, match=r"out= and stream= are not supported inside torch.compile"):
+                g(x)
