@@ -181,13 +181,19 @@ def reduce_by_ids(
     from linred.dask import is_dask  # (linred.dask imports linred: not at this module's import)
 
     if is_dask(x):  # ids read on the host as offsets are: offsets, the data moved into the ids' order if need be
-        from linred.dask import by_ids_order, ids_offsets, positions_back
+        from linred.dask import by_ids_order, ids_offsets, map_reduce_by_ids, positions_back
 
-        offsets, order = ids_offsets(x, segment_ids, ns, axis)
+        offsets, order, host_ids = ids_offsets(x, segment_ids, ns, axis)
         if not positions:  # (the arg-reductions take no out=)
             kwargs["out"] = out
         if order is None:
             return function(x, offsets=offsets, axis=axis, check=check, **kwargs)
+        if out is None and kwargs.get("stream") is None:  # (else refused below, as the functions refuse them)
+            name = function.__name__.removeprefix("segmented_")
+            reduced = map_reduce_by_ids(name, x, host_ids, len(offsets) - 1, axis, kwargs.get("dtype"),
+                                        kwargs.get("backend", "auto"))  # fmt: skip
+            if reduced is not None:
+                return reduced
         result = function(by_ids_order(x, order, axis), offsets=offsets, axis=axis, check=check, **kwargs)
         return positions_back(result, order, len(order)) if positions else result
     x, adapter = as_array(x)  # (refuses what the functions refuse: masked, sparse, other libraries' arrays)

@@ -29,8 +29,10 @@ array or PyTorch tensor copied to the host, once, when the call builds the graph
 The segment description is always checked on the host (the graph's shape depends
 on it), with the same messages as the functions; the tasks then run with
 ``check=False``.  ``segment_ids`` are read on the host too and become offsets; unsorted
-ids move the data into their stable order first (:func:`by_ids_order`), and results
-shaped like the data, or positions, are moved back.  See ``docs/scaling.md`` for the cost model and chunk sizes.
+ids of few segments are reduced chunk by chunk into every segment and the chunks' results
+combined (:func:`map_reduce_by_ids`), other unsorted ids move the data into their stable order
+first (:func:`by_ids_order`), and results shaped like the data, or positions, are moved
+back.  See ``docs/scaling.md`` for the cost model and chunk sizes.
 
 This module imports Dask only when it builds a graph: ``linred`` detects Dask arrays
 by their type's module, without importing it.
@@ -42,6 +44,7 @@ import itertools
 import math
 import operator
 import sys
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -756,14 +759,15 @@ def segmented_reduce(
     return _build_carry(reduction, x, axis, segs, dtype, backend, meta, out_dtype)
 
 
-def ids_offsets(x: Any, segment_ids: Any, num_segments: int | None, axis: Any) -> tuple[np.ndarray, Any]:
+def ids_offsets(x: Any, segment_ids: Any, num_segments: int | None,
+                axis: Any) -> tuple[np.ndarray, Any, np.ndarray]:  # fmt: skip
     """The offsets that ``segment_ids`` (one id per element along ``axis`` of Dask array ``x``,
     read on the host as offsets are) name once the elements are in the ids' order, and that
     order: ``num_segments`` segments (default: the largest id + 1), id ``k`` the elements of
     segment ``k``; the order is None for sorted ids (the elements are in it already), else the
     stable sort of the ids (:func:`by_ids_order` moves the elements).  Ids outside
     ``[0, num_segments)`` are refused, also with ``check=False``: the graph is built from them.
-    (``ids_sorted`` is not needed: the ids are read.)"""
+    (``ids_sorted`` is not needed: the ids are read.)  Also the ids as read, int64 on the host."""
     ax = normalize_axis(axis, x.ndim)
     n = x.shape[ax]
     if math.isnan(n):
@@ -786,7 +790,108 @@ def ids_offsets(x: Any, segment_ids: Any, num_segments: int | None, axis: Any) -
     if n and (ids[0] < 0 or ids[-1] >= ns):
         i = int(np.argmax((given < 0) | (given >= ns)))  # (the first in the caller's order)
         raise ValueError(f"segment_ids must lie in [0, num_segments) = [0, {ns}); segment_ids[{i}] = {given[i]}")
-    return np.searchsorted(ids, np.arange(ns + 1, dtype=np.int64), side="left").astype(np.int64), order
+    return np.searchsorted(ids, np.arange(ns + 1, dtype=np.int64), side="left").astype(np.int64), order, given
+
+
+#: the reductions of unsorted ids that map-reduce serves: each chunk's results by segment
+#: combine into the segments' results (a sum of sums, a max of maxima; a mean from the sums and
+#: the counts the ids give on the host)
+_MAP_REDUCE = {"sum": "sum", "mean": "sum", "max": "max", "min": "min", "prod": "prod"}
+#: map-reduce where each chunk's results by segment, ``num_segments`` of them, are at most this
+#: share of the chunk (on average): the results of all chunks are then at most as large as the data
+MAP_REDUCE_MAX_SHARE = 1.0
+
+
+def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: int, dtype: Any,
+                      backend: Any) -> Any | None:  # fmt: skip
+    """The reduction of ``x`` by unsorted ids as flox's "map-reduce": each chunk reduced by its
+    own ids into all ``ns`` segments, where no element moves; the chunks' results then combined by
+    Dask's tree reduction (float32 and complex64 results in float64 and complex128, so that a
+    segment's sum errs by one rounding of each chunk's part).  None where it does not apply: a
+    reduction whose results do not combine that way (positions, the composed functions), or where
+    ``ns`` segments a chunk would outweigh the chunk (:data:`MAP_REDUCE_MAX_SHARE`; the elements
+    are moved into the ids' order then, :func:`by_ids_order`)."""
+    if reduction not in _MAP_REDUCE or x.ndim == 0:
+        return None
+    ax = normalize_axis(axis, x.ndim)
+    chunks = x.chunks[ax]
+    if not x.shape[ax] or ns * len(chunks) > MAP_REDUCE_MAX_SHARE * x.shape[ax]:
+        return None
+    import dask.array as da
+
+    partial = _MAP_REDUCE[reduction]
+    final = _probe(reduction, x, dtype)
+    if partial in ("max", "min"):
+        part, request = final, dtype
+    else:
+        # Each chunk's part in the result's dtype (a mean's sums too: float64 for integers), but
+        # in float32 for 16-bit results, rounded once at the end.
+        request = np.dtype(np.float32) if final.itemsize == 2 and final.kind in "fV" else final
+        part = _probe(partial, x, request)
+    # (max and min of 16-bit parts in float32, exactly: ml_dtypes' bfloat16 warns of NaN in a reduce)
+    wide = {"f4": np.float64, "c8": np.complex128, "f2": np.float32, "V2": np.float32}.get(
+        f"{part.kind}{part.itemsize}", part
+    )
+    meta = x._meta
+    xp = _xp(meta)
+    index = _LETTERS[: x.ndim]
+    out_index = index[:ax] + index[ax] + "Z" + index[ax + 1 :]  # ("Z": the segments, after the chunks)
+    parts = da.blockwise(_ids_part_task, out_index, x, index, da.from_array(ids, chunks=(chunks,)), index[ax],
+                         new_axes={"Z": ns}, adjust_chunks={index[ax]: 1}, align_arrays=False, dtype=part,
+                         meta=xp.empty((0,) * (x.ndim + 1), dtype=part), token=f"linred-{reduction}-by-ids",
+                         reduction=partial, axis=ax, ns=ns, dtype_=request, backend=backend)  # fmt: skip
+    parts = parts.astype(wide)
+    if partial in ("sum", "prod"):
+        total = getattr(da, partial)(parts, axis=ax, dtype=wide)
+    else:
+        total = getattr(da, partial)(parts, axis=ax)
+    counts = None
+    if reduction == "mean":  # the sums divided by the counts the ids give (0 / 0: NaN, as linred's)
+        shape = [1] * x.ndim
+        shape[ax] = ns
+        counts = np.bincount(ids, minlength=ns).astype(np.float64).reshape(shape)
+    return total.map_blocks(_finish_task, counts=counts, final=final, dtype=final,
+                            meta=xp.empty((0,) * x.ndim, dtype=final))  # fmt: skip
+
+
+def _finish_task(total: Any, *, counts: np.ndarray | None, final: np.dtype) -> Any:
+    """The combined parts as the result: divided by the segments' counts for a mean (an empty
+    segment's NaN without a warning, as linred's), in the result's dtype (an overflow there warns
+    as linred's reductions warn)."""
+    xp = _xp(total)
+    if xp is not np:
+        if counts is not None:
+            total = _divided(xp, total, xp.asarray(counts))
+        return total.astype(final)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if counts is not None:
+            total = _divided(np, total, counts)
+        result = total.astype(final)
+    if result.dtype.kind in "fc" and not np.isinf(total).any() and np.isinf(result).any():
+        warnings.warn("overflow encountered in a segmented reduction", RuntimeWarning, stacklevel=2)
+    return result
+
+
+def _divided(xp: Any, total: Any, counts: Any) -> Any:
+    """``total / counts``, a complex total part by part (a complex division by ``count + 0j``
+    would make ``inf + 0j`` NaN)."""
+    if total.dtype.kind != "c":
+        return total / counts
+    result = xp.empty(np.broadcast_shapes(total.shape, counts.shape), dtype=total.dtype)
+    result.real = total.real / counts
+    result.imag = total.imag / counts
+    return result
+
+
+def _ids_part_task(block: Any, ids: np.ndarray, *, reduction: str, axis: int, ns: int, dtype_: Any,
+                   backend: Any) -> Any:  # fmt: skip
+    """One chunk reduced by its own ids (checked on the host) into all ``ns`` segments, with a new
+    axis of one chunk before the segments' axis."""
+    function = getattr(linred, f"segmented_{reduction}")
+    with _one_thread():
+        part = function(block, segment_ids=ids, num_segments=ns, axis=axis, check=False, dtype=dtype_,
+                        backend=backend)  # fmt: skip
+    return _xp(part).expand_dims(part, axis)
 
 
 def by_ids_order(x: Any, order: np.ndarray, axis: int) -> Any:
@@ -888,7 +993,7 @@ def composed(name: str, x: Any, segments: dict[str, Any], axis: Any, dtype: Any,
         others = [k for k in ("segment_length", "offsets", "lengths") if segments.get(k) is not None]
         ns = ids_arguments(segments.get("segment_ids"), segments.get("num_segments"), segments.get("ids_sorted"),
                            others)  # fmt: skip
-        offsets, order = ids_offsets(x, segments["segment_ids"], ns, axis)
+        offsets, order, _ = ids_offsets(x, segments["segment_ids"], ns, axis)
         segments = {"offsets": offsets}
     else:
         order = None
