@@ -527,9 +527,10 @@ class ReleasedInOrder:
     def __del__(self) -> None:
         order = getattr(self, "_order", None)
         if order is not None:
-            # (at interpreter exit the driver may be gone: nothing is left to order then)
-            with contextlib.suppress(Exception):
+            try:  # noqa: SIM105 (at interpreter exit contextlib may be gone, and the driver: nothing to order)
                 order.release()
+            except Exception:
+                pass
 
 
 class DriverEvent:
