@@ -191,7 +191,7 @@ def reduce_by_ids(
         if out is None and kwargs.get("stream") is None:  # (else refused below, as the functions refuse them)
             name = function.__name__.removeprefix("segmented_")
             reduced = map_reduce_by_ids(name, x, host_ids, len(offsets) - 1, axis, kwargs.get("dtype"),
-                                        kwargs.get("backend", "auto"))  # fmt: skip
+                                        kwargs.get("backend", "auto"), check)  # fmt: skip
             if reduced is not None:
                 return reduced
         result = function(by_ids_order(x, order, axis), offsets=offsets, axis=axis, check=check, **kwargs)

@@ -136,6 +136,11 @@ def segment_ids_offsets(ids: Tensor, sorted_ids: Tensor, num_segments: int) -> T
     ``torch.compile`` raises what it raises outside, not the offsets' error (in-range sorted ids
     make valid offsets: the reduction need not check them again)."""
     if ids.shape[0]:
+        if ids.is_cuda:
+            from linred.arrays import adapter_for
+            from linred.segments import _refuse_capture  # (a read back: no capture allows it)
+
+            _refuse_capture(adapter_for(ids), ids, "segment_ids")
         bad = (ids < 0) | (ids >= num_segments)
         if bool(bad.any()):
             i = int(bad.int().argmax())

@@ -40,6 +40,7 @@ by their type's module, without importing it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -803,7 +804,7 @@ MAP_REDUCE_MAX_SHARE = 1.0
 
 
 def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: int, dtype: Any,
-                      backend: Any) -> Any | None:  # fmt: skip
+                      backend: Any, check: Any) -> Any | None:  # fmt: skip
     """The reduction of ``x`` by unsorted ids as flox's "map-reduce": each chunk reduced by its
     own ids into all ``ns`` segments, where no element moves; the chunks' results then combined by
     Dask's tree reduction (float32 and complex64 results in float64 and complex128, so that a
@@ -813,7 +814,11 @@ def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: in
     are moved into the ids' order then, :func:`by_ids_order`)."""
     if reduction not in _MAP_REDUCE or x.ndim == 0:
         return None
-    ax = normalize_axis(axis, x.ndim)
+    if reduction == "prod" and np.dtype(x.dtype).kind == "c":
+        # (a complex product of the chunks' parts: a chunk without the segment's elements gives
+        # 1 + 0j, and (inf + 0j)(1 + 0j) is inf + nanj, where the segment's own product is not)
+        return None
+    ax, _ = _checked_input(x, axis, backend, check)  # (the functions' errors, when the graph is built)
     chunks = x.chunks[ax]
     if not x.shape[ax] or ns * len(chunks) > MAP_REDUCE_MAX_SHARE * x.shape[ax]:
         return None
@@ -829,8 +834,10 @@ def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: in
         request = np.dtype(np.float32) if final.itemsize == 2 and final.kind in "fV" else final
         part = _probe(partial, x, request)
     # (max and min of 16-bit parts in float32, exactly: ml_dtypes' bfloat16 warns of NaN in a reduce)
-    wide = {"f4": np.float64, "c8": np.complex128, "f2": np.float32, "V2": np.float32}.get(
-        f"{part.kind}{part.itemsize}", part
+    wide = np.dtype(
+        {"f4": np.float64, "c8": np.complex128, "f2": np.float32, "V2": np.float32}.get(
+            f"{part.kind}{part.itemsize}", part
+        )
     )
     meta = x._meta
     xp = _xp(meta)
@@ -841,34 +848,57 @@ def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: in
                          meta=xp.empty((0,) * (x.ndim + 1), dtype=part), token=f"linred-{reduction}-by-ids",
                          reduction=partial, axis=ax, ns=ns, dtype_=request, backend=backend)  # fmt: skip
     parts = parts.astype(wide)
-    if partial in ("sum", "prod"):
-        total = getattr(da, partial)(parts, axis=ax, dtype=wide)
-    else:
-        total = getattr(da, partial)(parts, axis=ax)
+    # Dask's tree reduction of the parts, quiet (NumPy's warnings would name its reduce), and
+    # whether any of each segment's parts is infinite, or NaN: an infinity or NaN that the
+    # combination makes warns as linred's reductions warn (a part's own warned in its task).
+    quiet = functools.partial(_quiet_reduce, op=partial, dtype=wide if partial in ("sum", "prod") else None)
+    total = da.reduction(parts, quiet, quiet, axis=ax, combine=quiet, dtype=wide, name=f"linred-{reduction}-combine",
+                         meta=xp.empty((0,) * x.ndim, dtype=wide))  # fmt: skip
+    given = None
+    if wide.kind in "fc" and partial in ("sum", "prod"):
+        given = (da.isinf(parts).any(axis=ax), da.isnan(parts).any(axis=ax))
     counts = None
+    shape = [1] * x.ndim
+    shape[ax] = ns
     if reduction == "mean":  # the sums divided by the counts the ids give (0 / 0: NaN, as linred's)
-        shape = [1] * x.ndim
-        shape[ax] = ns
         counts = np.bincount(ids, minlength=ns).astype(np.float64).reshape(shape)
-    return total.map_blocks(_finish_task, counts=counts, final=final, dtype=final,
-                            meta=xp.empty((0,) * x.ndim, dtype=final))  # fmt: skip
+    meta = xp.empty((0,) * x.ndim, dtype=final)
+    if given is None:
+        return total.map_blocks(_finish_task, counts=counts, final=final, dtype=final, meta=meta)
+    return da.map_blocks(_finish_task, total, *given, counts=counts, final=final, dtype=final, meta=meta)
 
 
-def _finish_task(total: Any, *, counts: np.ndarray | None, final: np.dtype) -> Any:
+def _quiet_reduce(a: Any, axis: Any = None, keepdims: bool = False, *, op: str, dtype: Any = None,
+                  **kwargs: Any) -> Any:  # fmt: skip
+    """``op`` (sum, prod, max or min) of a block of parts along ``axis``, without NumPy's
+    floating-point warnings (Dask's ``reduction`` calls it as chunk, combine and aggregate)."""
+    xp = _xp(a)
+    extra = {} if dtype is None else {"dtype": dtype}
+    with np.errstate(all="ignore"):
+        return getattr(xp, op)(a, axis=axis, keepdims=keepdims, **extra)
+
+
+def _finish_task(total: Any, had_inf: Any = None, had_nan: Any = None, *, counts: np.ndarray | None,
+                 final: np.dtype) -> Any:  # fmt: skip
     """The combined parts as the result: divided by the segments' counts for a mean (an empty
-    segment's NaN without a warning, as linred's), in the result's dtype (an overflow there warns
-    as linred's reductions warn)."""
+    segment's NaN without a warning, as linred's), in the result's dtype.  Where a segment's
+    result is infinite and none of its parts was (an overflow, of the combination or of the cast),
+    or NaN and none of its parts was (``inf - inf`` of two chunks' parts), the warning linred's
+    reductions give."""
     xp = _xp(total)
     if xp is not np:
         if counts is not None:
             total = _divided(xp, total, xp.asarray(counts))
         return total.astype(final)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+    with np.errstate(all="ignore"):
         if counts is not None:
             total = _divided(np, total, counts)
         result = total.astype(final)
-    if result.dtype.kind in "fc" and not np.isinf(total).any() and np.isinf(result).any():
-        warnings.warn("overflow encountered in a segmented reduction", RuntimeWarning, stacklevel=2)
+    if had_inf is not None and result.dtype.kind in "fc":
+        some = True if counts is None else counts > 0  # (an empty segment's NaN: no warning)
+        for kind, test, had in (("overflow", np.isinf, had_inf), ("invalid value", np.isnan, had_nan)):
+            if (test(result) & ~had & some).any():
+                warnings.warn(f"{kind} encountered in a segmented reduction", RuntimeWarning, stacklevel=2)
     return result
 
 

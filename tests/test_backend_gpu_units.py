@@ -1424,7 +1424,7 @@ def test_stream_order_waits_on_the_host_for_a_home_stream_it_cannot_keep():
         def current_stream_object(self):
             return self.held
 
-        def lasting(self, stream):
+        def lasting(self, stream, handle):
             return stream != "wrapper"
 
         def own_stream(self):
@@ -1445,6 +1445,20 @@ def test_stream_order_waits_on_the_host_for_a_home_stream_it_cannot_keep():
         ops.calls.clear()
         order.release()
         assert ops.calls == expected, (home, held, own)
+
+
+def test_torch_ops_tell_a_stream_from_its_handle(monkeypatch):
+    """(No GPU needed.) PyTorch's current stream object is a plain ``Stream`` even where an
+    ``ExternalStream`` is current, so whether the home stream stays alive is told from its
+    handle: one linred wrapped for the caller (a stream= it named) may be destroyed."""
+    pytest.importorskip("torch")
+    from linred.backends import _device
+
+    monkeypatch.setattr(_device, "_torch_streams", {(5, 0): object()})
+    ops = _device.TorchOps(0)
+    plain = object()  # (what the current stream object is does not matter)
+    assert not ops.lasting(plain, 5)
+    assert ops.lasting(plain, 6)
 
 
 def test_stream_order_takes_the_callers_answer_to_whether_the_stream_captures():

@@ -468,7 +468,7 @@ class NumpyOps:
         return NumpyOps.OWN, None
 
     @staticmethod
-    def lasting(stream) -> bool:
+    def lasting(stream, handle) -> bool:
         return True
 
     def synchronize(self, stream: int) -> None:

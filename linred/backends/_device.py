@@ -145,10 +145,27 @@ _torch_streams: dict[tuple[int, int], Any] = {}
 _torch_streams_lock = threading.Lock()
 
 
-#: per (array library, device): linred's own stream, where executors that are dropped in any
-#: order keep their long-lived buffers (:class:`StreamOrder` with ``own=True``)
-_own_streams: dict[tuple[str, int], tuple[int, Any]] = {}
+#: per device: linred's own stream (a raw handle), where executors that are dropped in any order
+#: keep their long-lived buffers (:class:`StreamOrder` with ``own=True``): made through the driver
+#: (non-blocking), never destroyed, and no other code's (PyTorch's pooled streams are handed out
+#: round-robin, to the caller's ``torch.cuda.Stream()`` too)
+_own_streams: dict[int, int] = {}
 _own_streams_lock = threading.Lock()
+
+
+def own_stream(device: int) -> int:
+    """The handle of linred's own stream on ``device`` (made at first use)."""
+    handle = _own_streams.get(device)
+    if handle is None:
+        with _own_streams_lock:
+            handle = _own_streams.get(device)
+            if handle is None:
+                from cuda.bindings import driver
+
+                with on_device(device):  # (a stream belongs to the context current when it is made)
+                    flags = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
+                    handle = _own_streams[device] = int(_checked(driver.cuStreamCreate(flags), "create a stream"))
+    return handle
 
 
 class _DriverOrdering:
@@ -200,22 +217,18 @@ class CupyOps(_DriverOrdering):
         """CuPy's current stream on the device (held, its handle stays valid)."""
         return cupy.cuda.get_current_stream(self.device)
 
-    @staticmethod
-    def lasting(stream: Any) -> bool:
-        """Whether holding ``stream`` keeps its CUDA stream alive: not a wrapper linred made of a
-        raw handle (:func:`linred.arrays._cupy.external_stream`), which the caller may destroy."""
-        return not getattr(stream, "_linred_wraps", False)
+    def lasting(self, stream: Any, handle: int) -> bool:
+        """Whether holding ``stream``, whose handle is ``handle``, keeps its CUDA stream alive: a
+        stream CuPy made, not a wrapper of a raw handle (a ``cupy.cuda.ExternalStream``, or one
+        linred made for a handle the caller named: :func:`linred.arrays._cupy.external_stream`),
+        which the caller may destroy."""
+        wrapper = getattr(stream, "_linred_wraps", False) or isinstance(stream, cupy.cuda.ExternalStream)
+        return not wrapper and (handle, self.device) not in _streams
 
     def own_stream(self) -> tuple[int, Any]:
-        """linred's own stream on the device (made once, never destroyed): its handle and object."""
-        key = ("cupy", self.device)
-        found = _own_streams.get(key)
-        if found is None:
-            with cupy.cuda.Device(self.device):
-                made = cupy.cuda.Stream(non_blocking=True)
-            with _own_streams_lock:
-                found = _own_streams.setdefault(key, (made.ptr, made))
-        return found
+        """linred's own stream on the device (:func:`own_stream`): its handle, and CuPy's object of it."""
+        handle = own_stream(self.device)
+        return handle, cupy_stream(handle, self.device)
 
     @contextlib.contextmanager
     def on(self, stream: int) -> Iterator[None]:
@@ -292,20 +305,17 @@ class TorchOps(_DriverOrdering):
         """PyTorch's current stream on the device (held, its handle stays valid)."""
         return self._torch.cuda.current_stream(self.device)
 
-    def lasting(self, stream: Any) -> bool:
-        """Whether holding ``stream`` keeps its CUDA stream alive: PyTorch's own streams are never
-        destroyed; an ``ExternalStream`` wraps a handle its owner may destroy."""
-        return not isinstance(stream, self._torch.cuda.ExternalStream)
+    def lasting(self, stream: Any, handle: int) -> bool:
+        """Whether the stream of ``handle`` stays alive: PyTorch's own streams are never destroyed;
+        a handle linred wrapped for the caller (:meth:`stream`) may be.  (PyTorch's current stream
+        object does not tell: ``torch.cuda.current_stream()`` is a plain ``Stream`` also where an
+        ``ExternalStream`` is current; a caller's own ``ExternalStream`` is the caller's to keep.)"""
+        return (handle, self.device) not in _torch_streams
 
     def own_stream(self) -> tuple[int, Any]:
-        """linred's own stream on the device (from PyTorch's pool: never destroyed), its handle and object."""
-        key = ("torch", self.device)
-        found = _own_streams.get(key)
-        if found is None:
-            made = self._torch.cuda.Stream(self._device)
-            with _own_streams_lock:
-                found = _own_streams.setdefault(key, (made.cuda_stream, made))
-        return found
+        """linred's own stream on the device (:func:`own_stream`): its handle, and PyTorch's object of it."""
+        handle = own_stream(self.device)
+        return handle, self.stream(handle)
 
     def stream(self, handle: int) -> Any:
         """The PyTorch stream object of a raw handle (cached); 0 is the device's default stream."""
@@ -449,7 +459,7 @@ class StreamOrder:
             hold = getattr(ops, "current_stream_object", None)
             self._held = hold() if hold is not None else None
             # (the default streams, 0 and the per-thread and legacy handles 1 and 2, never go)
-            self._lasting = self._held is None or self._home in (0, 1, 2) or ops.lasting(self._held)
+            self._lasting = self._held is None or self._home in (0, 1, 2) or ops.lasting(self._held, self._home)
 
     def begin(self, stream: int) -> None:
         if self._last is not None and stream != self._last:
