@@ -206,6 +206,23 @@ def _block_length(L: int, D: int) -> int:
     return most
 
 
+def _blas_reads(x4: np.ndarray) -> bool:
+    """Whether NumPy's ``matmul`` hands each segment of ``x4`` (``(B, m, L, D)``; ``(L, D)`` rows,
+    or for one column the ``(m, L)`` segments) to BLAS as it is: a unit stride along one axis and
+    the other at least its extent, positive (NumPy's own test).  Where it does not (a broadcast,
+    reversed or doubly strided view), ``matmul`` adds each result's values one after another in
+    the data's dtype, which on constant float32 data erred by 1.3e-6 of sum|x| over 128 values
+    (BLAS: 4e-8): such data is summed from contiguous copies of a bounded block at a time."""
+    _, m, L, D = x4.shape
+    it = x4.itemsize
+    _, sm, sl, sd = x4.strides
+    if L == 1:
+        return True
+    if D > 1:
+        return (sd == it and sl >= D * it) or (sl == it and sd >= L * it)
+    return sl == it and (m == 1 or sm >= L * it)
+
+
 def _fixed_sum(x4: np.ndarray, out3: np.ndarray, acc: np.dtype, ones: np.ndarray | None) -> None:
     """``out3 = x4.sum(axis=2)`` in ``acc``, as a product with ``ones`` for floating dtypes."""
     B, m, L, D = x4.shape
@@ -222,10 +239,11 @@ def _fixed_sum(x4: np.ndarray, out3: np.ndarray, acc: np.dtype, ones: np.ndarray
     if _blas_block(D) < L:
         _long_sum(x4, out3, acc, ones)
         return
-    if x4.dtype == acc and out3.dtype == acc:
+    if x4.dtype == acc and out3.dtype == acc and _blas_reads(x4):
         _product_with_ones(x4, ones, out3)
         return
-    # Convert in blocks of rows: bounded extra memory, never a copy of the input.
+    # Convert (or copy what BLAS cannot read) in blocks of rows: bounded extra memory, never a
+    # copy of the whole input.
     rows = max(1, BLOCK_ELEMENTS // max(1, L * D))
     tmp = np.empty((B, min(rows, m), D), dtype=acc) if out3.dtype != acc else None
     for start in range(0, m, rows):
@@ -257,7 +275,7 @@ def _long_sum(x4: np.ndarray, out3: np.ndarray, acc: np.dtype, ones: np.ndarray)
     B, m, L, D = x4.shape
     K = _block_length(L, D)
     q, r = divmod(L, K)
-    convert = x4.dtype != acc
+    convert = x4.dtype != acc or not _blas_reads(x4)  # (converted pieces are contiguous copies)
     columns = D == 1 and not convert and L >= COLUMNS_MIN_LENGTH and x4.strides[2] == x4.itemsize
     if columns:  # (each segment's K x q values a view: a segment's values are adjacent)
         views = [_reshaped(x4[b, :, : q * K, 0], (m, K, q)) for b in range(B)]
@@ -990,7 +1008,8 @@ def _loop_rows(problem: Problem):
 
     def run(x: Any, out: Any, segments: VariableSegments, stream: Any) -> None:
         x3, out3 = host_view(x), host_view(out)
-        convert = x3.dtype != acc
+        # (each block converted, or copied where BLAS cannot read the rows as they are)
+        convert = x3.dtype != acc or not _blas_reads(x3[:, None, : min(block, x3.shape[1])])
         offsets = np.asarray(segments.offsets)
         starts = offsets.tolist()
         if not convert and out3.dtype == acc:
