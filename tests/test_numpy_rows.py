@@ -191,6 +191,21 @@ def test_overflow_in_a_pool_thread_warns_at_the_callers_line(planned, monkeypatc
     assert np.isinf(got[-1]).all() and (got[:-1] == 2 * T).all()
 
 
+def test_overflow_in_every_thread_warns_once(planned, monkeypatch, rng):
+    """Where the caller's thread and a pool thread both overflow, one warning, as one NumPy call
+    issues one (the caller's own chunk warned at once, then the pool's again)."""
+    monkeypatch.setattr(numpy_backend, "num_threads", lambda: 2)
+    monkeypatch.setattr(numpy_backend, "TILE_THREAD_ELEMENTS", 1)
+    offsets = _offsets(np.full(FEW + 1, 2 * T))
+    x = np.full((int(offsets[-1]), 16), 1e308)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        linred.segmented_sum(x, offsets=offsets, axis=0, backend="numpy")
+    assert planned == ["_tile_rows"]
+    assert [str(w.message) for w in caught] == ["overflow encountered in a segmented reduction"]
+    assert caught[0].filename == __file__
+
+
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_threads_give_the_bits_of_one_thread(planned, monkeypatch, rng, reduction):
     offsets = _offsets(_lengths(rng, "tiles, crowded"))

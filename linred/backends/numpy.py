@@ -150,14 +150,14 @@ def _reduceat(ufunc: Any, x3: np.ndarray, starts: np.ndarray, out: np.ndarray, d
 
 def _in_threads(work: Any, bounds: list[tuple[int, int]]) -> None:
     """``work(a, b)`` for every ``(a, b)`` of ``bounds``, the first on this thread, the others on
-    the pool's threads, all done on return.  Each pool thread runs in a copy of the caller's
-    context (NumPy's error modes are context variables); its warnings are issued from this
-    thread, at the caller's line."""
+    the pool's threads, all done on return.  Each runs in a copy of the caller's context (NumPy's
+    error modes are context variables); their warnings are issued from this thread once per kind,
+    at the caller's line, as one NumPy call's would be."""
     pending: list[str] = []
     pool = _executor(len(bounds))
     futures = [pool.submit(pool_context(pending).run, work, a, b) for a, b in bounds[1:]]
     try:
-        work(*bounds[0])
+        pool_context(pending).run(work, *bounds[0])
     finally:
         for f in futures:
             f.result()
