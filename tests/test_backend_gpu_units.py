@@ -1452,12 +1452,15 @@ def test_torch_ops_tell_a_stream_from_its_handle(monkeypatch):
     ``ExternalStream`` is current, so whether the home stream stays alive is told from its
     handle: one linred wrapped for the caller (a stream= it named) may be destroyed."""
     pytest.importorskip("torch")
+    from linred.arrays import _torch
     from linred.backends import _device
 
-    monkeypatch.setattr(_device, "_torch_streams", {(5, 0): object()})
+    monkeypatch.setattr(_device, "_torch_streams", {(5, 0): object()})  # (wrapped by the executors' ops)
+    monkeypatch.setattr(_torch, "WRAPPED", {(7, 0)})  # (wrapped for a call's stream=)
     ops = _device.TorchOps(0)
     plain = object()  # (what the current stream object is does not matter)
     assert not ops.lasting(plain, 5)
+    assert not ops.lasting(plain, 7)
     assert ops.lasting(plain, 6)
 
 

@@ -113,3 +113,27 @@ def test_layouts_blas_does_not_read_keep_the_accuracy(layout, spec):
     ref = linred.segmented_sum(contiguous, **kwargs)  # (float64: the reference's own error is 1e-16)
     S = linred.segmented_sum(np.abs(contiguous), **kwargs)
     assert np.max(np.abs(got - ref) / S) <= 1e-6
+
+
+def test_segments_along_a_strided_axis_keep_the_accuracy():
+    """Segments along axis 1 of layouts whose copies and rows BLAS must read too: Fortran-ordered
+    and transposed data (a block copied in the view's own order kept a non-unit stride), a batch
+    fastest in 3-D, and one segment a row of broadcast, reversed or sliding-window rows (the rows
+    are the batch's, whose stride BLAS needs)."""
+    c = np.float32(0.3)
+    full = np.full((64, 256), c, np.float32)
+    row = np.full(128, c, np.float32)
+    cases = {
+        "F order": (np.asfortranarray(full), 128),
+        "transposed": (np.ascontiguousarray(full.T).T, 128),
+        "F order, L = 512 over two rows": (np.asfortranarray(np.full((4, 1024), c, np.float32)), 512),
+        "3-D, batch fastest": (np.full((16, 256, 8), c, np.float32).transpose(2, 1, 0), 128),
+        "broadcast rows": (np.broadcast_to(row, (64, 128)), 128),
+        "reversed rows": (np.full((64, 128), c, np.float32)[::-1], 128),
+        "sliding windows": (np.lib.stride_tricks.sliding_window_view(np.full(200, c, np.float32), 128), 128),
+        "complex, F order": (np.asfortranarray(np.full((64, 256), c + 0.7j, np.complex64)), 128),
+    }
+    for name, (x, L) in cases.items():
+        got = linred.segmented_sum(x, L, axis=1)
+        ref = linred.segmented_sum(np.ascontiguousarray(x).astype(np.complex128), L, axis=1)
+        assert np.max(np.abs(got - ref) / np.abs(ref)) <= 1e-6, name

@@ -63,12 +63,18 @@ def index_select(a: torch.Tensor, axis: int, index: torch.Tensor) -> torch.Tenso
     return torch.index_select(a.view(signed), axis, index).view(a.dtype)
 
 
+#: ``(handle, device index)`` of every raw handle linred wrapped as a PyTorch stream (a stream the
+#: caller named, which it may destroy): linred.backends._device.TorchOps.lasting reads it
+WRAPPED: set[tuple[int, int]] = set()
+
+
 def torch_stream(handle: int, device: torch.device) -> torch.cuda.Stream:
     """A torch stream object for a raw handle.  Handle 0 is the legacy default stream, which
     torch calls its default stream: ``ExternalStream(0)`` would instead hand out another
     stream from torch's pool."""
     if handle == 0:
         return torch.cuda.default_stream(device)
+    WRAPPED.add((handle, torch.device(device).index or 0))
     return torch.cuda.ExternalStream(handle, device=device)
 
 

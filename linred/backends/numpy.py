@@ -220,7 +220,8 @@ def _blas_reads(x4: np.ndarray) -> bool:
         return True
     if D > 1:
         return (sd == it and sl >= D * it) or (sl == it and sd >= L * it)
-    return sl == it and (m == 1 or sm >= L * it)
+    # (one segment a row of the batch: the rows are the batch's, whose stride must do)
+    return sl == it and (sm >= L * it if m > 1 else (x4.shape[0] == 1 or x4.strides[0] >= L * it))
 
 
 def _fixed_sum(x4: np.ndarray, out3: np.ndarray, acc: np.dtype, ones: np.ndarray | None) -> None:
@@ -248,7 +249,7 @@ def _fixed_sum(x4: np.ndarray, out3: np.ndarray, acc: np.dtype, ones: np.ndarray
     tmp = np.empty((B, min(rows, m), D), dtype=acc) if out3.dtype != acc else None
     for start in range(0, m, rows):
         stop = min(start + rows, m)
-        block = x4[:, start:stop].astype(acc)
+        block = x4[:, start:stop].astype(acc, order="C")  # (C order: a copy BLAS reads)
         target = out3[:, start:stop] if tmp is None else tmp[:, : stop - start]
         _product_with_ones(block, ones, target)
         if tmp is not None:
@@ -302,7 +303,7 @@ def _long_sum(x4: np.ndarray, out3: np.ndarray, acc: np.dtype, ones: np.ndarray)
         for b0 in range(0, q, blocks):
             b1 = min(q, b0 + blocks)
             piece = x4[:, s0:s1, b0 * K : b1 * K]
-            piece = (piece.astype(acc) if convert else piece).reshape(B, s1 - s0, b1 - b0, K, D)  # a view
+            piece = (piece.astype(acc, order="C") if convert else piece).reshape(B, s1 - s0, b1 - b0, K, D)
             sums = np.empty((B, s1 - s0, b1 - b0, D), dtype=acc)
             _blocks_with_ones(piece, ones[:K], sums)
             part = total[:, s0:s1]
@@ -317,7 +318,7 @@ def _long_sum(x4: np.ndarray, out3: np.ndarray, acc: np.dtype, ones: np.ndarray)
         if r:
             rest = x4[:, s0:s1, q * K :]
             sums = np.empty((B, s1 - s0, D), dtype=acc)
-            _product_with_ones(rest.astype(acc) if convert else rest, ones[:r], sums)
+            _product_with_ones(rest.astype(acc, order="C") if convert else rest, ones[:r], sums)
             total[:, s0:s1] += sums
     np.copyto(out3, total, casting="same_kind")
 
@@ -809,7 +810,7 @@ def _segment_total(rows: np.ndarray, ones: np.ndarray, total: np.ndarray, conver
         total[:] = 0
         for k in range(0, L, block):
             piece = rows[k : k + block]
-            total += np.matmul(ones[: piece.shape[0]], piece.astype(ones.dtype))
+            total += np.matmul(ones[: piece.shape[0]], piece.astype(ones.dtype, order="C"))
         return
     if q:
         sums = np.matmul(ones[:block], rows[: q * block].reshape(q, block, rows.shape[1]))
