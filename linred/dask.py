@@ -808,10 +808,13 @@ def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: in
     """The reduction of ``x`` by unsorted ids as flox's "map-reduce": each chunk reduced by its
     own ids into all ``ns`` segments, where no element moves; the chunks' results then combined by
     Dask's tree reduction (float32 and complex64 results in float64 and complex128, so that a
-    segment's sum errs by one rounding of each chunk's part).  None where it does not apply: a
-    reduction whose results do not combine that way (positions, the composed functions), or where
+    segment's sum errs by one rounding of each chunk's part; argmax and argmin of NumPy chunks
+    from pairs of values and positions, :func:`_arg_map_reduce`).  None where it does not apply:
+    a reduction whose results do not combine that way (the composed functions), or where
     ``ns`` segments a chunk would outweigh the chunk (:data:`MAP_REDUCE_MAX_SHARE`; the elements
     are moved into the ids' order then, :func:`by_ids_order`)."""
+    if reduction in _ARG and x.ndim:
+        return _arg_map_reduce(reduction, x, ids, ns, axis, backend, check)
     if reduction not in _MAP_REDUCE or x.ndim == 0:
         return None
     if reduction == "prod" and np.dtype(x.dtype).kind == "c":
@@ -866,6 +869,85 @@ def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: in
     if given is None:
         return total.map_blocks(_finish_task, counts=counts, final=final, dtype=final, meta=meta)
     return da.map_blocks(_finish_task, total, *given, counts=counts, final=final, dtype=final, meta=meta)
+
+
+def _arg_map_reduce(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: int, backend: Any,
+                    check: Any) -> Any | None:  # fmt: skip
+    """:func:`map_reduce_by_ids` for argmax and argmin of NumPy chunks: each chunk's positions by
+    segment (in the caller's order: no element moves) with their values, the chunks' pairs then
+    combined by Dask's tree reduction, the earlier chunk's kept on a tie or where both are NaN (the
+    first occurrence, and the first NaN, as the single call's rule).  (CuPy chunks, whose arrays
+    have no structured dtype, move the elements.)"""
+    ax, meta = _checked_input(x, axis, backend, check)
+    chunks = x.chunks[ax]
+    n = x.shape[ax]
+    if type(meta) is not np.ndarray or not n or ns * len(chunks) > MAP_REDUCE_MAX_SHARE * n:
+        return None
+    import dask.array as da
+
+    _probe(reduction, x, None)  # (the functions' errors: complex data has no order)
+    pair = np.dtype([("value", x.dtype), ("position", np.int64), ("some", np.bool_)])
+    index = _LETTERS[: x.ndim]
+    out_index = index[:ax] + index[ax] + "Z" + index[ax + 1 :]
+    starts = np.cumsum((0, *chunks[:-1]), dtype=np.int64)
+    parts = da.blockwise(_ids_arg_part_task, out_index, x, index, da.from_array(ids, chunks=(chunks,)), index[ax],
+                         da.from_array(starts, chunks=1), index[ax], new_axes={"Z": ns}, adjust_chunks={index[ax]: 1},
+                         align_arrays=False, dtype=pair, meta=np.empty((0,) * (x.ndim + 1), dtype=pair),
+                         token=f"linred-{reduction}-by-ids", reduction=reduction, axis=ax, ns=ns, n=n,
+                         backend=backend)  # fmt: skip
+    pick = functools.partial(_pick_pairs, largest=reduction == "argmax")
+    best = da.reduction(parts, _same_pairs, pick, axis=ax, combine=pick, dtype=pair, name=f"linred-{reduction}-combine",
+                        meta=np.empty((0,) * x.ndim, dtype=pair))  # fmt: skip
+    return best.map_blocks(_positions_of, dtype=np.int64, meta=np.empty((0,) * x.ndim, dtype=np.int64))
+
+
+def _ids_arg_part_task(block: np.ndarray, ids: np.ndarray, start: np.ndarray, *, reduction: str, axis: int, ns: int,
+                       n: int, backend: Any) -> np.ndarray:  # fmt: skip
+    """One chunk's argmax (argmin) by its own ids: per segment its value, its position in the
+    caller's data (``n`` where the chunk holds none of the segment) and whether it holds one."""
+    function = getattr(linred, f"segmented_{reduction}")
+    size = block.shape[axis]
+    with _one_thread():
+        where = function(block, segment_ids=ids, num_segments=ns, axis=axis, check=False, backend=backend)
+    some = where < size
+    pairs = np.empty(where.shape, dtype=[("value", block.dtype), ("position", np.int64), ("some", np.bool_)])
+    pairs["value"] = np.take_along_axis(block, np.minimum(where, size - 1), axis) if size else 0
+    pairs["position"] = np.where(some, where + int(start[0]), n)
+    pairs["some"] = some
+    return np.expand_dims(pairs, axis)
+
+
+def _same_pairs(pairs: np.ndarray, axis: Any = None, keepdims: bool = False, **kwargs: Any) -> np.ndarray:
+    """Dask ``reduction``'s step on one chunk's pairs: they are that chunk's result already."""
+    return pairs if keepdims else np.squeeze(pairs, axis=axis)
+
+
+def _pick_pairs(pairs: np.ndarray, axis: Any = None, keepdims: bool = False, *, largest: bool,
+                **kwargs: Any) -> np.ndarray:  # fmt: skip
+    """Of the pairs along ``axis`` (chunks in order), the one whose value is the largest (the
+    smallest) among those with ``some``; a NaN beats any number; the earlier one on a tie or
+    where both are NaN."""
+    ax = axis[0] if isinstance(axis, tuple) else axis
+    moved = np.moveaxis(pairs, ax, 0)
+    if not moved.shape[0]:  # (Dask's meta: no pairs)
+        best = np.empty(moved.shape[1:], dtype=pairs.dtype)
+        return np.expand_dims(best, ax) if keepdims else best
+    best = moved[0].copy()
+    floating = pairs.dtype["value"].kind in "fV"
+    with np.errstate(invalid="ignore"):
+        for cand in moved[1:]:
+            a, b = cand["value"], best["value"]
+            beats = (a > b) if largest else (a < b)
+            if floating:
+                a_nan, b_nan = np.isnan(a.astype(np.float32)), np.isnan(b.astype(np.float32))
+                beats = (beats & ~b_nan) | (a_nan & ~b_nan)
+            better = cand["some"] & (~best["some"] | beats)
+            best = np.where(better, cand, best)
+    return np.expand_dims(best, ax) if keepdims else best
+
+
+def _positions_of(pairs: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(pairs["position"])
 
 
 def _quiet_reduce(a: Any, axis: Any = None, keepdims: bool = False, *, op: str, dtype: Any = None,

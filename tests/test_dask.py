@@ -860,6 +860,31 @@ def test_unsorted_segment_ids_of_few_segments_map_reduce(name, dtype):
                                equal_nan=True, rtol=1e-2 if np.dtype(dtype).itemsize == 2 else 1e-5)  # fmt: skip
 
 
+@pytest.mark.parametrize("name", ARG_REDUCTIONS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "bool", "float64"])
+def test_unsorted_segment_ids_of_few_segments_map_reduce_positions(name, dtype):
+    """argmax and argmin by unsorted ids of few segments: each chunk's positions (in the caller's
+    order) with their values, combined chunk by chunk: the single call's positions, ties at the
+    first occurrence, the first NaN, an infinity, empty segments (n) and empty chunks; 3-D data
+    chunked along every axis, reduced along the middle one."""
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    rng = np.random.default_rng(13)
+    x = np.round(rng.standard_normal((3, 900, 4)), 0).astype(dtype)  # (many ties)
+    if np.dtype(dtype).kind in "fV":
+        x[0, 5, 0], x[0, 700, 0], x[1, 50:90, 1], x[2, 10, 3] = np.nan, np.nan, np.inf, -np.inf
+    ids = rng.integers(0, 9, 900)
+    ids[ids == 4] = 5  # segments 4 and 9 empty (num_segments=10)
+    fn = getattr(linred, f"segmented_{name}")
+    want = fn(x, segment_ids=ids, num_segments=10, axis=1)
+    for chunks in ((2, 100, 3), ((3,), (0, 450, 0, 450), (4,)), (1, 89, 1)):
+        got = fn(da.from_array(x, chunks=chunks), segment_ids=ids, num_segments=10, axis=1)
+        assert "by-ids" in _tasks(got), chunks
+        result = got.compute()
+        assert result.dtype == want.dtype
+        np.testing.assert_array_equal(result, want)
+
+
 def test_map_reduce_edges():
     """What map-reduce must give as the eager call gives it: complex products with an infinity
     (a chunk's 1 + 0j times inf + 0j would make inf + nanj NaN: they move the elements instead),
