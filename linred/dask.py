@@ -813,6 +813,8 @@ def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: in
     a reduction whose results do not combine that way (the composed functions), or where
     ``ns`` segments a chunk would outweigh the chunk (:data:`MAP_REDUCE_MAX_SHARE`; the elements
     are moved into the ids' order then, :func:`by_ids_order`)."""
+    if np.dtype(x.dtype).kind in "mM":  # (time data: its own rules, as the sorted path keeps them)
+        return None
     if reduction in _ARG and x.ndim:
         return _arg_map_reduce(reduction, x, ids, ns, axis, backend, check)
     if reduction not in _MAP_REDUCE or x.ndim == 0:

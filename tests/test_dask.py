@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import itertools
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -883,6 +884,29 @@ def test_unsorted_segment_ids_of_few_segments_map_reduce_positions(name, dtype):
         result = got.compute()
         assert result.dtype == want.dtype
         np.testing.assert_array_equal(result, want)
+
+
+def test_unsorted_ids_of_time_data_as_the_single_call():
+    """datetime64 and timedelta64 data by unsorted ids keep their own rules (NaT, a mean's unit,
+    the arg-reductions' refusal of datetimes): the elements move, as before map-reduce."""
+    rng = np.random.default_rng(14)
+    ids = rng.integers(0, 5, 300)
+    for x in (np.datetime64("2020-01-01") + rng.integers(0, 100, 300).astype("timedelta64[D]"),
+              rng.integers(0, 100, 300).astype("timedelta64[s]")):  # fmt: skip
+        x[[3, 150]] = x.dtype.type("NaT")
+        for name in ("max", "min", "sum", "mean", "argmax"):
+            fn = getattr(linred, f"segmented_{name}")
+            try:
+                want = fn(x, segment_ids=ids, num_segments=6)
+            except TypeError as e:
+                with pytest.raises(TypeError, match=re.escape(str(e)[:40])):
+                    fn(da.from_array(x, chunks=50), segment_ids=ids, num_segments=6).compute()
+                continue
+            got = fn(da.from_array(x, chunks=50), segment_ids=ids, num_segments=6)
+            assert "by-ids" not in _tasks(got)
+            got = got.compute()
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got.view(np.int64), want.view(np.int64))
 
 
 def test_map_reduce_edges():
