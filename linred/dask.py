@@ -810,23 +810,24 @@ def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: in
     Dask's tree reduction (float32 and complex64 results in float64 and complex128, so that a
     segment's sum errs by one rounding of each chunk's part; argmax and argmin of NumPy chunks
     from pairs of values and positions, :func:`_arg_map_reduce`).  None where it does not apply:
-    a reduction whose results do not combine that way (the composed functions), or where
-    ``ns`` segments a chunk would outweigh the chunk (:data:`MAP_REDUCE_MAX_SHARE`; the elements
-    are moved into the ids' order then, :func:`by_ids_order`)."""
-    if np.dtype(x.dtype).kind in "mM":  # (time data: its own rules, as the sorted path keeps them)
+    a reduction whose results do not combine that way (the composed functions, complex products),
+    time data, or where ``ns`` segments a chunk would outweigh the chunk
+    (:data:`MAP_REDUCE_MAX_SHARE`; the elements are moved into the ids' order then,
+    :func:`by_ids_order`)."""
+    if np.dtype(x.dtype).kind in "mM" or x.ndim == 0:  # (time data: its own rules, as the sorted path keeps them)
         return None
-    if reduction in _ARG and x.ndim:
-        return _arg_map_reduce(reduction, x, ids, ns, axis, backend, check)
-    if reduction not in _MAP_REDUCE or x.ndim == 0:
+    if reduction not in _MAP_REDUCE and reduction not in _ARG:
         return None
     if reduction == "prod" and np.dtype(x.dtype).kind == "c":
         # (a complex product of the chunks' parts: a chunk without the segment's elements gives
         # 1 + 0j, and (inf + 0j)(1 + 0j) is inf + nanj, where the segment's own product is not)
         return None
-    ax, _ = _checked_input(x, axis, backend, check)  # (the functions' errors, when the graph is built)
-    chunks = x.chunks[ax]
-    if not x.shape[ax] or ns * len(chunks) > MAP_REDUCE_MAX_SHARE * x.shape[ax]:
+    ax, meta = _checked_input(x, axis, backend, check)  # (the functions' errors, when the graph is built)
+    n = x.shape[ax]
+    if not n or ns * len(x.chunks[ax]) > MAP_REDUCE_MAX_SHARE * n:
         return None
+    if reduction in _ARG:
+        return _arg_map_reduce(reduction, x, ids, ns, ax, meta, backend)
     import dask.array as da
 
     partial = _MAP_REDUCE[reduction]
@@ -844,14 +845,9 @@ def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: in
             f"{part.kind}{part.itemsize}", part
         )
     )
-    meta = x._meta
     xp = _xp(meta)
-    index = _LETTERS[: x.ndim]
-    out_index = index[:ax] + index[ax] + "Z" + index[ax + 1 :]  # ("Z": the segments, after the chunks)
-    parts = da.blockwise(_ids_part_task, out_index, x, index, da.from_array(ids, chunks=(chunks,)), index[ax],
-                         new_axes={"Z": ns}, adjust_chunks={index[ax]: 1}, align_arrays=False, dtype=part,
-                         meta=xp.empty((0,) * (x.ndim + 1), dtype=part), token=f"linred-{reduction}-by-ids",
-                         reduction=partial, axis=ax, ns=ns, dtype_=request, backend=backend)  # fmt: skip
+    parts = _chunk_parts(_ids_part_task, x, ids, ns, ax, part, xp.empty((0,) * (x.ndim + 1), dtype=part),
+                         f"linred-{reduction}-by-ids", reduction=partial, dtype_=request, backend=backend)  # fmt: skip
     parts = parts.astype(wide)
     # Dask's tree reduction of the parts, quiet (NumPy's warnings would name its reduce), and
     # whether any of each segment's parts is infinite, or NaN: an infinity or NaN that the
@@ -863,56 +859,69 @@ def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: in
     if wide.kind in "fc" and partial in ("sum", "prod"):
         given = (da.isinf(parts).any(axis=ax), da.isnan(parts).any(axis=ax))
     counts = None
-    shape = [1] * x.ndim
-    shape[ax] = ns
     if reduction == "mean":  # the sums divided by the counts the ids give (0 / 0: NaN, as linred's)
+        shape = [1] * x.ndim
+        shape[ax] = ns
         counts = np.bincount(ids, minlength=ns).astype(np.float64).reshape(shape)
-    meta = xp.empty((0,) * x.ndim, dtype=final)
+    out_meta = xp.empty((0,) * x.ndim, dtype=final)
     if given is None:
-        return total.map_blocks(_finish_task, counts=counts, final=final, dtype=final, meta=meta)
-    return da.map_blocks(_finish_task, total, *given, counts=counts, final=final, dtype=final, meta=meta)
+        return total.map_blocks(_finish_task, counts=counts, final=final, dtype=final, meta=out_meta)
+    return da.map_blocks(_finish_task, total, *given, counts=counts, final=final, dtype=final, meta=out_meta)
 
 
-def _arg_map_reduce(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: int, backend: Any,
-                    check: Any) -> Any | None:  # fmt: skip
+def _chunk_parts(task: Any, x: Any, ids: np.ndarray, ns: int, ax: int, dtype: Any, meta: Any, token: str,
+                 *more: Any, **kwargs: Any) -> Any:  # fmt: skip
+    """``task(block, ids_block, *more_blocks, axis=ax, ns=ns, **kwargs)`` for every chunk of ``x``,
+    each chunk's ``ns`` results by segment along a new axis after one of the chunks along ``ax``
+    (``more``: 1-D arrays of one block per chunk along ``ax``)."""
+    import dask.array as da
+
+    index = _LETTERS[: x.ndim]
+    out_index = index[:ax] + index[ax] + "Z" + index[ax + 1 :]  # ("Z": the segments, after the chunks)
+    blocks = [da.from_array(ids, chunks=(x.chunks[ax],)), *more]
+    args = [a for block in blocks for a in (block, index[ax])]
+    return da.blockwise(task, out_index, x, index, *args, new_axes={"Z": ns}, adjust_chunks={index[ax]: 1},
+                        align_arrays=False, dtype=dtype, meta=meta, token=token, axis=ax, ns=ns, **kwargs)  # fmt: skip
+
+
+def _arg_map_reduce(reduction: str, x: Any, ids: np.ndarray, ns: int, ax: int, meta: Any, backend: Any) -> Any | None:
     """:func:`map_reduce_by_ids` for argmax and argmin of NumPy chunks: each chunk's positions by
     segment (in the caller's order: no element moves) with their values, the chunks' pairs then
     combined by Dask's tree reduction, the earlier chunk's kept on a tie or where both are NaN (the
     first occurrence, and the first NaN, as the single call's rule).  (CuPy chunks, whose arrays
     have no structured dtype, move the elements.)"""
-    ax, meta = _checked_input(x, axis, backend, check)
-    chunks = x.chunks[ax]
-    n = x.shape[ax]
-    if type(meta) is not np.ndarray or not n or ns * len(chunks) > MAP_REDUCE_MAX_SHARE * n:
+    if type(meta) is not np.ndarray:
         return None
     import dask.array as da
 
     _probe(reduction, x, None)  # (the functions' errors: complex data has no order)
-    pair = np.dtype([("value", x.dtype), ("position", np.int64), ("some", np.bool_)])
-    index = _LETTERS[: x.ndim]
-    out_index = index[:ax] + index[ax] + "Z" + index[ax + 1 :]
-    starts = np.cumsum((0, *chunks[:-1]), dtype=np.int64)
-    parts = da.blockwise(_ids_arg_part_task, out_index, x, index, da.from_array(ids, chunks=(chunks,)), index[ax],
-                         da.from_array(starts, chunks=1), index[ax], new_axes={"Z": ns}, adjust_chunks={index[ax]: 1},
-                         align_arrays=False, dtype=pair, meta=np.empty((0,) * (x.ndim + 1), dtype=pair),
-                         token=f"linred-{reduction}-by-ids", reduction=reduction, axis=ax, ns=ns, n=n,
-                         backend=backend)  # fmt: skip
+    pair = _pairs(x.dtype)
+    starts = np.cumsum((0, *x.chunks[ax][:-1]), dtype=np.int64)
+    parts = _chunk_parts(_ids_arg_part_task, x, ids, ns, ax, pair, np.empty((0,) * (x.ndim + 1), dtype=pair),
+                         f"linred-{reduction}-by-ids", da.from_array(starts, chunks=1), reduction=reduction,
+                         n=x.shape[ax], backend=backend)  # fmt: skip
     pick = functools.partial(_pick_pairs, largest=reduction == "argmax")
     best = da.reduction(parts, _same_pairs, pick, axis=ax, combine=pick, dtype=pair, name=f"linred-{reduction}-combine",
                         meta=np.empty((0,) * x.ndim, dtype=pair))  # fmt: skip
     return best.map_blocks(_positions_of, dtype=np.int64, meta=np.empty((0,) * x.ndim, dtype=np.int64))
 
 
+def _pairs(dtype: Any) -> np.dtype:
+    """A chunk's argmax (argmin) of one segment: its value, its position in the caller's data, and
+    whether the chunk holds any of the segment."""
+    return np.dtype([("value", dtype), ("position", np.int64), ("some", np.bool_)])
+
+
 def _ids_arg_part_task(block: np.ndarray, ids: np.ndarray, start: np.ndarray, *, reduction: str, axis: int, ns: int,
                        n: int, backend: Any) -> np.ndarray:  # fmt: skip
-    """One chunk's argmax (argmin) by its own ids: per segment its value, its position in the
-    caller's data (``n`` where the chunk holds none of the segment) and whether it holds one."""
+    """One chunk's argmax (argmin) by its own ids (:func:`_pairs`; the position ``n`` where the
+    chunk holds none of the segment)."""
     function = getattr(linred, f"segmented_{reduction}")
     size = block.shape[axis]
     with _one_thread():
         where = function(block, segment_ids=ids, num_segments=ns, axis=axis, check=False, backend=backend)
     some = where < size
-    pairs = np.empty(where.shape, dtype=[("value", block.dtype), ("position", np.int64), ("some", np.bool_)])
+    pairs = np.empty(where.shape, dtype=_pairs(block.dtype))
     pairs["value"] = np.take_along_axis(block, np.minimum(where, size - 1), axis) if size else 0
     pairs["position"] = np.where(some, where + int(start[0]), n)
     pairs["some"] = some
@@ -935,13 +944,13 @@ def _pick_pairs(pairs: np.ndarray, axis: Any = None, keepdims: bool = False, *, 
         best = np.empty(moved.shape[1:], dtype=pairs.dtype)
         return np.expand_dims(best, ax) if keepdims else best
     best = moved[0].copy()
-    floating = pairs.dtype["value"].kind in "fV"
+    kind = pairs.dtype["value"].kind
     with np.errstate(invalid="ignore"):
         for cand in moved[1:]:
             a, b = cand["value"], best["value"]
             beats = (a > b) if largest else (a < b)
-            if floating:
-                a_nan, b_nan = np.isnan(a.astype(np.float32)), np.isnan(b.astype(np.float32))
+            if kind in "fV":  # (ml_dtypes' bfloat16, kind "V", asked in float32: exact)
+                a_nan, b_nan = (np.isnan(v if kind == "f" else v.astype(np.float32)) for v in (a, b))
                 beats = (beats & ~b_nan) | (a_nan & ~b_nan)
             better = cand["some"] & (~best["some"] | beats)
             best = np.where(better, cand, best)
