@@ -104,10 +104,15 @@ class _Ops:
         ).tolist()
         return lo, hi, not d
 
-    def first_outside(self, ids: Any, num_segments: int) -> tuple[int, int]:
-        bad = (ids < 0) | (ids >= num_segments)
-        i = int(bad.int().argmax()) if self.kind == "torch" else int(bad.argmax())
-        return i, int(ids[i])
+
+def outside_error(ids: Any, num_segments: int) -> ValueError:
+    """The ``ValueError`` of ids (NumPy, CuPy or PyTorch, in the caller's order) of which some lie
+    outside ``[0, num_segments)``: it names the first of them (a read back on a device)."""
+    bad = (ids < 0) | (ids >= num_segments)
+    i = int((bad.int() if hasattr(bad, "int") else bad).argmax())  # (PyTorch has no argmax of bools)
+    return ValueError(
+        f"segment_ids must lie in [0, num_segments) = [0, {num_segments}); segment_ids[{i}] = {int(ids[i])}"
+    )
 
 
 def _reads_ids(check: bool, device: int | None) -> bool:
@@ -255,8 +260,7 @@ def _by_ids(
         ns = max(ns, 0)
     inside = known and lo >= 0 and hi < ns
     if check and known and not inside:
-        i, v = ops.first_outside(ids, ns)
-        raise ValueError(f"segment_ids must lie in [0, num_segments) = [0, {ns}); segment_ids[{i}] = {v}")
+        raise outside_error(ids, ns)
 
     order = None
     if not is_sorted:

@@ -141,12 +141,10 @@ def segment_ids_offsets(ids: Tensor, sorted_ids: Tensor, num_segments: int) -> T
             from linred.segments import _refuse_capture  # (a read back: no capture allows it)
 
             _refuse_capture(adapter_for(ids), ids, "segment_ids")
-        bad = (ids < 0) | (ids >= num_segments)
-        if bool(bad.any()):
-            i = int(bad.int().argmax())
-            raise ValueError(
-                f"segment_ids must lie in [0, num_segments) = [0, {num_segments}); segment_ids[{i}] = {int(ids[i])}"
-            )
+        if bool(((ids < 0) | (ids >= num_segments)).any()):
+            from linred._segment_ids import outside_error
+
+            raise outside_error(ids, num_segments)
     values = torch.arange(num_segments + 1, device=sorted_ids.device, dtype=sorted_ids.dtype)
     return torch.searchsorted(sorted_ids, values)
 

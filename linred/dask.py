@@ -789,8 +789,9 @@ def ids_offsets(x: Any, segment_ids: Any, num_segments: int | None,
         ids = ids[order]
     ns = (int(ids[-1]) + 1 if n else 0) if num_segments is None else num_segments
     if n and (ids[0] < 0 or ids[-1] >= ns):
-        i = int(np.argmax((given < 0) | (given >= ns)))  # (the first in the caller's order)
-        raise ValueError(f"segment_ids must lie in [0, num_segments) = [0, {ns}); segment_ids[{i}] = {given[i]}")
+        from linred._segment_ids import outside_error
+
+        raise outside_error(given, ns)  # (the first in the caller's order)
     return np.searchsorted(ids, np.arange(ns + 1, dtype=np.int64), side="left").astype(np.int64), order, given
 
 
