@@ -916,7 +916,8 @@ OFFSETS_24 = [0, 0, 5, 5, 13, 24, 24]
 @pytest.mark.parametrize("offsets_dtype", ["int32", "int64"])
 def test_simulated_sparse(simulated_sparse, configure_nvmath, strategy, dtype, reduction, offsets_dtype, rng):
     from linred.backends.nvmath import BACKEND
-    from linred.backends.nvmath.sparse import LOOP_VECTORS, SPMM_ALG, SPMM_ALG_COLUMNS
+    from linred.backends.nvmath.layout import LOOP_VECTORS
+    from linred.backends.nvmath.sparse import SPMM_ALG, SPMM_ALG_COLUMNS
     from linred.segments import VariableSegments
 
     configure_nvmath(batch_strategy=strategy)

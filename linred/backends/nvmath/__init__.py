@@ -233,13 +233,9 @@ class NvmathBackend(Backend):
         if problem.fixed:
             reason = vendor_float32_reason(problem, "cuBLASLt")
         else:
-            columns = (
-                problem.acc_dtype == "float32"
-                and problem.features == 1
-                and problem.batch > layouts.LOOP_VECTORS
-                and self.options.batch_strategy != "loop"
-            )
-            if columns:  # (several vectors as the columns of one matrix: cuSPARSE's CSR_ALG2)
+            # (several vectors as the columns of one matrix: cuSPARSE's CSR_ALG2)
+            columns = layouts.sparse_columns(problem.batch, problem.features, self.options.batch_strategy)
+            if problem.acc_dtype == "float32" and columns:
                 reason = vendor_float32_reason(problem, "cuSPARSE (CSR_ALG2)", VENDOR_FLOAT32_LONGEST_SPARSE_COLUMNS)
             else:
                 reason = vendor_float32_reason(problem, "cuSPARSE", VENDOR_FLOAT32_LONGEST_SPARSE)

@@ -65,6 +65,17 @@ HOST_SEQUENTIAL_MAX = 1024
 LOOP_VECTORS = 8
 
 
+def sparse_loops(batch: int, features: int, strategy: str) -> bool:
+    """Whether cuSPARSE takes a batch one slice at a time (one SpMM each): as the option
+    ``batch_strategy`` says, and for at most :data:`LOOP_VECTORS` vectors."""
+    return batch > 1 and (strategy == "loop" or (features == 1 and batch <= LOOP_VECTORS))
+
+
+def sparse_columns(batch: int, features: int, strategy: str) -> bool:
+    """Whether cuSPARSE sums a batch of vectors as the columns of one matrix (CSR_ALG2)."""
+    return features == 1 and batch > 1 and not sparse_loops(batch, features, strategy)
+
+
 @dataclass(frozen=True, slots=True)
 class View:
     """A strided view of one buffer: ``src`` is ``"x"``, ``"out"``, a temporary or a constant."""

@@ -47,7 +47,7 @@ from linred._dtypes import HALF
 from linred.arrays.views import physical
 from linred.backends._device import ReleasedInOrder, StreamOrder, ops_for
 from linred.backends.base import INT32_MAX
-from linred.backends.nvmath.layout import LOOP_VECTORS, sparse_dense_strides
+from linred.backends.nvmath.layout import sparse_columns, sparse_dense_strides, sparse_loops
 from linred.problem import Problem
 from linred.segments import Segments, VariableSegments
 
@@ -127,8 +127,8 @@ class SparseExecutor(ReleasedInOrder):
         # SPMM_ALG_COLUMNS: 2 float64 vectors of 16M values 314 against 950 us on an H200, 8 of
         # 4M 397 against 383)
         B, D = self._batch, self._features
-        self._loop = B > 1 and (batch_strategy == "loop" or (D == 1 and B <= LOOP_VECTORS))
-        columns = D == 1 and B > 1 and not self._loop  # (the vectors as the columns of one matrix)
+        self._loop = sparse_loops(B, D, batch_strategy)
+        columns = sparse_columns(B, D, batch_strategy)  # (the vectors as the columns of one matrix)
         self._algorithm = SPMM_ALG_COLUMNS if columns else SPMM_ALG
         self._batch_stride = problem.strides[0]
         # a batch slice's step in bytes, for the per-slice loop
