@@ -1455,13 +1455,18 @@ def test_torch_ops_tell_a_stream_from_its_handle(monkeypatch):
     from linred.arrays import _torch
     from linred.backends import _device
 
-    monkeypatch.setattr(_device, "_torch_streams", {(5, 0): object()})  # (wrapped by the executors' ops)
-    monkeypatch.setattr(_torch, "WRAPPED", {(7, 0)})  # (wrapped for a call's stream=)
+    # (5: wrapped by the executors' ops, TorchOps.stream; 7: for a call's stream=; both through
+    # torch_stream, which records the handles it wraps)
+    monkeypatch.setattr(_torch, "WRAPPED", {(5, 0), (7, 0)})
     ops = _device.TorchOps(0)
     plain = object()  # (what the current stream object is does not matter)
     assert not ops.lasting(plain, 5)
     assert not ops.lasting(plain, 7)
     assert ops.lasting(plain, 6)
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "ExternalStream", lambda handle, device=None: ("external", handle))
+    assert _torch.torch_stream(9, torch.device("cuda", 0)) == ("external", 9)
+    assert not ops.lasting(plain, 9)  # (the handle a wrapper was made of is recorded)
 
 
 def test_stream_order_takes_the_callers_answer_to_whether_the_stream_captures():

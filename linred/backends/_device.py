@@ -307,12 +307,13 @@ class TorchOps(_DriverOrdering):
 
     def lasting(self, stream: Any, handle: int) -> bool:
         """Whether the stream of ``handle`` stays alive: PyTorch's own streams are never destroyed;
-        a handle linred wrapped for the caller (:meth:`stream`) may be.  (PyTorch's current stream
-        object does not tell: ``torch.cuda.current_stream()`` is a plain ``Stream`` also where an
-        ``ExternalStream`` is current; a caller's own ``ExternalStream`` is the caller's to keep.)"""
+        a handle linred wrapped (:func:`linred.arrays._torch.torch_stream`, which :meth:`stream`
+        calls too) may be.  (PyTorch's current stream object does not tell:
+        ``torch.cuda.current_stream()`` is a plain ``Stream`` also where an ``ExternalStream`` is
+        current; a caller's own ``ExternalStream`` is the caller's to keep.)"""
         from linred.arrays._torch import WRAPPED
 
-        return (handle, self.device) not in _torch_streams and (handle, self.device) not in WRAPPED
+        return (handle, self.device) not in WRAPPED
 
     def own_stream(self) -> tuple[int, Any]:
         """linred's own stream on the device (:func:`own_stream`): its handle, and PyTorch's object of it."""
