@@ -808,8 +808,11 @@ def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: in
                       backend: Any, check: Any) -> Any | None:  # fmt: skip
     """The reduction of ``x`` by unsorted ids as flox's "map-reduce": each chunk reduced by its
     own ids into all ``ns`` segments, where no element moves; the chunks' results then combined by
-    Dask's tree reduction (float32 and complex64 results in float64 and complex128, so that a
-    segment's sum errs by one rounding of each chunk's part; argmax and argmin of NumPy chunks
+    Dask's tree reduction (each chunk's part of a float32 or complex64 result in float64 or
+    complex128, of a 16-bit one in float32, rounded once at the end: a part never overflows or
+    underflows where the segment's result does not, so a float32 product of 1e-30s and 1e30s is
+    their float64 product's rounding, where the single call's float32 running product may
+    underflow first; argmax and argmin of NumPy chunks
     from pairs of values and positions, :func:`_arg_map_reduce`).  None where it does not apply:
     a reduction whose results do not combine that way (the composed functions, complex products),
     time data, or where ``ns`` segments a chunk would outweigh the chunk
@@ -836,16 +839,15 @@ def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: in
     if partial in ("max", "min"):
         part, request = final, dtype
     else:
-        # Each chunk's part in the result's dtype (a mean's sums too: float64 for integers), but
-        # in float32 for 16-bit results, rounded once at the end.
-        request = np.dtype(np.float32) if final.itemsize == 2 and final.kind in "fV" else final
+        # Each chunk's part wider than the result (a mean's sums too: float64 for integers):
+        # float64 for float32, complex128 for complex64, float32 for 16-bit results, rounded
+        # once at the end, so that a part that would overflow or underflow in the result's dtype
+        # (a float32 product of 1e-30s, one of 1e30s) does not make the combination inf - inf
+        # or 0 * inf where the segment's own result is finite.
+        request = _WIDER.get(f"{final.kind}{final.itemsize}", final)
         part = _probe(partial, x, request)
     # (max and min of 16-bit parts in float32, exactly: ml_dtypes' bfloat16 warns of NaN in a reduce)
-    wide = np.dtype(
-        {"f4": np.float64, "c8": np.complex128, "f2": np.float32, "V2": np.float32}.get(
-            f"{part.kind}{part.itemsize}", part
-        )
-    )
+    wide = _WIDER.get(f"{part.kind}{part.itemsize}", part)
     xp = _xp(meta)
     parts = _chunk_parts(_ids_part_task, x, ids, ns, ax, part, xp.empty((0,) * (x.ndim + 1), dtype=part),
                          f"linred-{reduction}-by-ids", reduction=partial, dtype_=request, backend=backend)  # fmt: skip
@@ -996,6 +998,11 @@ def _finish_task(total: Any, had_inf: Any = None, had_nan: Any = None, *, counts
     return result
 
 
+#: the dtype of the chunks' parts (or their combination) for a result of the key's kind and size
+_WIDER = {"f4": np.dtype(np.float64), "c8": np.dtype(np.complex128), "f2": np.dtype(np.float32),
+          "V2": np.dtype(np.float32)}  # fmt: skip
+
+
 def _divided(xp: Any, total: Any, counts: Any) -> Any:
     """``total / counts``, a complex total part by part (a complex division by ``count + 0j``
     would make ``inf + 0j`` NaN)."""
@@ -1003,7 +1010,8 @@ def _divided(xp: Any, total: Any, counts: Any) -> Any:
         return total / counts
     result = xp.empty(np.broadcast_shapes(total.shape, counts.shape), dtype=total.dtype)
     result.real = total.real / counts
-    result.imag = total.imag / counts
+    # (an empty segment's mean is nan + 0j, as linred's: its imaginary part is not 0 / 0)
+    result.imag = xp.where(counts > 0, total.imag / xp.where(counts > 0, counts, 1), 0)
     return result
 
 

@@ -861,6 +861,34 @@ def test_unsorted_segment_ids_of_few_segments_map_reduce(name, dtype):
                                equal_nan=True, rtol=1e-2 if np.dtype(dtype).itemsize == 2 else 1e-5)  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", ["float32", "complex64"])
+def test_map_reduce_parts_wider_than_the_result(dtype):
+    """The chunks' parts of a float32 (complex64) result are float64 (complex128): a part that
+    would overflow or underflow in the result's dtype does not make the combination inf - inf or
+    0 * inf; an empty segment's complex mean is nan + 0j.  Against float64 references."""
+    ids = np.array([0, 1, 0, 1, 0, 1, 0, 1])
+    cases = (
+        ("prod", [1e-30, 1, 1e-30, 1, 1e30, 1, 1e30, 1], [1.0, 1.0]),
+        ("prod", [1e30, 2, 1e30, 1, 1e-30, 1, 1e-30, 1], [1.0, 2.0]),
+        ("sum", [3e38, 1, 3e38, 1, -3e38, 1, -3e38, 1], [0.0, 4.0]),
+        ("mean", [3e38, 1, 3e38, 1, -3e38, 1, -3e38, 1], [0.0, 1.0]),
+    )
+    for name, values, want in cases:
+        if dtype == "complex64" and name == "prod":
+            continue  # (complex products move the elements: test_map_reduce_edges)
+        x = da.from_array(np.array(values, dtype=dtype), chunks=4)
+        fn = getattr(linred, f"segmented_{name}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (no overflow or invalid value in the combination)
+            got = fn(x, segment_ids=ids).compute()
+        assert "by-ids" in _tasks(fn(x, segment_ids=ids)) and got.dtype == np.dtype(dtype)
+        np.testing.assert_allclose(got, np.array(want, dtype=np.float64), rtol=1e-6, err_msg=name)
+    x = np.array([1 + 1j, 1, 2, 1, 3, 1, 5, 1], dtype=np.complex128)
+    got = linred.segmented_mean(da.from_array(x, chunks=4), segment_ids=ids, num_segments=3).compute()
+    np.testing.assert_allclose(got[:2], [x[0::2].mean(), x[1::2].mean()], rtol=1e-15)
+    assert np.isnan(got[2].real) and got[2].imag == 0
+
+
 @pytest.mark.parametrize("name", ARG_REDUCTIONS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "bool", "float64"])
 def test_unsorted_segment_ids_of_few_segments_map_reduce_positions(name, dtype):
