@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from linred import _softmax_kernel
+from linred import _pieces, _softmax_kernel
 from linred._dtypes import COMPLEX, HALF, REAL, SUPPORTED, dtype_name, numpy_dtype
 from linred._fpwarnings import call_at_caller
 from linred._frontend import normalize_axis
@@ -403,6 +403,10 @@ def _compute(
             r = _compute(name, body, xn, host, np, axis, in_name, compute, result, False, backend, check,
                          host_segments, None, None, shape, options)  # fmt: skip
             return xp.from_numpy(r)
+    if _pieces.serves(name, x, adapter, in_name, result, segments, backend, grad, check, axis):
+        # var and std of segments too long or too few for the kernel's workers: their pieces'
+        # moments by the kernel, joined (see linred._pieces)
+        return _pieces.run(name, x, adapter, axis, result, segments, device, check, handle, options["ddof"])
     if _softmax_kernel.serves(name, x, adapter, in_name, result, segments, backend, grad, check, axis):
         # One kernel on the GPU, with the composition's results (see linred._softmax_kernel).
         return _softmax_kernel.run(name, x, adapter, axis, compute, result, segments, device, check, handle, **options)

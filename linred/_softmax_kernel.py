@@ -69,11 +69,16 @@ __all__ = ["run", "serves"]
 
 #: the kernel's MODE for each function (softmax.cuh)
 MODES = {"segmented_logsumexp": 0, "segmented_softmax": 1, "segmented_log_softmax": 2, "segmented_var": 3,
-         "segmented_std": 4}  # fmt: skip
+         "segmented_std": 4, "segmented_moments": 5, "segmented_moments_exact": 6}  # fmt: skip
 #: the functions computed in float64 whatever the data
 VARIANCE = ("segmented_var", "segmented_std")
+#: each segment's mean and sum of squared deviations from it (two float64 values a segment and
+#: feature: the result's last axis), for var and std of long segments cut into pieces
+#: (:mod:`linred._pieces`): by one pass over 16-bit and float32 data (the first), or by the
+#: mean's pass and the deviations' (the second: float64 data or a float64 result)
+MOMENTS = ("segmented_moments", "segmented_moments_exact")
 #: the functions whose result has one value per segment (the others: one per element)
-PER_SEGMENT = ("segmented_logsumexp", *VARIANCE)
+PER_SEGMENT = ("segmented_logsumexp", *VARIANCE, *MOMENTS)
 THREADS = 256
 #: the most blocks per SM a call launches (its workers loop over the rest)
 BLOCKS_PER_SM = 64
@@ -177,7 +182,7 @@ def _offsets_arguments(index: str | None) -> tuple[str, str]:
     return ctype, f"ArrayOffsets<{ctype}>{{offsets}}"
 
 
-def _ddof_bits(ddof: float) -> int:
+def ddof_word(ddof: float) -> int:
     """var's and std's ``ddof`` as the kernels read it: the bits of a double (0 for 0)."""
     return _DOUBLE_BITS.unpack(_DOUBLE.pack(float(ddof)))[0] if ddof else 0
 
@@ -193,8 +198,21 @@ def serves(
     check: Any, axis: int = 0,
 ) -> bool:  # fmt: skip
     """Whether :func:`run` computes ``name`` of ``x`` along ``axis`` (normalized; see the module
-    docstring).  Calls it does not serve go to the composition, which also raises the errors of
-    bad arguments (two segment arguments or none, a ``check`` that is not a bool)."""
+    docstring).  Calls it does not serve go to the composition (or, var and std of long
+    segments, to :mod:`linred._pieces`), which also raises the errors of bad arguments (two
+    segment arguments or none, a ``check`` that is not a bool)."""
+    if not eligible(name, x, adapter, in_name, result, segments, backend, grad, check):
+        return False
+    runs = _takes_runs(name, x, adapter, result, axis, segments, adapter.device_of(x))  # (any long mean length)
+    return runs or _enough_workers(x, axis, segments, adapter.device_of(x), name, itemsize=itemsize(in_name))
+
+
+def eligible(
+    name: str, x: Any, adapter: Any, in_name: str, result: str, segments: dict[str, Any], backend: Any, grad: bool,
+    check: Any,
+) -> bool:  # fmt: skip
+    """Whether the kernel computes ``name`` of ``x`` where its segments make enough workers, of
+    lengths it serves (:func:`serves` asks both)."""
     if name not in MODES or grad or backend not in ("auto", "nvrtc") or in_name not in REAL or type(check) is not bool:
         return False
     if adapter.kind not in ("cupy", "torch") or adapter.device_of(x) is None or not adapter.is_c_contiguous(x):
@@ -210,9 +228,6 @@ def serves(
     if name in VARIANCE and in_name == "float64" and result != "float64":
         # (the composition computes in the narrower dtype, the kernel would read float64 values)
         return False
-    runs = _takes_runs(name, x, adapter, result, axis, segments, adapter.device_of(x))  # (any long mean length)
-    if not runs and not _enough_workers(x, axis, segments, adapter.device_of(x), name, itemsize=itemsize(in_name)):
-        return False
     if "bfloat16" in (in_name, result):  # (bfloat16 conversions need compute capability 8.0, as nvrtc's kernels)
         from linred.backends.nvrtc import _compute_capability
 
@@ -220,7 +235,7 @@ def serves(
     return True
 
 
-def _count(x: Any, axis: int, segments: dict[str, Any]) -> int | None:
+def count(x: Any, axis: int, segments: dict[str, Any]) -> int | None:
     """The count of a call's segments, known without reading them (a length, or the offsets' or
     the lengths' shape); None where an argument is neither (the composition raises its error)."""
     length, offsets, lengths = segments.get("segment_length"), segments.get("offsets"), segments.get("lengths")
@@ -266,7 +281,7 @@ def _takes_runs(name: str, x: Any, adapter: Any, result: str, axis: int, segment
                 device: int) -> bool:  # fmt: skip
     """Whether ``warp_reduce`` serves the call (:func:`_by_runs`), and it is large
     (:data:`RUNS_MIN_VALUES`) or one the workers' kernel does not serve (:func:`_enough_workers`)."""
-    if not _by_runs(name, x, adapter, result, axis, _count(x, axis, segments)):
+    if not _by_runs(name, x, adapter, result, axis, count(x, axis, segments)):
         return False
     if math.prod(tuple(x.shape)) >= RUNS_MIN_VALUES:
         return True
@@ -395,7 +410,7 @@ def run_grad_from_parts(
         )
         launch = thread_launch(_local, key, device, source, "linred_grad_from_parts", 11)
     grid = _chunk_grid(batch, n, GRAD_PARTS_THREADS * items, device)
-    ddof_bits = _ddof_bits(ddof)
+    ddof_bits = ddof_word(ddof)
     a, g, res, p, dx, offsets = pointers
     launch(stream, grid, GRAD_PARTS_THREADS, 0, a, g, res, p, dx, offsets, length or 0, batch, n, m, ddof_bits)
 
@@ -424,9 +439,15 @@ def _enough_workers(
     the data's); None: a warp per segment."""
     shape = tuple(x.shape)
     n, batch, features = shape[axis], math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
-    m = _count(x, axis, segments)
+    m = count(x, axis, segments)
     if m is None:  # (not a length or an array: the composition raises its error)
         return True
+    return enough_workers_for(batch, n, features, m, device, name, itemsize, backward)
+
+
+def enough_workers_for(batch: int, n: int, features: int, m: int, device: int, name: str | None, itemsize: int = 4,
+                       backward: bool = False) -> bool:  # fmt: skip
+    """:func:`_enough_workers` for ``batch`` rows of ``n`` rows of ``features`` in ``m`` segments."""
     group, _, workers = _workers(batch, m, features, None if name is None else n, name, backward, itemsize)
     if not workers:
         return True  # (nothing to read: the kernel is not even launched)
@@ -501,7 +522,7 @@ def _accumulator(name: str, compute: str) -> str:
     """The C type the kernels of ``name`` accumulate in for a computation in ``compute``: double
     for var and std, float for 16-bit computations, else ``compute``'s (the workers' kernel and
     linred_softmax_long, which reads the segments it listed, alike)."""
-    return CTYPES["float64" if name in VARIANCE else "float32" if compute in HALF else compute]
+    return CTYPES["float64" if name in VARIANCE or name in MOMENTS else "float32" if compute in HALF else compute]
 
 
 def wrapper(name: str, data: str, compute: str, result: str, group: int, width: int, pairs: int,
@@ -545,8 +566,9 @@ def _lists(name: str, n: int, values: int, group: int, features: int, checked: b
     warps per segment but in checked calls of fewer than RUNS_MIN_VALUES values (the list's
     registers cost them 20% at segments of 256 rows in calls of 64M values; a smaller checked
     call's time is mostly its host's; where segments are long on average ``warp_reduce`` reads
-    logsumexp instead, :func:`_by_runs`)."""
-    if not (group > 1 or features == 1):
+    logsumexp instead, :func:`_by_runs`).  Never the moments of :mod:`linred._pieces`, whose
+    pieces are shorter than LONG_ROWS."""
+    if not (group > 1 or features == 1) or name in MOMENTS:
         return None
     if group == 32 and name == "segmented_logsumexp" and not (checked and values < RUNS_MIN_VALUES):
         return None
@@ -690,6 +712,8 @@ def run(
         seg = parse_lengths(lengths, n, axis, adapter, device, check, deferred)
     m = seg.count
     out_shape = shape if name not in PER_SEGMENT else (*shape[:axis], m, *shape[axis + 1 :])
+    if name in MOMENTS:
+        out_shape = (*out_shape, 2)
     out = adapter.allocator(result, device)(out_shape)
     group, width, workers = _workers(batch, m, features, n, name, itemsize=x.dtype.itemsize)
     if workers and m <= INT32_MAX and _takes_runs(name, x, adapter, result, axis, segments, device):
@@ -713,7 +737,7 @@ def run(
             launch = _compile(key)
         grid = max(1, min(-(-workers * group // THREADS), BLOCKS_PER_SM * multiprocessors(device)))
         # (var and std read ddof as the bits of a double; the other functions ignore it)
-        ddof_bits = _ddof_bits(ddof)
+        ddof_bits = ddof_word(ddof)
         longs = 0 if listed is None else listed.pointer
         first = (adapter.pointer(x), adapter.pointer(out), offsets_pointer, word, longs, LONG_LIST, length, n, m,
                  features, workers, ddof_bits)  # fmt: skip
@@ -782,6 +806,6 @@ def run_backward(
     if launch is None:
         launch = _compile_backward(key)
     grid = max(1, min(-(-workers * group // THREADS), BLOCKS_PER_SM * multiprocessors(device)))
-    ddof_bits = _ddof_bits(ddof)
+    ddof_bits = ddof_word(ddof)
     a, g, res, dx, offsets = pointers
     launch(stream, grid, THREADS, 0, a, g, res, dx, offsets, length or 0, n, m, features, workers, ddof_bits)

@@ -11,7 +11,8 @@ The headers, by concern (each opens with the list of what it holds):
   families, each with the macros that make its ``extern "C"`` entry points;
 - ``softmax.cuh`` (``softmax_family``), ``softmax_grad.cuh`` (``softmax_grad``, its
   derivatives) and ``arg.cuh`` (``first_hit``): the kernels of :mod:`linred._softmax_kernel`
-  and :mod:`linred._arg_kernel`;
+  and :mod:`linred._arg_kernel`; ``pieces.cuh`` (``pieces_bounds``, ``pieces_join``): var and
+  std of long segments from the moments of their pieces (:mod:`linred._pieces`);
 - ``operators.cuh``: the device operators the cub backend hands cuda.compute;
 - ``bf16.cuh``: the bfloat16 rounding written out in C++ (operators and CuPy kernels);
 - ``elementwise.cuh``: the preamble of the CuPy elementwise kernels.

@@ -71,7 +71,28 @@ template <class T, int G> __device__ constexpr int softmax_unroll() { return G >
 // float32 value's loads for half its bytes).
 template <int G, int DW, int P> __device__ constexpr int softmax_rows_a_step() { return P == 2 ? 64 : G / DW; }
 
-enum { SOFTMAX_LOGSUMEXP = 0, SOFTMAX_SOFTMAX = 1, SOFTMAX_LOG_SOFTMAX = 2, SOFTMAX_VAR = 3, SOFTMAX_STD = 4 };
+enum { SOFTMAX_LOGSUMEXP = 0, SOFTMAX_SOFTMAX = 1, SOFTMAX_LOG_SOFTMAX = 2, SOFTMAX_VAR = 3, SOFTMAX_STD = 4,
+       SOFTMAX_MOMENTS = 5, SOFTMAX_MOMENTS_EXACT = 6 };
+
+// Whether MODE computes var and std's sums.  The moments modes write a segment's mean and sum of
+// squared deviations from it, two doubles a (segment, feature), for var and std of segments cut
+// into pieces (linred/_fused.py joins the pieces' moments): SOFTMAX_MOMENTS by one pass over
+// float16, bfloat16 and float32 data (variance_one_pass, for a result of that width),
+// SOFTMAX_MOMENTS_EXACT by the mean's pass and the deviations' (float64 data or result).
+template <int MODE> __device__ constexpr bool moments_mode() {
+    return MODE == SOFTMAX_MOMENTS || MODE == SOFTMAX_MOMENTS_EXACT;
+}
+template <int MODE> __device__ constexpr bool variance_mode() {
+    return MODE == SOFTMAX_VAR || MODE == SOFTMAX_STD || moments_mode<MODE>();
+}
+
+// A moments mode's pair at q: the mean and the sum of squared deviations m2 of a segment of
+// count values (0 and 0 for an empty segment).
+template <class O>
+__device__ __forceinline__ void write_moments(O* __restrict__ q, double count, double mean, double m2) {
+    q[0] = count > 0 ? (O)mean : (O)0;
+    q[1] = count > 0 ? (O)m2 : (O)0;
+}
 
 // The maximum and the sum of the lanes of a worker of G lanes that share a feature (lanes lane ^ o
 // for DW <= o < G), added by a fixed tree.  Every lane of the warp calls them (the groups of a
@@ -313,13 +334,19 @@ __device__ __forceinline__ void variance_one_pass(const T* __restrict__ p, O* __
         // var = (n S2 - S1^2) / (n (n - ddof)): one division (n (n - ddof) is within a rounding of
         // its value); NaN where n <= ddof, and where the data held an infinity or a NaN
         const double count = (double)(end - begin);
-        double var = (double)__longlong_as_double(0x7ff8000000000000ll);
-        if (count > ddof) {
+        if constexpr (moments_mode<MODE>()) {
+            // (the mean K + S1 / n; the sum of squared deviations (n S2 - S1^2) / n)
             const double m2 = fma(s2, count, -(s1 * s1));
-            var = (m2 < 0 ? 0.0 : m2) / (count * (count - ddof));  // (m2 < 0 only by rounding, where var is ~0)
+            write_moments<O>(q, count, (double)kf + s1 / count, (m2 < 0 ? 0.0 : m2) / count);
+        } else {
+            double var = (double)__longlong_as_double(0x7ff8000000000000ll);
+            if (count > ddof) {
+                const double m2 = fma(s2, count, -(s1 * s1));
+                var = (m2 < 0 ? 0.0 : m2) / (count * (count - ddof));  // (m2 < 0 only by rounding, where var is ~0)
+            }
+            if (MODE == SOFTMAX_STD) var = sqrt(var);
+            *q = finish<O, false>(var, 1);
         }
-        if (MODE == SOFTMAX_STD) var = sqrt(var);
-        *q = finish<O, false>(var, 1);
     }
 }
 
@@ -329,7 +356,7 @@ __device__ __forceinline__ void variance_one_pass(const T* __restrict__ p, O* __
 template <class T, class A, class O, int MODE, int G, int DW, int UNROLL, int P>
 __device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict__ q, i64 begin, i64 end, i64 n,
                                          i64 D, int r0, double ddof, const T* rows, int lane) {
-    if constexpr (IsNarrowFloat<T>::value && sizeof(O) < 8) {
+    if constexpr (IsNarrowFloat<T>::value && (sizeof(O) < 8 || MODE == SOFTMAX_MOMENTS)) {
         variance_one_pass<T, O, MODE, G, DW, UNROLL, P>(p, q, begin, end, n, D, r0, ddof, rows, lane);
         return;
     }
@@ -362,9 +389,13 @@ __device__ __forceinline__ void variance(const T* __restrict__ p, O* __restrict_
         (const T*)nullptr, 0, first, nlast);
     if (G > 1) ss = lanes_sum<G, DW>(ss);
     if (q != nullptr && r0 == 0) {
-        A var = count > (A)ddof ? ss / (count - (A)ddof) : (A)__longlong_as_double(0x7ff8000000000000ll);
-        if (MODE == SOFTMAX_STD) var = sqrt(var);
-        *q = finish<O, false>(var, 1);
+        if constexpr (moments_mode<MODE>()) {
+            write_moments<O>(q, (double)count, (double)mean, (double)ss);
+        } else {
+            A var = count > (A)ddof ? ss / (count - (A)ddof) : (A)__longlong_as_double(0x7ff8000000000000ll);
+            if (MODE == SOFTMAX_STD) var = sqrt(var);
+            *q = finish<O, false>(var, 1);
+        }
     }
 }
 
@@ -384,8 +415,9 @@ __device__ __forceinline__ void family_segment(const T* __restrict__ x, O* __res
     const T* p = x + (b * n + r0) * D + d;  // the lane's first row (RS rows a step from it)
     const i64 last = end - r0;               // the segment's end, counted from that row
     const i64 first = begin - r0, nlast = n - r0;  // (pairs: the segment's start, the data's end)
-    if constexpr (MODE == SOFTMAX_VAR || MODE == SOFTMAX_STD) {
-        variance<T, A, O, MODE, G, DW, UNROLL, P>(p, write ? out + bs * D + d : nullptr, begin, end, n, D, r0, ddof,
+    if constexpr (variance_mode<MODE>()) {
+        constexpr int W = moments_mode<MODE>() ? 2 : 1;  // (the moments: two values a (segment, feature))
+        variance<T, A, O, MODE, G, DW, UNROLL, P>(p, write ? out + W * (bs * D + d) : nullptr, begin, end, n, D, r0, ddof,
                                                   x + b * n * D, lane);
         return;
     }
