@@ -487,6 +487,12 @@ GPU_KNOBS = [
     ("linred._softmax_kernel", "LONG_LIST", (1024, 1, 2, 3)),
     ("linred._softmax_kernel", "LONG_ROWS", (1 << 15, 0, 1000)),  # (checked calls: list where n > it)
     ("linred._softmax_kernel", "GRAD_PARTS_MIN_MEAN", ("default", "all:1", "all:64", "all:1099511627776")),
+    ("linred._pieces", "ENABLED", (True, False)),
+    ("linred._pieces", "LANE_VALUES", (128, 1, 8, 4096)),
+    ("linred._pieces", "SHORTEST", (32, 1, 4)),
+    ("linred._pieces", "WORKERS_PER_SM", (64, 1, 1000)),
+    ("linred._pieces", "LONG_LANE_VALUES", (1024, 0, 0, 16)),  # (0: every var and std call of rows past a piece)
+    ("linred._pieces", "BLOCK_JOIN_PIECES", (256, 0, 1 << 40)),
     ("linred._arg_kernel", "ARG_ROWS", (128, 1, 3, 8, 32, 64, 512)),
     ("linred._arg_kernel", "ARG_LOADS", (8, 1, 2, 3, 16)),
     ("linred._arg_kernel", "BLOCKS_PER_SM", (32, 1)),
