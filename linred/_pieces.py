@@ -55,10 +55,11 @@ WORKERS_PER_SM = 4 * _softmax_kernel.MIN_WORKERS_PER_SM
 #: 640-670 us against 200-220 for the pieces of 10^6 x 64 float32 values in 8 segments (H200)
 LONG_LANE_VALUES = 8 * LANE_VALUES
 #: linred_pieces_join_block's threads, which join the pieces of segments of more than
-#: :data:`BLOCK_JOIN_PIECES` on average (a warp's lanes each joined their share one round trip
-#: at a time: one segment of 16,384 pieces kept one warp busy for 500 us)
+#: :data:`BLOCK_JOIN_PIECES` on average (a warp's lanes each joined their share four round
+#: trips at a time: one segment of 16,384 pieces kept one warp busy for 500 us; a warp's lanes
+#: now have eight in flight)
 BLOCK_THREADS = 512
-BLOCK_JOIN_PIECES = 256
+BLOCK_JOIN_PIECES = 64
 #: whether calls the kernel does not serve for their segments' count or lengths are cut into
 #: pieces (False: the composition, as before; tests and benchmarks compare the two)
 ENABLED = True
@@ -90,7 +91,7 @@ def serves(name: str, x: Any, adapter: Any, in_name: str, result: str, segments:
     shape = tuple(x.shape)
     n, batch, features = shape[axis], math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
     m = _softmax_kernel.count(x, axis, segments)
-    if not m or not n or not batch * features:
+    if m is None or m <= 0 or not n or not batch * features:  # (empty offsets: -1 segments; raised elsewhere)
         return False
     device = adapter.device_of(x)
     rows = _piece_rows(batch, n, features, device)
@@ -149,6 +150,10 @@ def run(name: str, x: Any, adapter: Any, axis: int, result: str, segments: dict[
     bounds, join, join_block = _launches(device, None if fixed else seg.offsets.dtype, result, name == "segmented_std")
     int64 = adapter.allocator("int64", device)
     merged, places = int64((m + 1 + inner,)), int64((m + 1,))
+    if not check:
+        # (unchecked offsets that decrease leave some bounds unwritten and write others twice: zeros
+        # there keep every piece inside the data, its results undefined, as for any broken offsets)
+        adapter.fill(merged, 0, stream)
     offsets = 0 if fixed else adapter.pointer(seg.offsets)
     threads = 256
     grid = max(1, min(-(-(m + 1 + inner) // threads), 16 * multiprocessors(device)))

@@ -85,6 +85,64 @@ def _reference(x: np.ndarray, offsets: np.ndarray, axis: int, ddof: float, root:
     return np.moveaxis(np.stack(rows), 0, axis)
 
 
+def test_what_the_pieces_serve(monkeypatch) -> None:
+    """(No GPU needed.) var and std only, the kernel's own conditions (a bool check, real data, no
+    gradient, one segment argument), rows longer than a piece; calls the kernel serves stay with
+    it unless each lane of its workers would read more than LONG_LANE_VALUES values; no
+    segments (an empty offsets array), rows, features or batch: not taken."""
+    from linred.backends import nvrtc
+
+    class Device:
+        kind = "cupy"
+
+        def device_of(self, x):
+            return 0
+
+        def is_c_contiguous(self, x):
+            return True
+
+        def pointer(self, x):
+            return 0
+
+    def shaped(*shape):
+        return type("X", (), {"shape": shape, "dtype": np.dtype(np.float32)})()
+
+    monkeypatch.setattr(linred.backends, "unavailable", lambda name: None)
+    monkeypatch.setattr(nvrtc, "_compute_capability", lambda device: (9, 0))
+    monkeypatch.setattr(_softmax_kernel, "multiprocessors", lambda device: 132)
+    monkeypatch.setattr(_pieces, "multiprocessors", lambda device: 132)
+
+    def serves(x, segments, name="segmented_var", check=True, grad=False, in_name="float32", axis=0):
+        return _pieces.serves(name, x, Device(), in_name, in_name, segments, "auto", grad, check, axis)
+
+    rows = _softmax_kernel.MAX_MEAN_ROWS
+    long_ = shaped(4 * (rows + 1))
+    assert serves(long_, {"segment_length": rows + 1}) and serves(long_, {"offsets": [0, 5, 4 * (rows + 1)]})
+    assert serves(long_, {"lengths": [4 * (rows + 1)]}) and serves(long_, {}, name="segmented_std") is False
+    assert serves(long_, {"offsets": [0, 4 * (rows + 1)]}, name="segmented_std")
+    for name in ("segmented_logsumexp", "segmented_softmax", "segmented_log_softmax"):
+        assert not serves(long_, {"offsets": [0, 4 * (rows + 1)]}, name=name)
+    assert not serves(long_, {"offsets": [0, 4 * (rows + 1)]}, check=None)
+    assert not serves(long_, {"offsets": [0, 4 * (rows + 1)]}, grad=True)
+    assert not serves(long_, {"offsets": [0, 4 * (rows + 1)]}, in_name="int64")
+    assert not serves(long_, {"offsets": [0, 4 * (rows + 1)], "segment_length": 3})
+    assert not serves(long_, {"segment_ids": [0] * (4 * (rows + 1))})
+    assert not serves(long_, {"offsets": []}) and not serves(shaped(0), {"offsets": [0]})
+    assert not serves(shaped(3, 0), {"offsets": [0, 3]}) and not serves(shaped(0, 300_000), {"offsets": [0, 300_000]},
+                                                                        axis=1)  # fmt: skip
+    # many short segments: the kernel's (a warp of 16 values a lane)
+    assert not serves(shaped(1 << 20), {"segment_length": 512})
+    # a thread per feature of 64 reading 16,384 rows: more than LONG_LANE_VALUES a lane, pieces
+    x = shaped(64 * rows, 64)
+    assert _softmax_kernel.serves("segmented_var", x, Device(), "float32", "float32", {"segment_length": rows},
+                                  "auto", False, True)  # fmt: skip
+    assert serves(x, {"segment_length": rows})
+    monkeypatch.setattr(_pieces, "LONG_LANE_VALUES", rows)
+    assert not serves(x, {"segment_length": rows})
+    monkeypatch.setattr(_pieces, "ENABLED", False)
+    assert not serves(long_, {"segment_length": rows + 1})
+
+
 # --- on the GPU, through the public functions ---
 
 GPU_KINDS = [
@@ -236,3 +294,90 @@ def test_gpu_batch_features_and_ddof(monkeypatch, kind, ddof, join) -> None:
     np.testing.assert_allclose(to_numpy(got).astype(np.float64), want, rtol=2e-6, equal_nan=True)
     np.testing.assert_array_equal(to_numpy(got), to_numpy(again))
     assert calls == ["segmented_var"] * 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize(
+    "dtype, result",
+    [("float32", None), ("float32", "float64"), ("float16", None), ("float16", "float32"), ("bfloat16", None),
+     ("float64", None)],
+)  # fmt: skip
+def test_gpu_longest_pieces_and_dtypes(monkeypatch, kind, dtype, result) -> None:
+    """Pieces at their longest (4,096 rows of one feature: the GPU's fill not asked for), so
+    16-bit data is read two rows a load where aligned; float32 data with a float64 result (the
+    two-pass moments) and float16 with a float32 one (one pass, a wider result); a NaN and an
+    infinity in two segments; against float64."""
+    if kind == "cupy" and dtype == "bfloat16":
+        pytest.skip("CuPy has no bfloat16")
+    calls = _taken(monkeypatch)
+    monkeypatch.setattr(_pieces, "WORKERS_PER_SM", 0)
+    monkeypatch.setattr(_softmax_kernel, "MAX_MEAN_ROWS", 1024)
+    rng = np.random.default_rng(len(dtype) + (result is not None))
+    n = 5 * 4096 + 3
+    base = rng.standard_normal(n) * 2 + 30
+    base[100] = np.nan
+    base[3 * 4096 + 7] = np.inf
+    offsets = np.array([0, 4095, 4096, 2 * 4096 + 1, 3 * 4096, 4 * 4096 - 1, n])
+    x = _device_array(kind, base, dtype)
+    host = to_numpy(x.float() if dtype == "bfloat16" else x).astype(np.float64)
+    kw = {} if result is None else {"dtype": result}
+    got = linred.segmented_std(x, offsets=offsets, ddof=1, **kw)
+    want = _reference(host, offsets, 0, 1, True)
+    out = to_numpy(got.float() if dtype == "bfloat16" else got).astype(np.float64)
+    assert str(got.dtype).removeprefix("torch.") == (result or dtype)
+    wide = 1e-12 if dtype == "float64" else 1e-9  # (float32 data, a float64 result)
+    tolerance = TOLERANCE[result or dtype] if (result or dtype) != "float64" else wide
+    np.testing.assert_allclose(out, want, rtol=tolerance, equal_nan=True)
+    assert calls == ["segmented_std"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", GPU_KINDS)
+def test_gpu_float64_sums_that_overflow(monkeypatch, kind) -> None:
+    """float64 segments whose sum overflows: the composition's mean is infinite and so is its var
+    (the pieces' own means are finite, or infinite for a piece whose sum overflows); a segment
+    holding an infinity: NaN.  The same results through the composition."""
+    calls = _taken(monkeypatch)
+    monkeypatch.setattr(_softmax_kernel, "MAX_MEAN_ROWS", 1024)
+    n = 32768
+    cases = {
+        "finite pieces": np.full(n, 2.0**1010),
+        "an overflowing piece": np.concatenate([np.full(64, 1e308), np.zeros(n - 64)]),
+        "an infinity": np.concatenate([np.full(64, 1e300), [np.inf], np.zeros(n - 65)]),
+    }
+    want = {"finite pieces": np.inf, "an overflowing piece": np.inf, "an infinity": np.nan}
+    for label, values in cases.items():
+        x = _device_array(kind, values, "float64")
+        got = to_numpy(linred.segmented_var(x, offsets=np.array([0, n])))
+        monkeypatch.setattr(_pieces, "ENABLED", False)
+        composed = to_numpy(linred.segmented_var(x, offsets=np.array([0, n])))
+        monkeypatch.setattr(_pieces, "ENABLED", True)
+        np.testing.assert_array_equal(got, [want[label]], err_msg=label)
+        np.testing.assert_array_equal(composed, [want[label]], err_msg=label)
+    assert calls == ["segmented_var"] * 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", GPU_KINDS)
+def test_gpu_a_named_stream_and_broken_unchecked_offsets(monkeypatch, kind) -> None:
+    """On a stream the call names (its results the same as on the current one); unchecked
+    offsets that decrease or leave the data: a result of the right shape, and the next call right
+    (the pieces stay inside the data)."""
+    calls = _taken(monkeypatch)
+    monkeypatch.setattr(_softmax_kernel, "MAX_MEAN_ROWS", 1024)
+    n = 20_000
+    base = np.random.default_rng(5).standard_normal(n) + 3
+    x = _device_array(kind, base, "float32")
+    offsets = np.array([0, 7000, 7000, 15_000, n])
+    want = to_numpy(linred.segmented_var(x, offsets=offsets))
+    stream = torch.cuda.Stream() if kind == "torch" else cupy.cuda.Stream(non_blocking=True)
+    got = linred.segmented_var(x, offsets=offsets, stream=stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(to_numpy(got), want)
+    for broken in ([0, 9000, 100, 15_000, n], [0, -50, 30_000, 5, n], [5, 2, 1, 0, 0]):
+        got = linred.segmented_var(x, offsets=np.array(broken), check=False)
+        assert tuple(got.shape) == (4,)
+    np.testing.assert_allclose(to_numpy(linred.segmented_var(x, offsets=offsets)), want, rtol=0)
+    np.testing.assert_allclose(want, _reference(base.astype(np.float32), offsets, 0, 0, False), rtol=2e-6)
+    assert calls == ["segmented_var"] * 6

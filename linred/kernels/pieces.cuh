@@ -32,7 +32,9 @@ __device__ __forceinline__ void pieces_bounds(Off off, i64 n, i64 m, i64 rows, i
         if (i <= m) {
             // before bound i: the i bounds before it and the multiples below it (ceil(o / rows) - 1
             // of them, none for o <= 0, all `inner` for o >= n)
-            const i64 o = off(i);
+            // (clamped to [0, n]: unchecked offsets outside it stay inside the data)
+            i64 o = off(i);
+            o = o < 0 ? 0 : (o > n ? n : o);
             i64 below = o <= 0 ? 0 : (o - 1) / rows;
             below = below < inner ? below : inner;
             places[i] = i + below;
@@ -58,19 +60,30 @@ struct PieceMoments {
     double n, mean, m2;
 };
 
+// Two parts joined.  A part of infinite mean (float64 data whose piece's sum overflowed, or that
+// held an infinity: its M2 is NaN then) makes the join's mean that infinity (NaN for two of
+// opposite signs) and its M2 infinite (NaN where either part's is): the composition's mean and
+// var where its sum overflows, and NaN where the data holds an infinity.
 __device__ __forceinline__ PieceMoments join_moments(PieceMoments a, PieceMoments b) {
     if (b.n == 0) return a;
     if (a.n == 0) return b;
-    const double n = a.n + b.n, d = b.mean - a.mean;
+    const double n = a.n + b.n;
+    if (isinf(a.mean) || isinf(b.mean)) {
+        const double mean = isinf(a.mean) ? (isinf(b.mean) ? a.mean + b.mean : a.mean) : b.mean;
+        return PieceMoments{n, mean, a.m2 + b.m2 + __longlong_as_double(0x7ff0000000000000ll)};
+    }
+    const double d = b.mean - a.mean;
     return PieceMoments{n, fma(d, b.n / n, a.mean), fma(d * d, a.n * (b.n / n), a.m2 + b.m2)};
 }
 
 // The moments of pieces [j, j + G, ...) below end, joined in order, U loads in flight at once
-// (the pieces' moments are small and scattered: a lane's loop is bound by the round trips).
+// (the pieces' moments are small and scattered: a lane's loop is bound by the round trips; a
+// warp joins one segment's pieces where they are few on average, so a long segment among short
+// ones takes one warp about pieces / 256 round trips).
 template <int G> __device__ __forceinline__ PieceMoments lane_moments(const double* __restrict__ moments,
                                                                       const i64* __restrict__ merged, i64 j, i64 end,
                                                                       i64 step) {
-    constexpr int U = 4;
+    constexpr int U = 8;
     PieceMoments acc{0, 0, 0};
     for (; j < end; j += (i64)G * U) {
         PieceMoments v[U];
@@ -133,7 +146,14 @@ __device__ __forceinline__ void pieces_join(const double* __restrict__ moments, 
         }
         if (t == 0) {
             double var = __longlong_as_double(0x7ff8000000000000ll);
-            if (acc.n > ddof) var = acc.m2 / (acc.n - ddof);
+            if (acc.n > ddof) {
+                var = acc.m2 / (acc.n - ddof);
+                // (finite pieces whose sum overflows float64: the composition's mean, and so its var,
+                // is infinite; Chan's mean of their means is not)
+                if (isfinite(acc.mean) && isinf(acc.mean * acc.n) && !isnan(var)) {
+                    var = __longlong_as_double(0x7ff0000000000000ll);
+                }
+            }
             if (STD) var = sqrt(var);
             out[bs * D + f] = finish<O, false>(var, 1);
         }
