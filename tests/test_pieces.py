@@ -312,7 +312,8 @@ def test_gpu_longest_pieces_and_dtypes(monkeypatch, kind, dtype, result) -> None
         pytest.skip("CuPy has no bfloat16")
     calls = _taken(monkeypatch)
     monkeypatch.setattr(_pieces, "WORKERS_PER_SM", 0)
-    monkeypatch.setattr(_softmax_kernel, "MAX_MEAN_ROWS", 1024)
+    # (6 segments of 3,414 rows on average: too long; 10 pieces of 2,048: not)
+    monkeypatch.setattr(_softmax_kernel, "MAX_MEAN_ROWS", 3000)
     rng = np.random.default_rng(len(dtype) + (result is not None))
     n = 5 * 4096 + 3
     base = rng.standard_normal(n) * 2 + 30
