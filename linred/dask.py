@@ -52,6 +52,7 @@ import numpy as np
 
 import linred
 from linred._dtypes import identity, numpy_dtype
+from linred._fpwarnings import call_at_caller
 from linred._frontend import described, normalize_axis
 from linred._jax import is_jax
 from linred.plan import SegmentedReduction
@@ -281,8 +282,12 @@ def _finalize_task(partials: Any, params: np.ndarray, carried: Any = None, *, re
     if cut:
         own = own.copy()  # (the partials are another task's result: never written in place)
         last = _index(axis, slice(-1, None))
-        with np.errstate(invalid="ignore"):  # (ml_dtypes' bfloat16 maximum of a NaN warns; NumPy's floats do not)
-            own[last] = _COMBINE[_PARTIAL[reduction]](own[last], carried)
+        combine = _COMBINE[_PARTIAL[reduction]]
+        if _PARTIAL[reduction] in ("max", "min"):
+            with np.errstate(invalid="ignore"):  # (ml_dtypes' bfloat16 maximum of a NaN warns; NumPy's floats do not)
+                own[last] = combine(own[last], carried)
+        else:  # (inf - inf, or an overflow, of two pieces: the warning linred's reductions give)
+            own[last] = call_at_caller(combine, own[last], carried)
     count = own.shape[axis]
     lengths = params[2:] if segment_length is None else np.full(count, segment_length, dtype=np.int64)
     shape = [1] * own.ndim
@@ -298,7 +303,8 @@ def _finalize_task(partials: Any, params: np.ndarray, carried: Any = None, *, re
                 own = quotient
             else:
                 own = own / den
-    result = own.astype(out_dtype, copy=False)
+    # (an overflow of the cast to a narrower dtype=: the warning linred's reductions give)
+    result = call_at_caller(own.astype, out_dtype, copy=False)
     if reduction == "mean" and result.dtype.kind == "c" and not lengths.all():
         # (an empty segment's mean is NaN, nan+0j for complex as the functions give it: 0/0 made
         # the imaginary part NaN too)
@@ -504,7 +510,6 @@ def _build_carry(reduction: str, x: Any, axis: int, segs: _Segments, dtype: Any,
     of a block of the other axes in one task, which combines the rows each cut segment reaches
     (its result split back into one row per chunk); each output chunk from its chunk's pieces and
     its cut segment's combined continuation.  The head rows are the only data that moves."""
-    from dask.array.utils import meta_from_array
 
     from linred._dtypes import dtype_name, resolve
 
@@ -540,8 +545,8 @@ def _build_carry(reduction: str, x: Any, axis: int, segs: _Segments, dtype: Any,
 
     if reduction in _ARG:
         which = _ARG[reduction]
-        where_meta = meta_from_array(meta, x.ndim, dtype=np.dtype(np.int64))
-        value_meta = meta_from_array(meta, x.ndim, dtype=x.dtype)
+        where_meta = _meta_like(meta, x.ndim, dtype=np.dtype(np.int64))
+        value_meta = _meta_like(meta, x.ndim, dtype=x.dtype)
         where = _blockwise(_arg_pieces_task, f"{token}-pieces", axis, x.ndim, [(x, True), (pieces_params, False)],
                            piece_counts, where_meta, reduction=reduction, segment_length=L, n=segs.n,
                            **common)  # fmt: skip
@@ -575,7 +580,7 @@ def _build_carry(reduction: str, x: Any, axis: int, segs: _Segments, dtype: Any,
     # Sums keep their pieces in linred's accumulation dtype (float32 for float16 and bfloat16 data,
     # float64 for a mean of integers); max and min are exact in the data's own dtype.
     acc = None if partial in ("max", "min") else numpy_dtype(resolve(reduction, dtype_name(x.dtype), requested)[0])
-    partial_meta = meta_from_array(meta, x.ndim, dtype=x.dtype if acc is None else acc)
+    partial_meta = _meta_like(meta, x.ndim, dtype=x.dtype if acc is None else acc)
     partials = _blockwise(_pieces_task, f"{token}-pieces", axis, x.ndim, [(x, True), (pieces_params, False)],
                           piece_counts, partial_meta, reduction=partial, as_dtype=acc, segment_length=L,
                           **common)  # fmt: skip
@@ -725,7 +730,6 @@ def segmented_reduce(
     >>> linred.dask.segmented_reduce("max", x, 4, method="rechunk").compute()
     array([ 4.,  8., 12.])
     """
-    from dask.array.utils import meta_from_array
 
     if not is_dask(x):
         raise TypeError(f"x must be a dask.array.Array; got {type(x).__module__}.{type(x).__name__}")
@@ -740,7 +744,7 @@ def segmented_reduce(
     axis, chunk_meta = _checked_input(x, axis, backend, check)
     out_dtype = _probe(reduction, x, dtype)
     x, segs = _segments(x, axis, segment_length, offsets, lengths, remainder)
-    meta = meta_from_array(chunk_meta, x.ndim, dtype=out_dtype)
+    meta = _meta_like(chunk_meta, x.ndim, dtype=out_dtype)
     time = x.dtype.kind in "mM"
     bounds = np.cumsum((0, *x.chunks[axis]), dtype=np.int64)
     aligned = bool(segs.is_boundary(bounds[1:-1]).all())
@@ -787,7 +791,8 @@ def ids_offsets(x: Any, segment_ids: Any, num_segments: int | None,
     if n and bool((ids[1:] < ids[:-1]).any()):
         order = np.argsort(ids, kind="stable")  # (stable: a segment keeps its elements' order)
         ids = ids[order]
-    ns = (int(ids[-1]) + 1 if n else 0) if num_segments is None else num_segments
+    # (inferred as the eager call infers it: one past the largest id, at least 0)
+    ns = max(int(ids[-1]) + 1 if n else 0, 0) if num_segments is None else num_segments
     if n and (ids[0] < 0 or ids[-1] >= ns):
         from linred._segment_ids import outside_error
 
@@ -822,7 +827,7 @@ def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: in
         return None
     if reduction not in _MAP_REDUCE and reduction not in _ARG:
         return None
-    if reduction == "prod" and np.dtype(x.dtype).kind == "c":
+    if reduction == "prod" and (np.dtype(x.dtype).kind == "c" or _complex(dtype)):
         # (a complex product of the chunks' parts: a chunk without the segment's elements gives
         # 1 + 0j, and (inf + 0j)(1 + 0j) is inf + nanj, where the segment's own product is not)
         return None
@@ -837,7 +842,9 @@ def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: in
     partial = _MAP_REDUCE[reduction]
     final = _probe(reduction, x, dtype)
     if partial in ("max", "min"):
-        part, request = final, dtype
+        # (each chunk's extreme exact, in the data's dtype, cast once at the end: a chunk's 1e300
+        # that a float32 dtype= would overflow is not the segment's minimum)
+        part, request = _probe(partial, x, None), None
     else:
         # Each chunk's part wider than the result (a mean's sums too: float64 for integers):
         # float64 for float32, complex128 for complex64, float32 for 16-bit results, rounded
@@ -859,7 +866,7 @@ def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: in
     total = da.reduction(parts, quiet, quiet, axis=ax, combine=quiet, dtype=wide, name=f"linred-{reduction}-combine",
                          meta=xp.empty((0,) * x.ndim, dtype=wide))  # fmt: skip
     given = None
-    if wide.kind in "fc" and partial in ("sum", "prod"):
+    if wide.kind in "fc" and (partial in ("sum", "prod") or final != part):  # (max, min: a cast at the end)
         given = (da.isinf(parts).any(axis=ax), da.isnan(parts).any(axis=ax))
     counts = None
     if reduction == "mean":  # the sums divided by the counts the ids give (0 / 0: NaN, as linred's)
@@ -933,6 +940,8 @@ def _ids_arg_part_task(block: np.ndarray, ids: np.ndarray, start: np.ndarray, *,
 
 def _same_pairs(pairs: np.ndarray, axis: Any = None, keepdims: bool = False, **kwargs: Any) -> np.ndarray:
     """Dask ``reduction``'s step on one chunk's pairs: they are that chunk's result already."""
+    if _for_meta(pairs, axis, kwargs):
+        return _empty_meta(np, pairs, keepdims, pairs.dtype)
     return pairs if keepdims else np.squeeze(pairs, axis=axis)
 
 
@@ -943,9 +952,8 @@ def _pick_pairs(pairs: np.ndarray, axis: Any = None, keepdims: bool = False, *, 
     where both are NaN."""
     ax = axis[0] if isinstance(axis, tuple) else axis
     moved = np.moveaxis(pairs, ax, 0)
-    if not moved.shape[0]:  # (Dask's meta: no pairs)
-        best = np.empty(moved.shape[1:], dtype=pairs.dtype)
-        return np.expand_dims(best, ax) if keepdims else best
+    if _for_meta(pairs, axis, kwargs):  # (Dask's meta: no pairs)
+        return _empty_meta(np, pairs, keepdims, pairs.dtype)
     best = moved[0].copy()
     kind = pairs.dtype["value"].kind
     with np.errstate(invalid="ignore"):
@@ -969,9 +977,25 @@ def _quiet_reduce(a: Any, axis: Any = None, keepdims: bool = False, *, op: str, 
     """``op`` (sum, prod, max or min) of a block of parts along ``axis``, without NumPy's
     floating-point warnings (Dask's ``reduction`` calls it as chunk, combine and aggregate)."""
     xp = _xp(a)
+    if _for_meta(a, axis, kwargs):  # (the array-expression mode's meta: an empty array of any shape)
+        return _empty_meta(xp, a, keepdims, dtype or a.dtype)
     extra = {} if dtype is None else {"dtype": dtype}
     with np.errstate(all="ignore"):
         return getattr(xp, op)(a, axis=axis, keepdims=keepdims, **extra)
+
+
+def _for_meta(a: Any, axis: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether a reduction step of the chunks' parts is Dask computing its meta: asked so, or given
+    no part along the reduced axis (every chunk gives one; a meta array has none)."""
+    axes = axis if isinstance(axis, tuple) else (() if axis is None else (axis,))
+    return bool(kwargs.get("computing_meta")) or any(a.shape[i] == 0 for i in axes)
+
+
+def _empty_meta(xp: Any, a: Any, keepdims: bool, dtype: Any) -> Any:
+    """A reduction step's meta in Dask's array-expression mode: an empty array (size 0, at least one
+    dimension), which Dask reshapes to the step's dimensions (a 0-d reduction of an empty block has
+    one element, which it cannot)."""
+    return xp.empty((0,) * max(a.ndim - (0 if keepdims else 1), 1), dtype=dtype)
 
 
 def _finish_task(total: Any, had_inf: Any = None, had_nan: Any = None, *, counts: np.ndarray | None,
@@ -996,6 +1020,24 @@ def _finish_task(total: Any, had_inf: Any = None, had_nan: Any = None, *, counts
             if (test(result) & ~had & some).any():
                 warnings.warn(f"{kind} encountered in a segmented reduction", RuntimeWarning, stacklevel=2)
     return result
+
+
+def _complex(dtype: Any) -> bool:
+    """Whether a ``dtype=`` argument names a complex dtype (None and names NumPy lacks: no)."""
+    try:
+        return dtype is not None and np.dtype(dtype).kind == "c"
+    except TypeError:
+        return False
+
+
+def _meta_like(meta: Any, ndim: int, *, dtype: Any) -> Any:
+    """Dask's ``meta_from_array`` of an empty ``meta``, quiet: a complex meta cast to a real dtype
+    (var and std of complex chunks) loses nothing, but NumPy warns that it would."""
+    from dask.array.utils import meta_from_array
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", np.exceptions.ComplexWarning)
+        return meta_from_array(meta, ndim, dtype=dtype)
 
 
 #: the dtype of the chunks' parts (or their combination) for a result of the key's kind and size
@@ -1112,7 +1154,6 @@ def composed(name: str, x: Any, segments: dict[str, Any], axis: Any, dtype: Any,
     log_softmax, var, std): the chunk edges along ``axis`` moved to segment edges (as
     ``method="rechunk"``), then each chunk computed by linred's function; lazy, of ``x``'s chunk
     type.  ``segments`` are the call's segment keywords; ``options`` the function's own (``ddof``)."""
-    from dask.array.utils import meta_from_array
 
     if stream is not None:
         raise TypeError("stream cannot be given for Dask arrays (each chunk's call runs on its array library's "
@@ -1135,7 +1176,7 @@ def composed(name: str, x: Any, segments: dict[str, Any], axis: Any, dtype: Any,
     sample = getattr(linred, f"segmented_{name}")(np.zeros(1, dtype=x.dtype), 1, dtype=dtype, **options)
     x, segs = _segments(x, axis, segments.get("segment_length"), segments.get("offsets"), segments.get("lengths"),
                         remainder)  # fmt: skip
-    meta = meta_from_array(chunk_meta, x.ndim, dtype=sample.dtype)
+    meta = _meta_like(chunk_meta, x.ndim, dtype=sample.dtype)
     x = _rechunked(x, axis, segs)  # every segment whole in one chunk: the functions read a segment at once
     result = _build_blockwise(name, x, axis, segs, dtype, backend, meta, **options)
     if order is not None and name in _PER_ELEMENT:

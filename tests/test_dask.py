@@ -274,7 +274,7 @@ def test_half_precision_pieces_are_added_in_float32():
     assert is_carry(mean)
     np.testing.assert_array_equal(mean.compute(), np.array([1000.0], dtype=np.float16))
     np.testing.assert_array_equal(ldask.segmented_sum(dx, 240, dtype=np.float32).compute(), [240000.0])
-    with pytest.warns(RuntimeWarning, match="overflow encountered in cast"):  # (NumPy's, in the task)
+    with pytest.warns(RuntimeWarning, match="overflow encountered in a segmented reduction"):  # (as the single call)
         overflowed = ldask.segmented_sum(dx, 240).compute()
     with pytest.warns(RuntimeWarning, match="overflow encountered in a segmented reduction"):
         np.testing.assert_array_equal(overflowed, linred.segmented_sum(x, 240))  # inf, as the single call
@@ -565,6 +565,13 @@ _EXPR_SCRIPT = textwrap.dedent(
             got = getattr(linred, "segmented_" + name)(dx, segment_ids=ids, num_segments=8)
             single = getattr(linred, "segmented_" + name)(x, segment_ids=ids, num_segments=8)
             np.testing.assert_allclose(got.compute(), single, rtol=1e-12, atol=1e-12, equal_nan=True)
+    # few segments by unsorted ids, 1-D data in 20 chunks: each chunk's parts combined by a tree
+    # of reductions whose meta this mode computes from an empty block
+    x1 = rng.standard_normal(40)
+    for name in ("sum", "mean", "prod", "max", "min", "argmax", "argmin"):
+        got = getattr(linred, "segmented_" + name)(da.from_array(x1, chunks=2), segment_ids=np.arange(40) % 2)
+        single = getattr(linred, "segmented_" + name)(x1, segment_ids=np.arange(40) % 2)
+        np.testing.assert_allclose(got.compute(), single, rtol=1e-12)
     print("ok")
     """
 )
@@ -1129,3 +1136,47 @@ def test_dask_segments_of_other_arrays_are_refused_not_computed(kind, spec):
     for function in (linred.segmented_sum, linred.segmented_softmax, linred.segmented_argmax):
         with pytest.raises(TypeError, match=rf"^{spec} is a Dask array but x is not: pass {spec}.compute\(\)"):
             function(x, **{spec: lazy})
+
+
+def test_warnings_errors_and_edges_as_the_single_call():
+    """Dask's routes warn and raise as the single call: inf - inf and an overflow where two chunks'
+    pieces of one segment are combined (the carry route) give linred's warnings; var of complex
+    chunks builds its graph without NumPy's ComplexWarning; an all-negative id names [0, 0); a
+    narrowing dtype= of max and min warns only where the segment's result overflows; a complex
+    product (dtype=complex128 of real data) is not combined from chunks' parts (infinities make
+    complex products depend on their order).  Against float64 references."""
+
+    def caught(fn):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            result = fn()
+        return result, sorted({str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)})
+
+    for values, want, message in (([np.inf, -np.inf, 1.0, 2.0], [np.nan, 3.0], "invalid value"),
+                                  ([1e308, 1e308, 1.0, 2.0], [np.inf, 3.0], "overflow")):  # fmt: skip
+        x = np.array(values)
+        got, seen = caught(lambda x=x: linred.segmented_sum(da.from_array(x, chunks=1), 2).compute())
+        np.testing.assert_array_equal(got, want)
+        assert seen == [f"{message} encountered in a segmented reduction"], seen
+    xc = np.array([1 + 2j, 3 + 1j, 2 - 1j, 0j])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = linred.segmented_var(da.from_array(xc, chunks=2), 2).compute()
+    np.testing.assert_allclose(got, [np.var(xc[:2]), np.var(xc[2:])], rtol=1e-15)
+    for make in (lambda: np.ones(1), lambda: da.from_array(np.ones(1), chunks=1)):
+        with pytest.raises(ValueError, match=re.escape("[0, num_segments) = [0, 0); segment_ids[0] = -7")):
+            linred.segmented_sum(make(), segment_ids=[-7])
+    ids = np.array([0, 1, 0, 1])
+    for values, want, seen_want in (([1e300, 5.0, 1.0, 6.0], [1.0, 5.0], []),
+                                    ([1e300, 5.0, 3e300, 6.0], [np.inf, 5.0],
+                                     ["overflow encountered in a segmented reduction"])):  # fmt: skip
+        got, seen = caught(lambda v=values: linred.segmented_min(da.from_array(np.array(v), chunks=2), segment_ids=ids,
+                                                                 dtype="float32").compute())  # fmt: skip
+        assert got.dtype == np.float32 and seen == seen_want, seen
+        np.testing.assert_array_equal(got, want)
+    x = np.array([np.inf, 1.0, 2.0, 1.0])
+    got = linred.segmented_prod(da.from_array(x, chunks=2), segment_ids=ids, dtype=np.complex128)
+    assert "by-ids" not in _tasks(got)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        np.testing.assert_array_equal(got.compute(), linred.segmented_prod(x, segment_ids=ids, dtype=np.complex128))
