@@ -6,7 +6,9 @@
 //    segment's bound lies in it (the segments' offsets over the pieces);
 //  - pieces_join: each (row of the batch, segment, feature) from its pieces' moments (the
 //    softmax family's SOFTMAX_MOMENTS: a piece's mean and sum of squared deviations, in double),
-//    joined by the parallel formula of Chan, Golub and LeVeque, then var or std;
+//    joined by the parallel formula of Chan, Golub and LeVeque, then var or std; PieceMoments
+//    (a part's count, mean and M2), join_moments (two parts), lane_moments (a thread's pieces)
+//    and warp_moments (a warp's threads' parts);
 //  - their entry points: LINRED_PIECES (linred_pieces_bounds; linred_pieces_join, a warp a
 //    segment, and linred_pieces_join_block, a block of BLOCK threads a segment of many
 //    pieces).

@@ -28,7 +28,9 @@
 //    the rows a step of the lanes covers), and softmax's results written two a store;
 //  - variance, variance_one_pass: var and std of a worker's segment (shifted_sums: the sums of
 //    its deviations from a shift and of their squares, once, or twice for a segment of more
-//    than 2^20 rows, the second shifted by the first's mean);
+//    than 2^20 rows, the second shifted by the first's mean); or, in the moments modes
+//    (SOFTMAX_MOMENTS, SOFTMAX_MOMENTS_EXACT: moments_mode, variance_mode), its mean and sum of
+//    squared deviations (write_moments), for linred/_pieces.py's pieces of long segments;
 //  - load_steps: a lane's UNROLL steps, rows past the end read as a fill value; load_pairs: the
 //    same from pairs of rows; each_step: one pass over a segment in such steps (nan_max and
 //    sum_exp, which it takes from common.cuh, keep the instructions per element few: the kernel's
