@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 from support import HAS_CUPY_GPU, HAS_TORCH, HAS_TORCH_CUDA, to_numpy
+from support.arrays import FakeDeviceAdapter
 from support.dtypes import ml_dtypes
 
 import linred
@@ -1799,15 +1800,6 @@ def test_what_the_gpu_kernel_serves(monkeypatch):
     every other call is composed (which raises the errors of bad arguments)."""
     from linred.backends import nvrtc
 
-    class Device:
-        kind = "cupy"
-
-        def device_of(self, x):
-            return 0
-
-        def is_c_contiguous(self, x):
-            return True
-
     class X:
         shape = (2,)
 
@@ -1818,8 +1810,8 @@ def test_what_the_gpu_kernel_serves(monkeypatch):
     monkeypatch.setattr(_softmax_kernel, "LSE_RUNS", False)  # (the workers' rules; warp_reduce's: test_lse_runs_route)
 
     def serves(segments, in_name="float32", result="float32", check=True, grad=False, backend="auto", x=None):
-        return _softmax_kernel.serves("segmented_softmax", x or X(), Device(), in_name, result, segments, backend,
-                                      grad, check)  # fmt: skip
+        return _softmax_kernel.serves("segmented_softmax", x or X(), FakeDeviceAdapter(), in_name, result, segments,
+                                      backend, grad, check)  # fmt: skip
 
     offsets = {"offsets": [0, 2]}
     assert serves(offsets) and serves({"segment_length": 2}) and serves({"lengths": [2]})
@@ -1858,7 +1850,8 @@ def test_what_the_gpu_kernel_serves(monkeypatch):
     monkeypatch.setattr(_softmax_kernel, "MIN_WORKERS_PER_SM", 0)
 
     def serves_var(in_name, result):
-        return _softmax_kernel.serves("segmented_var", X(), Device(), in_name, result, offsets, "auto", False, True)
+        return _softmax_kernel.serves("segmented_var", X(), FakeDeviceAdapter(), in_name, result, offsets, "auto",
+                                      False, True)  # fmt: skip
 
     assert serves_var("float64", "float64") and serves_var("float32", "float32") and serves_var("float16", "float16")
     assert not serves_var("float64", "float32") and not serves_var("float64", "float16")

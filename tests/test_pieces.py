@@ -18,6 +18,7 @@ import math
 import numpy as np
 import pytest
 from support import HAS_CUPY_GPU, HAS_TORCH_CUDA, to_numpy
+from support.arrays import FakeDeviceAdapter
 
 import linred
 from linred import _pieces, _softmax_kernel
@@ -92,18 +93,6 @@ def test_what_the_pieces_serve(monkeypatch) -> None:
     segments (an empty offsets array), rows, features or batch: not taken."""
     from linred.backends import nvrtc
 
-    class Device:
-        kind = "cupy"
-
-        def device_of(self, x):
-            return 0
-
-        def is_c_contiguous(self, x):
-            return True
-
-        def pointer(self, x):
-            return 0
-
     def shaped(*shape):
         return type("X", (), {"shape": shape, "dtype": np.dtype(np.float32)})()
 
@@ -113,7 +102,7 @@ def test_what_the_pieces_serve(monkeypatch) -> None:
     monkeypatch.setattr(_pieces, "multiprocessors", lambda device: 132)
 
     def serves(x, segments, name="segmented_var", check=True, grad=False, in_name="float32", axis=0):
-        return _pieces.serves(name, x, Device(), in_name, in_name, segments, "auto", grad, check, axis)
+        return _pieces.serves(name, x, FakeDeviceAdapter(), in_name, in_name, segments, "auto", grad, check, axis)
 
     rows = _softmax_kernel.MAX_MEAN_ROWS
     long_ = shaped(4 * (rows + 1))
@@ -134,8 +123,8 @@ def test_what_the_pieces_serve(monkeypatch) -> None:
     assert not serves(shaped(1 << 20), {"segment_length": 512})
     # a thread per feature of 64 reading 16,384 rows: more than LONG_LANE_VALUES a lane, pieces
     x = shaped(64 * rows, 64)
-    assert _softmax_kernel.serves("segmented_var", x, Device(), "float32", "float32", {"segment_length": rows},
-                                  "auto", False, True)  # fmt: skip
+    assert _softmax_kernel.serves("segmented_var", x, FakeDeviceAdapter(), "float32", "float32",
+                                  {"segment_length": rows}, "auto", False, True)  # fmt: skip
     assert serves(x, {"segment_length": rows})
     monkeypatch.setattr(_pieces, "LONG_LANE_VALUES", rows)
     assert not serves(x, {"segment_length": rows})

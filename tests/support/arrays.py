@@ -133,3 +133,19 @@ def empty_like_kind(kind: str, shape: tuple[int, ...], dtype: str) -> Any:
             pytest.skip("CuPy has no bfloat16 dtype")
         return cupy.empty(shape, dtype=dtype)
     return torch.empty(shape, dtype=getattr(torch, dtype), device="cuda" if kind == "torch-cuda" else "cpu")
+
+
+class FakeDeviceAdapter:
+    """An array adapter for routing tests without a GPU: every array is CuPy's, on device 0,
+    C-contiguous, at address 0 (what the GPU kernels' ``serves`` functions ask of it)."""
+
+    kind = "cupy"
+
+    def device_of(self, x: Any) -> int:
+        return 0
+
+    def is_c_contiguous(self, x: Any) -> bool:
+        return True
+
+    def pointer(self, x: Any) -> int:
+        return 0
