@@ -108,7 +108,8 @@ def request(
     try:
         info = adapter.info(x)
     except TypeError as e:
-        raise TypeError(f"x has an unsupported dtype: {e}") from None
+        # (the adapter names what it refuses: a dtype, or a tensor's device type)
+        raise TypeError(f"x is not supported: {e}") from None
     ndim = len(info.shape)
     if ndim == 0:
         raise ValueError("x must have at least one dimension; got a 0-d array")

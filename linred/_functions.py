@@ -167,7 +167,7 @@ def _remainder(x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: An
     from linred._frontend import normalize_axis
     from linred.arrays import as_array
 
-    x, _ = as_array(x)
+    x, adapter = as_array(x)
     L = operator.index(segment_length)
     if not x.shape or L < 1:
         return x, segment_length, lengths
@@ -178,9 +178,16 @@ def _remainder(x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: An
         return x, segment_length, lengths
     if remainder == "drop":
         return x[(slice(None),) * ax + (slice(0, n - rest),)], segment_length, None
-    import numpy as np
+    if adapter.kind == "torch":
+        # (a CPU tensor, moved to x's device as host lengths are: torch.compile traces it, where a
+        # NumPy array passed on as lengths read as a device array)
+        import torch
 
-    kept = np.full(n // L + 1, L, dtype=np.int64)
+        kept = torch.full((n // L + 1,), L, dtype=torch.int64)
+    else:
+        import numpy as np
+
+        kept = np.full(n // L + 1, L, dtype=np.int64)
     kept[-1] = rest
     return x, None, kept
 

@@ -303,8 +303,10 @@ def _reduce(x: Tensor, spec: tuple, reduction: str) -> Tensor:
 def _prod_backward(ctx: Any, grad: Tensor) -> Tensor:
     """d prod / d x_j = the product of the segment's other elements, without dividing by zero:
     ``prod / x_j`` in a segment with no zero; in a segment with one zero ``z``, the product of
-    the other elements for ``z`` and ``z * (that product / x_j)`` (0, with its derivative in ``z``)
-    for the rest; 0 throughout a segment with two or more zeros.  Complex gradients are
+    the other elements for ``z`` and ``z * (the product of the other non-zeros)`` (0, with its
+    derivative in ``z``; that product is ``others / x_j``, or for an infinite or NaN ``x_j`` the
+    product of the finite non-zeros where it is the segment's only such element) for the rest;
+    0 throughout a segment with two or more zeros.  Complex gradients are
     conjugated, as PyTorch's are.  Double backward is exact where a segment holds at most one
     zero (with two or more, the second derivatives between its zeros come out 0)."""
     offsets, lengths, x, product = _saved(ctx)
@@ -320,7 +322,19 @@ def _prod_backward(ctx: Any, grad: Tensor) -> Tensor:
     # the zero itself (0 in value), kept in the graph so that double backward sees it
     the_zero = _reduce(torch.where(zero, x, torch.zeros_like(x)), spec, "sum")
     zeros, others, product, the_zero, g = (_expand(ctx, t, lengths) for t in (zeros, others, product, the_zero, grad))
-    one_zero = torch.where(zero, others, the_zero * (others / ones))
+    # The product of the other non-zeros, for x_j not 0: others / x_j where x_j is finite; where
+    # x_j is infinite or NaN (others / x_j would be inf / inf or NaN), the product of the finite
+    # non-zeros if x_j is the segment's only such element (so that z times it is 0, as
+    # torch.prod's gradient gives), else others (inf or NaN: z times it is NaN, as IEEE says)
+    # (always both reductions: a test of whether any element is infinite would synchronize, and
+    # break torch.compile's graph)
+    finite = torch.isfinite(x)
+    unusual = _reduce((~finite).to(torch.int64), spec, "sum")
+    plain = torch.where(finite, ones, torch.ones_like(ones))
+    finite_others = _reduce(plain if plain.dtype == product.dtype else plain.to(product.dtype), spec, "prod")
+    unusual, finite_others = (_expand(ctx, t, lengths) for t in (unusual, finite_others))
+    quotient = torch.where(finite, others / ones, torch.where(unusual == 1, finite_others, others))
+    one_zero = torch.where(zero, others, the_zero * quotient)
     local = torch.where(zeros == 0, product / ones, torch.where(zeros == 1, one_zero, torch.zeros_like(x)))
     if local.is_complex():
         local = local.conj()

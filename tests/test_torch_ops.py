@@ -931,3 +931,34 @@ def test_compile_refuses_out_and_stream_with_ids_as_with_offsets():
                               backend="eager")  # fmt: skip
             with pytest.raises(Exception, match=r"out= and stream= are not supported inside torch.compile"):
                 g(x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prod_gradient_with_an_infinity_or_a_nan_beside_the_one_zero(device):
+    """In a segment with one zero, an infinite or NaN element's derivative is the product of the
+    others, which holds the zero: 0 (others / x_j was inf / inf: NaN), as torch.prod's gradient
+    gives; with two such elements NaN; the zero's own derivative and the other elements' as
+    torch.prod gives them."""
+    inf, nan = float("inf"), float("nan")
+    segments = [[0.0, inf, 2.0], [nan, 0.0, 3.0], [0.0, inf, inf], [0.0, -inf, 5.0, 0.5], [2.0, 0.0, 4.0]]
+    x = torch.tensor([v for s in segments for v in s], dtype=torch.float64, device=device, requires_grad=True)
+    offsets = torch.tensor(np.cumsum([0] + [len(s) for s in segments]), device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        (got,) = torch.autograd.grad(linred.segmented_prod(x, offsets=offsets).sum(), x)
+    want = []
+    for s in segments:
+        t = torch.tensor(s, dtype=torch.float64, requires_grad=True)
+        want.append(torch.autograd.grad(torch.prod(t), t)[0])
+    torch.testing.assert_close(got.cpu(), torch.cat(want), equal_nan=True)
+
+
+@pytest.mark.parametrize("name", ["var", "std", "logsumexp", "softmax", "log_softmax", "argmax", "argmin", "sum"])
+def test_compile_with_remainder_keep(name):
+    """torch.compile(fullgraph=True) of a call with remainder="keep" (the lengths made from the
+    length, with the last segment the remainder): the eager call's values."""
+    f = getattr(linred, f"segmented_{name}")
+    x = torch.tensor([1.0, 2.0, 3.0, 5.0, 8.0], dtype=torch.float64)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: f(t, 2, remainder="keep"), fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x), f(x, 2, remainder="keep"), equal_nan=True)
