@@ -109,7 +109,7 @@ def request(
         info = adapter.info(x)
     except TypeError as e:
         # (the adapter names what it refuses: a dtype, or a tensor's device type)
-        raise TypeError(f"x is not supported: {e}") from None
+        raise TypeError(f"x: {e}") from None
     ndim = len(info.shape)
     if ndim == 0:
         raise ValueError("x must have at least one dimension; got a 0-d array")

@@ -842,9 +842,12 @@ def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: in
     partial = _MAP_REDUCE[reduction]
     final = _probe(reduction, x, dtype)
     if partial in ("max", "min"):
-        # (each chunk's extreme exact, in the data's dtype, cast once at the end: a chunk's 1e300
-        # that a float32 dtype= would overflow is not the segment's minimum)
-        part, request = _probe(partial, x, None), None
+        if final != np.dtype(x.dtype):
+            # (a dtype= cast: a chunk's part in that dtype can overflow where the segment's extreme
+            # does not, and the empty segment's identity and the cast's warnings are the result
+            # dtype's: the elements move, the single call's rules then hold)
+            return None
+        part, request = final, None
     else:
         # Each chunk's part wider than the result (a mean's sums too: float64 for integers):
         # float64 for float32, complex128 for complex64, float32 for 16-bit results, rounded
@@ -866,7 +869,7 @@ def map_reduce_by_ids(reduction: str, x: Any, ids: np.ndarray, ns: int, axis: in
     total = da.reduction(parts, quiet, quiet, axis=ax, combine=quiet, dtype=wide, name=f"linred-{reduction}-combine",
                          meta=xp.empty((0,) * x.ndim, dtype=wide))  # fmt: skip
     given = None
-    if wide.kind in "fc" and (partial in ("sum", "prod") or final != part):  # (max, min: a cast at the end)
+    if wide.kind in "fc" and partial in ("sum", "prod"):
         given = (da.isinf(parts).any(axis=ax), da.isnan(parts).any(axis=ax))
     counts = None
     if reduction == "mean":  # the sums divided by the counts the ids give (0 / 0: NaN, as linred's)

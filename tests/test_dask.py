@@ -1174,6 +1174,15 @@ def test_warnings_errors_and_edges_as_the_single_call():
                                                                  dtype="float32").compute())  # fmt: skip
         assert got.dtype == np.float32 and seen == seen_want, seen
         np.testing.assert_array_equal(got, want)
+    # a dtype= of max and min: the result dtype's identity for an empty segment, and the overflow
+    # of a segment that some chunk lacks
+    x = np.arange(8, dtype=np.int32)
+    got = linred.segmented_max(da.from_array(x, chunks=4), segment_ids=[0, 2] * 4, num_segments=3, dtype="float64")
+    np.testing.assert_array_equal(got.compute(), [6.0, -np.inf, 7.0])
+    got, seen = caught(lambda: linred.segmented_max(da.from_array(np.array([5.0, 1e300, 6.0, 7.0]), chunks=2),
+                                                    segment_ids=[1, 0, 1, 1], dtype="float32").compute())  # fmt: skip
+    np.testing.assert_array_equal(got, [np.inf, 7.0])
+    assert seen == ["overflow encountered in a segmented reduction"], seen
     x = np.array([np.inf, 1.0, 2.0, 1.0])
     got = linred.segmented_prod(da.from_array(x, chunks=2), segment_ids=ids, dtype=np.complex128)
     assert "by-ids" not in _tasks(got)
