@@ -114,7 +114,8 @@ class SegmentedReduction:
     Notes
     -----
     A plan is not thread-safe: use one plan per thread (the functions' cache
-    already does).  The backend's tuning options in force when the plan is
+    already does).  It cannot be pickled or copied (``TypeError``): it holds
+    its backend's resources; build one in each process.  The backend's tuning options in force when the plan is
     built are the plan's for its lifetime (see :func:`linred.backends.configure`).
 
     Examples
@@ -388,6 +389,14 @@ class SegmentedReduction:
         return self._run(x, out, self._stream(stream), self._segments, True)
 
     __call__ = execute
+
+    def __reduce__(self) -> Any:
+        # (a plan holds its backend's executor, library handles and device memory, none of which
+        # travels between processes: a clear refusal, not the first unpicklable attribute's)
+        raise TypeError(
+            "a SegmentedReduction cannot be pickled: it holds its backend's resources; build one in each process "
+            "(linred's functions keep a cache of plans per process)"
+        )
 
     def free(self) -> None:
         """Release the plan's resources; the plan cannot run afterwards.

@@ -386,3 +386,13 @@ def test_tensors_on_other_devices_are_refused():
     linred.segmented_sum(x, offsets=torch.tensor([0, 4, 8]))  # (a plan for CPU offsets first)
     with pytest.raises(TypeError, match="device type 'meta'"):
         linred.segmented_sum(x, offsets=torch.tensor([0, 4, 8], device="meta"))
+
+
+@pytest.mark.parametrize("name", ["offsets", "lengths", "segment_ids"])
+def test_a_list_of_integers_past_int64_names_the_range(name):
+    """A list of Python integers one of which passes int64 (NumPy would make it float64): the
+    range is named, not the dtype float64."""
+    big = 2**63 + 5
+    value = {"offsets": [0, big, 6], "lengths": [big, 6], "segment_ids": [0, 0, 1, big, 1, 0]}[name]
+    with pytest.raises(ValueError, match=rf"{name} must fit in int64; got {big}"):
+        linred.segmented_sum(np.arange(6.0), **{name: value})

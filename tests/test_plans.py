@@ -408,3 +408,19 @@ def test_plans_refuse_jax_and_dask_arrays_saying_where_they_are_served(library):
     with pytest.raises(TypeError, match=r"^SegmentedReduction takes NumPy, CuPy and PyTorch arrays; got .*: JAX and "
                        r"Dask arrays are reduced by the functions"):  # fmt: skip
         linred.SegmentedReduction(x, 2)
+
+
+def test_a_plan_is_neither_pickled_nor_copied():
+    """A plan holds its backend's resources: pickling or copying it raises a TypeError that says so
+    (not the first unpicklable attribute's error), before and after free()."""
+    import copy
+    import pickle
+
+    plan = linred.SegmentedReduction(np.arange(6.0), 3)
+    for attempt in (pickle.dumps, copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            attempt(plan)
+    np.testing.assert_array_equal(plan(np.arange(6.0)), [3.0, 12.0])
+    plan.free()
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(plan)

@@ -45,6 +45,13 @@ def _int_array(xp: Any, obj: Any, name: str, **asarray_kwargs: Any) -> Any:
     if a.size == 0 and not hasattr(obj, "dtype"):  # NumPy makes float64 of an empty list
         a = a.astype(xp.int64)
     kind = a.dtype.kind
+    if kind == "f" and isinstance(obj, (list, tuple)):
+        # (NumPy makes float64 of a list whose integers pass int64 but fit uint64: read as the
+        # Python integers they are, refused as out of range)
+        as_objects = np.asarray(obj, dtype=object)
+        if as_objects.size and all(type(v) is int for v in as_objects.flat):
+            a = refuse_huge_integers(as_objects, name)
+            kind = a.dtype.kind
     if kind == "O":
         a = refuse_huge_integers(a, name)
         kind = a.dtype.kind
