@@ -78,7 +78,7 @@ enum { SOFTMAX_LOGSUMEXP = 0, SOFTMAX_SOFTMAX = 1, SOFTMAX_LOG_SOFTMAX = 2, SOFT
 
 // Whether MODE computes var and std's sums.  The moments modes write a segment's mean and sum of
 // squared deviations from it, two doubles a (segment, feature), for var and std of segments cut
-// into pieces (linred/_fused.py joins the pieces' moments): SOFTMAX_MOMENTS by one pass over
+// into pieces (linred/_pieces.py and pieces.cuh join the pieces' moments): SOFTMAX_MOMENTS by one pass over
 // float16, bfloat16 and float32 data (variance_one_pass, for a result of that width),
 // SOFTMAX_MOMENTS_EXACT by the mean's pass and the deviations' (float64 data or result).
 template <int MODE> __device__ constexpr bool moments_mode() {
@@ -92,8 +92,8 @@ template <int MODE> __device__ constexpr bool variance_mode() {
 // count values (0 and 0 for an empty segment).
 template <class O>
 __device__ __forceinline__ void write_moments(O* __restrict__ q, double count, double mean, double m2) {
-    q[0] = count > 0 ? (O)mean : (O)0;
-    q[1] = count > 0 ? (O)m2 : (O)0;
+    q[0] = Store<O>::from(count > 0 ? mean : 0.0);  // (Store: any result type, as the others write)
+    q[1] = Store<O>::from(count > 0 ? m2 : 0.0);
 }
 
 // The maximum and the sum of the lanes of a worker of G lanes that share a feature (lanes lane ^ o
