@@ -178,6 +178,8 @@ def _remainder(x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: An
         return x, segment_length, lengths
     if remainder == "drop":
         return x[(slice(None),) * ax + (slice(0, n - rest),)], segment_length, None
+    from linred._fused import _compiling
+
     if adapter.kind == "torch" and _compiling():
         # (a tensor on x's device while torch.compile traces the call: a NumPy array passed on as
         # lengths reads as a device array there; eagerly, host lengths go to x's device as before)
@@ -190,13 +192,6 @@ def _remainder(x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: An
         kept = np.full(n // L + 1, L, dtype=np.int64)
     kept[-1] = rest
     return x, None, kept
-
-
-def _compiling() -> bool:
-    """Whether torch.compile is tracing the call (PyTorch imported: a torch tensor came in)."""
-    import torch
-
-    return torch.compiler.is_compiling()
 
 
 def _doc(summary: str, extended: str, see_also: str, example: str, mean_dtype: str = "", notes: str = "") -> str:

@@ -69,7 +69,7 @@ def _piece_rows(batch: int, n: int, features: int, device: int) -> int:
     """The piece length (rows): :data:`LANE_VALUES` a lane, fewer where the pieces would make
     fewer than :data:`WORKERS_PER_SM` workers a multiprocessor (a worker a piece of a power of
     two up to 32 features, else a piece and a feature), down to :data:`SHORTEST`."""
-    warps = features <= 32 and features & (features - 1) == 0
+    warps = _softmax_kernel.warp_workers(features)
     rows = LANE_VALUES * 32 // features if warps else LANE_VALUES
     per_piece = batch * (1 if warps else features)
     want = WORKERS_PER_SM * multiprocessors(device)
@@ -97,7 +97,7 @@ def serves(name: str, x: Any, adapter: Any, in_name: str, result: str, segments:
     rows = _piece_rows(batch, n, features, device)
     if n <= rows:
         return False
-    warps = features <= 32 and features & (features - 1) == 0
+    warps = _softmax_kernel.warp_workers(features)
     lane_values = n / m * (features / 32 if warps else 1)  # (what each lane of the kernel's workers reads)
     if lane_values <= LONG_LANE_VALUES and _softmax_kernel.enough_workers_for(
         batch, n, features, m, device, name, x.dtype.itemsize
@@ -155,8 +155,8 @@ def run(name: str, x: Any, adapter: Any, axis: int, result: str, segments: dict[
         # there keep every piece inside the data, its results undefined, as for any broken offsets)
         adapter.fill(merged, 0, stream)
     offsets = 0 if fixed else adapter.pointer(seg.offsets)
-    threads = 256
-    grid = max(1, min(-(-(m + 1 + inner) // threads), 16 * multiprocessors(device)))
+    threads, most = 256, 16 * multiprocessors(device)  # (threads a block; blocks at most)
+    grid = max(1, min(-(-(m + 1 + inner) // threads), most))
     bounds(stream, grid, threads, 0, offsets, seg.length if fixed else 0, n, m, rows, inner, adapter.pointer(merged),
            adapter.pointer(places))  # fmt: skip
     # Each piece's moments in one read (float16, bfloat16 and float32 data, a result of that width),
@@ -170,7 +170,7 @@ def run(name: str, x: Any, adapter: Any, axis: int, result: str, segments: dict[
         args = (adapter.pointer(moments), adapter.pointer(merged), adapter.pointer(places), adapter.pointer(out),
                 batch, m, features, _softmax_kernel.ddof_word(ddof))  # fmt: skip
         if m + inner > BLOCK_JOIN_PIECES * m:
-            join_block(stream, max(1, min(joins, 16 * multiprocessors(device))), BLOCK_THREADS, 0, *args)
+            join_block(stream, max(1, min(joins, most)), BLOCK_THREADS, 0, *args)
         else:
-            join(stream, max(1, min(-(-joins * 32 // threads), 16 * multiprocessors(device))), threads, 0, *args)
+            join(stream, max(1, min(-(-joins * 32 // threads), most)), threads, 0, *args)
     return out

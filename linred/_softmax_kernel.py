@@ -479,7 +479,7 @@ def _workers(
     of leaving most of its lanes idle (the ``backward`` kernel's lanes: :data:`BACKWARD_LANE_VALUES`
     each), but a warp where the mean length passes :data:`WHOLE_WARP_SHARE` of a warp's loop step;
     :data:`GROUP` forces G.  Else a thread per (row of the batch, segment, feature)."""
-    if features <= 32 and features & (features - 1) == 0:
+    if warp_workers(features):
         group = 32
         if GROUP is not None:
             group = max(GROUP, features)
@@ -498,6 +498,12 @@ def _workers(
                 group = min(32, max(fewest, features, 2 ** round(math.log2(max(lanes, 1)))))
         return group, features, batch * m
     return 1, 1, batch * m * features
+
+
+def warp_workers(features: int) -> bool:
+    """Whether a worker is a group of a warp's lanes covering all ``features`` of a row (a power
+    of two up to 32 of them), rather than a thread per feature (:func:`_workers`)."""
+    return features <= 32 and features & (features - 1) == 0
 
 
 def unroll(group: int, itemsize: int) -> int:

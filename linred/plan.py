@@ -115,8 +115,9 @@ class SegmentedReduction:
     -----
     A plan is not thread-safe: use one plan per thread (the functions' cache
     already does).  It cannot be pickled or copied (``TypeError``): it holds
-    its backend's resources; build one in each process.  The backend's tuning options in force when the plan is
-    built are the plan's for its lifetime (see :func:`linred.backends.configure`).
+    its backend's resources; build one in each process.  The backend's tuning
+    options in force when the plan is built are the plan's for its lifetime
+    (see :func:`linred.backends.configure`).
 
     Examples
     --------
