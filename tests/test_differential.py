@@ -151,10 +151,18 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
     # row length at which each k is chosen, on this device.
     big = dtype in ("float32", "float16", "int64")  # (large data: a few dtypes only)
     if big:
-        per_run = 4 * T.min_blocks_warp * (T.threads // 32) * sms
+        per_run = T.warp_runs_per_sm * sms
         n = 2 * per_run * wt  # the smallest row that gets runs of 2 tiles
         shapes.append(_variable("offsets", _aligned_offsets(2 * wt, n // (2 * wt) + 1, 3)))
         shapes.append(_fixed(3, n // 3 + 1))
+        # The longest runs (max_tiles_per_warp tiles): boundaries on and beside run boundaries,
+        # segments spanning runs, one segment (the fix-up adds every run's part).
+        k = T.max_tiles_per_warp
+        run = k * wt
+        count = k * per_run + 1  # (runs of k tiles from k * per_run tiles on)
+        shapes.append(_variable("offsets", _aligned_offsets(run, count, 3)))
+        shapes.append(_variable("lengths", tuple(L for _ in range(count // 3 + 1) for L in (run - 1, run, run + 1))))
+        shapes.append(_variable("offsets", (count * run + 1,)))
     fam["warp_reduce"] = shapes
     # tile_reduce: layouts warp_reduce does not take (strided, misaligned): tiles of T.tile.
     tile = T.tile

@@ -284,15 +284,6 @@ def _nvrtc_executors() -> types.ModuleType:
     return importlib.import_module("linred.backends.nvrtc.executors")
 
 
-def _tiles_per_run(b: int, n: int, tile: int, max_k: int, per_block: int, min_blocks: int, sms: int) -> int:
-    """k of nvrtc._Runs: halved from max_k while the runs leave fewer than a few waves per SM."""
-    tiles = -(-n // tile)
-    k = max_k
-    while k > 1 and b * -(-tiles // k) < 4 * min_blocks * per_block * sms:
-        k //= 2
-    return k
-
-
 def _run_with_k(k_of: Callable[[int], int], tile: int, max_k: int, target: int = 1 << 18) -> tuple[int, int]:
     """(k, m): the most tiles per run k >= 2 (a power of two up to max_k) that ``k_of`` (n -> k) gives
     for all of m segments of length k*tile - 1, k*tile and k*tile + 1, with m*k*tile near ``target``."""
@@ -334,11 +325,11 @@ class Constants:
 
     def warp_k(self, n: int, sms: int, b: int = 1, wt: int = 512) -> int:
         t = self.t
-        return _tiles_per_run(b, n, wt, t.max_tiles_per_warp, t.threads // 32, t.min_blocks_warp, sms)
+        return self.nv.tiles_per_run(b, n, wt, t.max_tiles_per_warp, t.warp_runs_per_sm, sms)
 
     def tile_k(self, n: int, sms: int, b: int = 1) -> int:
         t = self.t
-        return _tiles_per_run(b, n, t.tile, t.max_tiles_per_block, 1, t.min_blocks, sms)
+        return self.nv.tile_tiles_per_run(b, n, t, sms)
 
 
 def _triple(
@@ -843,7 +834,7 @@ def _warp_fused(problem: Any, sms: int) -> bool:
     kern, t = _nvrtc_kernels(), _nvrtc().BACKEND.options
     b, n, _ = problem.in_shape
     wt = 32 * kern.warp_items(problem)
-    k = _tiles_per_run(b, n, wt, t.max_tiles_per_warp, t.threads // 32, t.min_blocks_warp, sms)
+    k = kern.warp_tiles_per_run(b, n, problem, t, sms)
     tiles = -(-n // wt)
     runs = b * -(-tiles // k)
     return runs <= kern.FUSED_FIXUP_PASSES * t.threads

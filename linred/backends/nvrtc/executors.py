@@ -48,10 +48,12 @@ from linred.backends.nvrtc.kernels import (
     staged_threads,
     staged_wrapper,
     tile_shared_bytes,
+    tile_tiles_per_run,
     tile_wrapper,
     vec,
     warp_items,
     warp_shared_bytes,
+    warp_tiles_per_run,
     warp_wrapper,
 )
 from linred.kernels.compiler import get_kernels
@@ -251,8 +253,8 @@ class _Runs(ReleasedInOrder):
     views = False
 
     def __init__(
-        self, problem: Problem, options: NvrtcOptions, launch: _Launcher, *, tile: int, max_k: int, per_block: int,
-        min_blocks: int, bounds: bool,
+        self, problem: Problem, options: NvrtcOptions, launch: _Launcher, *, tile: int, k: int, per_block: int,
+        bounds: bool,
     ) -> None:  # fmt: skip
         self._problem = problem
         self._tuning = tuning = options
@@ -261,11 +263,7 @@ class _Runs(ReleasedInOrder):
         b *= d  # (strided feature columns, tile_reduce's only: each column a row of its own)
         threads = tuning.threads
         self._tiles_per_row = -(-n // tile)
-        # Tiles per run: as many as leave a few waves of workers for every SM.
-        k = max_k
-        while k > 1 and b * -(-self._tiles_per_row // k) < 4 * min_blocks * per_block * launch.sms:
-            k //= 2
-        self._k = k
+        self._k = k  # tiles per run (kernels.tiles_per_run)
         self._runs_per_row = -(-self._tiles_per_row // k)
         self._runs = b * self._runs_per_row
         self._grid = -(-self._runs // per_block)
@@ -370,8 +368,9 @@ class _TileExecutor(_Runs):
     def __init__(self, problem: Problem, options: NvrtcOptions, launch: _Launcher | None = None) -> None:
         tuning = options
         launch = launch or _Launcher(problem)
-        super().__init__(problem, options, launch, tile=tuning.tile, max_k=tuning.max_tiles_per_block, per_block=1,
-                         min_blocks=tuning.min_blocks, bounds=True)  # fmt: skip
+        b, n, d = problem.in_shape
+        k = tile_tiles_per_run(b * d, n, tuning, launch.sms)
+        super().__init__(problem, options, launch, tile=tuning.tile, k=k, per_block=1, bounds=True)
         L = problem.segment_length
         # Fixed lengths dividing the tile never span two tiles: no partials to combine.
         self._needs_fixup = not (problem.fixed and tuning.tile >= L and tuning.tile % L == 0)
@@ -415,8 +414,9 @@ class _WarpExecutor(_Runs):
         tuning = options
         launch = launch or _Launcher(problem)
         wt = 32 * warp_items(problem)
-        super().__init__(problem, options, launch, tile=wt, max_k=tuning.max_tiles_per_warp,
-                         per_block=tuning.threads // 32, min_blocks=tuning.min_blocks_warp, bounds=False)  # fmt: skip
+        b, n, _ = problem.in_shape
+        k = warp_tiles_per_run(b, n, problem, tuning, launch.sms)
+        super().__init__(problem, options, launch, tile=wt, k=k, per_block=tuning.threads // 32, bounds=False)
         # Always a fix-up: warp_reduce finishes a segment at the first mark after its end, so a
         # segment that ends exactly where a run ends (every run's last one, when a fixed length
         # divides the run) is left open as the run's tail and written by the fix-up.  Where the

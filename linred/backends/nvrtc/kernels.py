@@ -180,6 +180,27 @@ def warp_items(problem: Problem) -> int:
     return max(vec(problem), 8 if acc_bytes(problem) == 8 else 16)
 
 
+def tiles_per_run(rows: int, n: int, tile: int, max_k: int, runs_per_sm: int, sms: int) -> int:
+    """Consecutive tiles of ``tile`` elements one worker of ``tile_reduce`` or ``warp_reduce``
+    reduces (a run) in ``rows`` rows of ``n`` elements: ``max_k``, halved while the runs leave
+    fewer than ``runs_per_sm`` for each of ``sms`` SMs."""
+    tiles = -(-n // tile)
+    k = max_k
+    while k > 1 and rows * -(-tiles // k) < runs_per_sm * sms:
+        k //= 2
+    return k
+
+
+def warp_tiles_per_run(rows: int, n: int, problem: Problem, tuning: NvrtcOptions, sms: int) -> int:
+    """:func:`tiles_per_run` of ``warp_reduce`` (tiles of :func:`warp_items` lanes' elements)."""
+    return tiles_per_run(rows, n, 32 * warp_items(problem), tuning.max_tiles_per_warp, tuning.warp_runs_per_sm, sms)
+
+
+def tile_tiles_per_run(rows: int, n: int, tuning: NvrtcOptions, sms: int) -> int:
+    """:func:`tiles_per_run` of ``tile_reduce`` (a block a run: four waves of resident blocks)."""
+    return tiles_per_run(rows, n, tuning.tile, tuning.max_tiles_per_block, 4 * tuning.min_blocks, sms)
+
+
 def warp_shared_bytes(problem: Problem, tuning: NvrtcOptions) -> int:
     """Dynamic shared memory of linred_warp: WarpShared::WARP_BYTES per warp of a block (warp.cuh)."""
     acc = acc_bytes(problem)
