@@ -171,7 +171,7 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
     shapes += _styles(rng, around(2, 9), tile * 3)
     shapes += [_variable("offsets", _aligned_offsets(tile, c, k)) for c in (1, 3) for k in (1, 5, 2048)]
     if big:  # the smallest row that gets runs of 2 tiles
-        shapes.append(_fixed(5, 4 * T.min_blocks * sms * 2 * tile // 5 + 1))
+        shapes.append(_fixed(5, T.tile_runs_per_sm * sms * 2 * tile // 5 + 1))
     fam["tile_reduce"] = shapes
     # tile_reduce on feature columns that are not contiguous: each column a row of its own
     # (TileArgs::inner), its results a column of the result; rows of a batch of columns, tiles
@@ -185,7 +185,7 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
     shapes += _styles(rng, [3, 20], 16, 2)
     if big:  # runs of 2 tiles (the rows are the columns: fewer tiles a row than one column has)
         d = 4
-        shapes.append(_fixed(5, 4 * T.min_blocks * sms * 2 * tile // (5 * d) + 1, d))
+        shapes.append(_fixed(5, T.tile_runs_per_sm * sms * 2 * tile // (5 * d) + 1, d))
     fam["tile_columns"] = shapes
     # features_reduce: d around the vector (narrow rows) and of 8 vectors, short and long segments;
     # every tail of its loop of U rows a step (features_unroll: fewer for narrow rows; the tail in

@@ -76,6 +76,8 @@ class NvrtcOptions(Options):
     min_blocks: int = 5  #: resident blocks per SM that tile_reduce's registers must allow
     min_blocks_wide: int = 4  #: the same with 8-byte accumulators (more registers without spilling)
     max_tiles_per_block: int = 16  #: consecutive tiles one block reduces (fewer when the data is small)
+    #: the fewest runs per SM tile_reduce's tiles per run leave (four waves of min_blocks)
+    tile_runs_per_sm: int = 20
     max_tiles_per_warp: int = 16  #: consecutive tiles one warp reduces in warp_reduce (fewer for small data)
     min_blocks_warp: int = 4  #: resident blocks per SM that warp_reduce's registers must allow
     #: the fewest runs per SM warp_reduce's tiles per run leave (halved from max_tiles_per_warp

@@ -197,8 +197,8 @@ def warp_tiles_per_run(rows: int, n: int, problem: Problem, tuning: NvrtcOptions
 
 
 def tile_tiles_per_run(rows: int, n: int, tuning: NvrtcOptions, sms: int) -> int:
-    """:func:`tiles_per_run` of ``tile_reduce`` (a block a run: four waves of resident blocks)."""
-    return tiles_per_run(rows, n, tuning.tile, tuning.max_tiles_per_block, 4 * tuning.min_blocks, sms)
+    """:func:`tiles_per_run` of ``tile_reduce`` (a block a run)."""
+    return tiles_per_run(rows, n, tuning.tile, tuning.max_tiles_per_block, tuning.tile_runs_per_sm, sms)
 
 
 def warp_shared_bytes(problem: Problem, tuning: NvrtcOptions) -> int:
