@@ -40,6 +40,7 @@ from linred._fpwarnings import call_at_caller
 from linred._frontend import normalize_axis
 from linred._functions import _remainder, segmented_max, segmented_mean, segmented_sum
 from linred._jax import _as_local, call_jax, is_jax
+from linred._segment_ids import unchecked_ids
 from linred.arrays import as_array, namespace
 from linred.arrays.views import numpy_views
 from linred.backends import BackendName
@@ -336,9 +337,16 @@ def _run(
         if stream is not None:
             stack.enter_context(adapter.on_stream(handle, device))
         segments = dict(segments)
+        if segments.get("segment_ids") is not None:
+            segments["segment_ids"] = unchecked_ids(segments["segment_ids"], check)
         for key in ("offsets", "lengths", "segment_ids"):  # on the device once, not once per reduction
-            if segments.get(key) is not None:
-                segments[key] = adapter.index_array(segments[key], device, key)
+            value = segments.get(key)
+            if value is not None:
+                segments[key] = adapter.index_array(value, device, key)
+                if grad and not isinstance(value, xp.Tensor):  # (kept for the backward: a copy of its own)
+                    from linred._torch_ops import owned
+
+                    segments[key] = owned(value, segments[key])
         if grad:
             from linred import _fused_grad
 

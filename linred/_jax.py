@@ -35,7 +35,9 @@ def _as_local(a: Any, platform: str, name: str) -> Any:
     if not is_jax(a):
         return a
     if not hasattr(a, "__dlpack__") or type(a).__name__.endswith("Tracer"):
-        raise TypeError(f"{name} is a JAX tracer (inside jax.jit or jax.grad); linred reduces concrete arrays only")
+        raise TypeError(
+            f"{name} is a JAX tracer (inside jax.jit, jax.grad or jax.vmap); linred reduces concrete arrays only"
+        )
     if _platform(a) != platform:
         raise ValueError(f"{name} is a JAX array on {_platform(a)} but x is on {platform}")
     try:
@@ -59,7 +61,7 @@ def call_jax(function: Any, x: Any, segment_length: Any, *, offsets: Any, length
         which = " and ".join(n for n, v in (("out", out), ("stream", stream)) if v is not None)
         raise TypeError(f"{which} cannot be given for JAX arrays (they are immutable; JAX orders its own work)")
     if not hasattr(x, "__dlpack__") or type(x).__name__.endswith("Tracer"):
-        raise TypeError("x is a JAX tracer (inside jax.jit or jax.grad); linred reduces concrete arrays only")
+        raise TypeError("x is a JAX tracer (inside jax.jit, jax.grad or jax.vmap); linred reduces concrete arrays only")
     platform = _platform(x)
     if platform not in ("cpu", "gpu", "cuda"):
         raise TypeError(f"x is a JAX array on {platform}; linred serves JAX arrays on the CPU and CUDA GPUs")

@@ -42,6 +42,17 @@ from linred.arrays import as_array, namespace
 __all__ = ["reduce_by_ids"]
 
 
+def unchecked_ids(ids: Any, check: Any) -> Any:
+    """``segment_ids`` as a call reads them: with ``check=False``, NumPy ``uint64`` ids past the
+    int64 range clipped to its largest value (outside ``[0, num_segments)`` whatever
+    ``num_segments``: dropped, as every id out of range is; a device array's conversion wraps them
+    to negative ids, dropped too).  With ``check=True`` the conversion names them in its
+    ``ValueError``."""
+    if check is False and isinstance(ids, np.ndarray) and ids.dtype == np.uint64 and ids.size:
+        return np.minimum(ids, np.uint64(np.iinfo(np.int64).max))
+    return ids
+
+
 class _Ops:
     """The few array operations ids need, in the data's library (NumPy, CuPy or PyTorch)."""
 
@@ -239,7 +250,7 @@ def _by_ids(
     ops, kind = _Ops(adapter, x), adapter.kind
     ax = normalize_axis(axis, len(x.shape))
     n = x.shape[ax]
-    ids = ops.ids(segment_ids, device)
+    ids = ops.ids(unchecked_ids(segment_ids, check), device)
     if ids.shape[0] != n:
         raise ValueError(f"segment_ids must have one id per element along axis {ax} ({n}); got {ids.shape[0]}")
 

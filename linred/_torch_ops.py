@@ -34,7 +34,7 @@ from torch import Tensor
 
 from linred import _plan_cache
 from linred._arg import first_positions
-from linred._dtypes import dtype_name, resolve
+from linred._dtypes import FLOATING, dtype_name, resolve
 from linred._frontend import normalize_axis
 from linred.arrays.views import numpy_views
 
@@ -509,13 +509,39 @@ def _as_dtype_name(dtype: Any) -> Any:
     return dtype_name(dtype)
 
 
+def _refuse_integer_result(reduction: str, x: Tensor, dtype: str) -> None:
+    """The TypeError of ``dtype=`` an integer or bool result for a tensor that requires grad (a
+    result autograd cannot differentiate, which would come back without a ``grad_fn``: the
+    caller's training would silently stop learning through it; ``torch.sum`` refuses it too)."""
+    try:
+        _, out = resolve(reduction, dtype_name(x.dtype), dtype)
+    except (TypeError, ValueError):
+        return  # (the call's own refusal names it)
+    if out not in FLOATING:
+        raise TypeError(
+            f"segmented_{reduction}: dtype={out} gives an integer result, which autograd cannot differentiate, "
+            f"and x requires grad; pass a floating dtype, or x.detach() for a result without a gradient"
+        )
+
+
 def _index_tensor(obj: Any, device: Any) -> Tensor:
     """Offsets or lengths given as a sequence, as a tensor on ``device``: an empty one as int64
     (``torch.as_tensor([])`` is float32, which the segment parser refuses), as the other paths
-    make it."""
+    make it; a copy of their own (:func:`owned`)."""
     t = torch.as_tensor(obj, device=device)
     if t.numel() == 0 and not hasattr(obj, "dtype"):
         t = t.to(torch.int64)
+    return owned(obj, t)
+
+
+def owned(obj: Any, t: Tensor) -> Tensor:
+    """``t``, the tensor made of a call's segment argument ``obj`` that is not a tensor, as a copy
+    that shares no memory with ``obj``: autograd keeps it for the backward, and a NumPy or CuPy
+    array changed in place before ``backward()`` would otherwise change the gradient silently (a
+    tensor's own version counter makes PyTorch raise instead).  (A NumPy array's tensor on a
+    CUDA device, or a list's, is a copy already.)"""
+    if (isinstance(obj, np.ndarray) and t.is_cpu) or (hasattr(obj, "__cuda_array_interface__") and t.is_cuda):
+        return t.clone()
     return t
 
 
@@ -546,7 +572,10 @@ def _through_op(
         lengths = _index_tensor(lengths, x.device)
     if segment_length is not None and not isinstance(segment_length, bool) and hasattr(segment_length, "__index__"):
         segment_length = int(segment_length)
-    args = (x, offsets, lengths, segment_length, axis, reduction, _as_dtype_name(dtype), backend, check)
+    dtype = _as_dtype_name(dtype)
+    if dtype is not None and x.requires_grad and torch.is_grad_enabled():
+        _refuse_integer_result(reduction, x, dtype)
+    args = (x, offsets, lengths, segment_length, axis, reduction, dtype, backend, check)
     if torch.compiler.is_compiling():
         return segmented_reduce(*args)
     if _transform_level() is not None:

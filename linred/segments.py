@@ -243,7 +243,7 @@ def parse_segments(
         if v is not None
     ]
     if len(given) != 1:
-        got = " and ".join(given) if given else "none"
+        got = " and ".join(given) if given else "none (the functions also take segment_ids)"
         raise TypeError(f"exactly one of segment_length, offsets or lengths must be given; got {got}")
     if segment_length is not None:
         return _segment_length(segment_length, n, axis)

@@ -101,6 +101,21 @@ def test_check_false_drops_ids_outside_the_range(array_kind, order, sorted_promi
     np.testing.assert_allclose(to_numpy(got), _reference("mean", x, ids, 6, 0), rtol=1e-12)
 
 
+def test_uint64_ids_past_int64_are_dropped_unchecked_and_named_checked():
+    """NumPy uint64 ids of 2^63 or more are outside any range of segments: dropped with
+    check=False (as device ids, which wrap to negative ones, are), named by check=True."""
+    x = np.arange(6.0)
+    ids = np.array([1, 2**64 - 1, 0, 1, 2**63, 1], np.uint64)
+    kept = np.array([1, -1, 0, 1, -1, 1])
+    for name in ("sum", "mean", "max"):
+        got = getattr(linred, f"segmented_{name}")(x, segment_ids=ids, num_segments=2, check=False)
+        np.testing.assert_array_equal(got, _reference(name, x, kept, 2, 0))
+    got = linred.segmented_softmax(x, segment_ids=ids, num_segments=2, check=False)
+    np.testing.assert_allclose(got, _composed_reference("softmax", x, kept, 2), rtol=1e-12)
+    with pytest.raises(ValueError, match="segment_ids must fit in int64; got 18446744073709551615"):
+        linred.segmented_sum(x, segment_ids=ids, num_segments=2)
+
+
 COMPOSED = ("logsumexp", "softmax", "log_softmax", "var", "std")
 
 

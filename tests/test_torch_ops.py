@@ -161,6 +161,67 @@ def test_a_tensor_without_grad_takes_the_plain_path():
         assert linred.segmented_sum(x.requires_grad_(True), 4).grad_fn is None
 
 
+@pytest.mark.parametrize("name", ["sum", "mean", "prod", "softmax", "var", "logsumexp"])
+@pytest.mark.parametrize("spec", ["offsets", "lengths", "segment_ids"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "numpy",
+        pytest.param("cupy", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs CUDA")]),
+    ],
+)
+def test_segment_arrays_changed_before_backward_change_no_gradient(name, spec, kind):
+    """What the backward keeps of NumPy (or CuPy) segment arguments is a copy: the caller's buffer
+    reused before backward() leaves the gradient of the call that was made (a tensor's version
+    counter raises instead; here nothing would have said that the gradient belongs to other
+    segments)."""
+    if kind == "cupy":
+        cupy = pytest.importorskip("cupy")
+    device = "cuda" if kind == "cupy" else "cpu"
+    if spec == "segment_ids" and name in ("sum", "mean", "prod"):
+        pytest.skip("ids of these reductions are converted to offsets of their own (nothing of the caller's kept)")
+    rng = np.random.default_rng(3)
+    values = rng.standard_normal(12) + 2.0
+    given = {"offsets": np.array([0, 2, 7, 12]), "lengths": np.array([2, 5, 5]),
+             "segment_ids": np.array([1, 0, 1, 1, 0, 2, 2, 0, 1, 2, 0, 1])}[spec]  # fmt: skip
+    extra = {"num_segments": 3} if spec == "segment_ids" else {}
+    fn = getattr(linred, f"segmented_{name}")
+    g = None
+
+    def grad(array, mutate):
+        nonlocal g
+        x = torch.tensor(values, device=device, requires_grad=True)
+        y = fn(x, **{spec: array}, **extra)
+        if g is None:
+            g = torch.tensor(rng.standard_normal(tuple(y.shape)), device=device)
+        if mutate:
+            array[...] = array[::-1].copy()
+        (y * g).sum().backward()
+        return x.grad.cpu().numpy()
+
+    expected = grad(given.copy(), mutate=False)
+    array = given.copy() if kind == "numpy" else cupy.asarray(given)
+    np.testing.assert_allclose(grad(array, mutate=True), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, "int8", torch.int32])
+def test_an_integer_result_of_a_tensor_that_requires_grad_is_refused(dtype):
+    """As torch.sum refuses it: autograd cannot differentiate an integer result, which would come
+    back without a grad_fn (a model's training silently stopping there)."""
+    x = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
+    for fn in (linred.segmented_sum, linred.segmented_max):
+        with pytest.raises(TypeError, match="integer result, which autograd cannot differentiate"):
+            fn(x, 3, dtype=dtype)
+        npdtype = np.dtype(str(dtype).removeprefix("torch."))
+        ufunc = np.add if fn is linred.segmented_sum else np.maximum  # (the elements cast first, then reduced)
+        expected = ufunc.reduce(x.detach().numpy().astype(npdtype).reshape(2, 3, 3), axis=1)
+        got = fn(x.detach(), 3, dtype=dtype)
+        np.testing.assert_array_equal(got.numpy(), expected.astype(got.numpy().dtype))
+        with torch.no_grad():
+            assert fn(x, 3, dtype=dtype).dtype == got.dtype
+    assert linred.segmented_sum(x, 3, dtype=torch.float32).grad_fn is not None
+
+
 def test_out_and_stream_are_refused_with_autograd():
     x = torch.arange(8.0, requires_grad=True)
     with pytest.raises(TypeError, match="out= and stream= are not supported for a tensor that requires grad"):
