@@ -1128,6 +1128,9 @@ def _programs() -> list[tuple[str, str, tuple[str, ...]]]:
         out.append((f"warp {dtype}", kernels.warp_wrapper(var, ic, T, 2), ("linred_warp", "linred_fixup")))
         checked = kernels.warp_wrapper(var, ic, T, 2, checked=True)
         out.append((f"warp checked {dtype}", checked, ("linred_warp", "linred_fixup")))
+        for shifted, what in ((var, "offsets"), (staged, "fixed")):  # rows past a 16-byte boundary
+            wrapper = kernels.warp_wrapper(shifted, kernels.index_ctype(shifted), T, 2, fused=what == "fixed", shift=3)
+            out.append((f"warp shifted {what} {dtype}", wrapper, ("linred_warp", "linred_fixup")))
         for ch in (False, True):
             fused = kernels.warp_wrapper(var, ic, T, 2, checked=ch, fused=True)
             out.append((f"warp fused checked={ch} {dtype}", fused, ("linred_warp", "linred_fixup")))
@@ -1856,3 +1859,37 @@ def test_tile_launch_arguments_match_the_kernels_and_reduce_strided_columns(monk
     check(buf, buf[: 3 * n * 2 * d].reshape(3, n, 2 * d)[..., ::-2], 1, L=43)  # reversed columns
     check(buf, buf[: 2 * d * n].reshape(d, 2 * n).T[::2], 0, offsets=[0, 50, 301])  # strided rows and columns
     check(buf, buf[: 2 * n * d].reshape(2, d, n).transpose(2, 0, 1), 0, L=7)  # (2, d) features after the axis
+
+
+def test_warp_shift_of_rows_past_a_16_byte_boundary():
+    """warp_reduce reads contiguous rows of one column that each begin as far past a 16-byte
+    boundary from that boundary: the shift in elements, or 0 where it cannot (or need not)."""
+    from linred.backends.nvrtc.kernels import warp_shift
+
+    base = 1 << 20  # (16-byte aligned)
+    one = problem(shape=(1, 1000, 1), length=None, segments=3, offsets_dtype="int64")
+    assert [warp_shift(one, base + 4 * e) for e in range(5)] == [0, 1, 2, 3, 0]
+    assert warp_shift(one, base + 2) == 0  # (not a whole float32 past the boundary)
+    for dtype, size in (("float64", 8), ("float16", 2), ("int8", 1)):
+        p = problem(dtype=dtype, shape=(1, 1000, 1), length=None, segments=3, offsets_dtype="int64")
+        assert [warp_shift(p, base + size * e) for e in range(16 // size + 1)] == [*range(16 // size), 0]
+    rows = problem(shape=(3, 1000, 1), length=None, segments=3, offsets_dtype="int64")  # rows of 4,000 bytes
+    assert warp_shift(rows, base + 12) == 3
+    ragged = problem(shape=(3, 1001, 1), length=None, segments=3, offsets_dtype="int64")  # each row elsewhere
+    assert warp_shift(ragged, base + 12) == 0
+    strided = problem(shape=(1, 1000, 1), strides=(2000, 2, 1), length=None, segments=3, offsets_dtype="int64")
+    assert warp_shift(strided, base + 4) == 0
+    features = problem(shape=(1, 1000, 4), length=None, segments=3, offsets_dtype="int64")
+    assert warp_shift(features, base + 4) == 0
+
+
+def test_warp_shifted_wrapper_reads_offsets_further_and_has_no_checked_variant():
+    from linred.backends.nvrtc import kernels
+
+    var = problem(shape=(1, 1000, 1), length=None, segments=9, offsets_dtype="int64")
+    wrapper = kernels.warp_wrapper(var, "long long", DEFAULT_OPTIONS, 2, shift=3)
+    assert wrapper.count("shifted<3>(ArrayOffsets<long long>{offsets})") == 2  # (the reduction and the fix-up)
+    fixed = problem(shape=(1, 700, 1), length=7)
+    assert "shifted<1>(FixedOffsets{L})" in kernels.warp_wrapper(fixed, "long long", DEFAULT_OPTIONS, 2, shift=1)
+    with pytest.raises(ValueError, match="checked variant"):
+        kernels.warp_wrapper(var, "long long", DEFAULT_OPTIONS, 2, checked=True, shift=3)

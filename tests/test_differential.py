@@ -164,6 +164,27 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
         shapes.append(_variable("lengths", tuple(L for _ in range(count // 3 + 1) for L in (run - 1, run, run + 1))))
         shapes.append(_variable("offsets", (count * run + 1,)))
     fam["warp_reduce"] = shapes
+    # warp_reduce on rows that begin 1 or 3 elements past a 16-byte boundary (the misaligned
+    # layouts), read from that boundary as rows that many elements longer whose segments begin
+    # that much further: the tiles and runs of those rows (n + shift at k*T-1, k*T, k*T+1), a
+    # segment boundary at and beside a tile boundary of them, one segment, fixed lengths.
+    shapes = []
+    for shift in (1, 3):
+        for nn in around(wt, 2 * wt, 5 * wt):
+            n = nn - shift
+            shapes.append(_variable("offsets", (n,)))
+            shapes.append(_variable("lengths", (n // 3, n // 3, 0, n - 2 * (n // 3))))
+            for b in around(wt - shift, lo=1):  # a boundary on and beside a tile boundary of the row read
+                shapes.append(_variable("offsets", (b, n - b)))
+        for L in (3, 7):
+            shapes += [_fixed(L, m) for m in around((wt - shift) // L, (2 * wt - shift) // L)]
+        if big:  # runs of 2 tiles, and the longest
+            per_run = T.warp_runs_per_sm * sms
+            for k in (2, T.max_tiles_per_warp):
+                n = k * per_run * wt - shift
+                shapes.append(_variable("offsets", (n + 1,)))
+                shapes.append(_variable("offsets", (*_aligned_offsets(k * wt, n // (k * wt), 3), n % (k * wt))))
+    fam["warp_shifted"] = shapes
     # tile_reduce: layouts warp_reduce does not take (strided, misaligned): tiles of T.tile.
     tile = T.tile
     shapes = [_fixed(L, m) for L in (1, 3, 64, tile, tile + 1) for m in around(max(1, tile // L), 2 * tile // L + 1)]
@@ -512,8 +533,8 @@ def test_boundaries_straddle_the_constants():
 # GPU backends
 # ---------------------------------------------------------------------------
 
-GPU_FAMILIES = ("fixed_small", "fixed_rows", "fixed_long", "warp_reduce", "tile_reduce", "tile_columns", "features",
-                "features_long")  # fmt: skip
+GPU_FAMILIES = ("fixed_small", "fixed_rows", "fixed_long", "warp_reduce", "warp_shifted", "tile_reduce", "tile_columns",
+                "features", "features_long")  # fmt: skip
 
 
 REAL_DTYPES = [d for d in DTYPES if d not in ("complex64", "complex128")]  # nvrtc refuses complex data
@@ -522,7 +543,8 @@ REAL_DTYPES = [d for d in DTYPES if d not in ("complex64", "complex128")]  # nvr
 def _nvrtc_cases(family: str, dtype: str) -> list[Case]:
     features = ("contiguous", "axis-1", "misaligned")
     layouts = {"tile_reduce": ("strided", "misaligned", "reversed"), "tile_columns": COLUMN_LAYOUTS,
-               "features": features, "features_long": features}  # fmt: skip
+               "features": features, "features_long": features,
+               "warp_shifted": ("misaligned", "misaligned-3")}  # fmt: skip
     shapes = nvrtc_families(dtype, device_sms()).get(family, [])
     lay = layouts.get(family, ("contiguous", "axis-1"))
     return list(expand(family, "nvrtc", gpu_kinds(), shapes, dtypes=[dtype], layouts=lay, seed=DTYPES.index(dtype)))

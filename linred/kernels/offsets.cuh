@@ -1,7 +1,8 @@
 // Segment boundaries and the tiling of rows, shared by tile_reduce, warp_reduce,
 // tile_fixup, features_reduce, softmax_from_parts and grad_from_parts.
 //
-// Holds: ArrayOffsets and FixedOffsets (offsets[s] from an array, or s * L),
+// Holds: ArrayOffsets and FixedOffsets (offsets[s] from an array, or s * L), ShiftedOffsets (either,
+// SHIFT elements further),
 // checked_bounds (a segment's bounds checked by the kernel that reads them),
 // segment_of_row and segment_from (the segment a row lies in; gallop_forward and last_at_most,
 // their steps), segment_chunks (a walk over chunks of rows, each value with its segment's
@@ -30,6 +31,17 @@ struct FixedOffsets {
     __device__ __forceinline__ i64 operator()(i64 s) const { return s * L; }
     __device__ __forceinline__ void prefetch(i64, int, i64) const {}
 };
+// Boundaries SHIFT elements further (warp_reduce on rows that begin SHIFT elements past a
+// 16-byte boundary, read from that boundary: the SHIFT elements before each row belong to no
+// segment).  Made by shifted(), whose parentheses keep a macro argument whole.
+template <class Off, int SHIFT> struct ShiftedOffsets {
+    Off inner;
+    __device__ __forceinline__ i64 operator()(i64 s) const { return inner(s) + SHIFT; }
+    __device__ __forceinline__ void prefetch(i64 s, int lane, i64 expect) const { inner.prefetch(s, lane, expect); }
+};
+template <int SHIFT, class Off> __device__ __forceinline__ ShiftedOffsets<Off, SHIFT> shifted(Off off) {
+    return ShiftedOffsets<Off, SHIFT>{off};
+}
 
 // Offsets checked by the kernel that reads them (check=True without a pass of its own):
 // segment s's bounds, read from the offsets, must lie in [0, n], not decrease, start at 0
@@ -208,6 +220,11 @@ template <class Off> __device__ __forceinline__ i64 warp_segment_at_or_after(con
 }
 __device__ __forceinline__ i64 warp_segment_at_or_after(const FixedOffsets& off, i64 m, i64 v, int) {
     return segment_at_or_after(off, nullptr, 0, m, v);
+}
+template <int SHIFT>
+__device__ __forceinline__ i64 warp_segment_at_or_after(const ShiftedOffsets<FixedOffsets, SHIFT>& off, i64 m, i64 v,
+                                                        int) {
+    return v <= SHIFT ? 0 : segment_at_or_after(off.inner, nullptr, 0, m, v - SHIFT);
 }
 
 struct TileArgs {

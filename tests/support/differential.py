@@ -196,12 +196,16 @@ def make_input(case: Case, rng: np.random.Generator) -> tuple[Any, np.ndarray, i
             raise ValueError("torch tensors have no negative strides")
         buf = np.ascontiguousarray(v[::-1])
         return _flip(to_kind(buf, case.kind)), v, axis
-    if layout == "misaligned":  # one element into a flat buffer: no longer 16-byte aligned
-        # (one element, not one row: a row of feature rows of whole 16-byte groups would keep
-        # every row aligned, and the kernels' 16-byte path would never meet a misaligned row)
-        flat = np.zeros(v.size + 1, dtype=v.dtype)
-        flat[1:] = v.reshape(-1)
-        return to_kind(flat, case.kind)[1:].reshape(v.shape), v, axis
+    if layout in ("misaligned", "misaligned-3"):  # 1 or 3 elements into a flat buffer: not 16-byte aligned
+        # (elements, not a row: a row of feature rows of whole 16-byte groups would keep every
+        # row aligned, and the kernels' 16-byte path would never meet a misaligned row).  What
+        # lies before is poison (NaN, or the largest integer): warp_reduce reads it as part of
+        # the 16-byte vector the data begins in, and must let it reach no result.
+        skip = 1 if layout == "misaligned" else 3
+        flat = np.zeros(v.size + skip, dtype=v.dtype)
+        flat[:skip] = _poison(v.dtype)
+        flat[skip:] = v.reshape(-1)
+        return to_kind(flat, case.kind)[skip:].reshape(v.shape), v, axis
     if case.kind != "numpy":
         raise ValueError(f"layout {layout} exists for NumPy arrays only")
     if layout == "byteswapped":
@@ -216,6 +220,16 @@ def make_input(case: Case, rng: np.random.Generator) -> tuple[Any, np.ndarray, i
         rec["v"] = v
         return rec["v"], v, axis
     raise ValueError(layout)
+
+
+def _poison(dtype: np.dtype) -> Any:
+    """A value that no result of a reduction that did not read it can show: NaN for floating
+    data, the largest value for integers, True for bools."""
+    if dtype.kind in "fc" or dtype.name == "bfloat16":
+        return np.nan
+    if dtype.kind == "b":
+        return True
+    return np.iinfo(dtype).max
 
 
 def segment_kwargs(case: Case, x: Any) -> dict[str, Any]:

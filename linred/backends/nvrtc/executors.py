@@ -16,10 +16,12 @@ on the raw stream handle it is given and reads its launch shapes from the
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver
 
+from linred._dtypes import itemsize
 from linred.arrays._context import on_device, set_up
 from linred.backends._device import ReleasedInOrder, StreamOrder, ops_for
 from linred.backends.base import INT32_MAX
@@ -53,6 +55,7 @@ from linred.backends.nvrtc.kernels import (
     vec,
     warp_items,
     warp_shared_bytes,
+    warp_shift,
     warp_tiles_per_run,
     warp_wrapper,
 )
@@ -410,10 +413,18 @@ class _WarpExecutor(_Runs):
     #: to tile_reduce, the one-kernel check covers first.
     checks_offsets = True
 
-    def __init__(self, problem: Problem, options: NvrtcOptions, launch: _Launcher | None = None) -> None:
+    def __init__(
+        self, problem: Problem, options: NvrtcOptions, launch: _Launcher | None = None, shift: int = 0
+    ) -> None:
         tuning = options
         launch = launch or _Launcher(problem)
         wt = 32 * warp_items(problem)
+        #: rows that begin ``shift`` elements past a 16-byte boundary are read from it, as rows
+        #: ``shift`` elements longer whose segments begin ``shift`` further (the elements before
+        #: each row belong to no segment: :func:`kernels.warp_shift`); the tiling is theirs
+        self._shift = shift
+        if shift:
+            problem = dataclasses.replace(problem, n=problem.n + shift)
         b, n, _ = problem.in_shape
         k = warp_tiles_per_run(b, n, problem, tuning, launch.sms)
         super().__init__(problem, options, launch, tile=wt, k=k, per_block=tuning.threads // 32, bounds=False)
@@ -426,6 +437,8 @@ class _WarpExecutor(_Runs):
         self._needs_fixup = not self._fused
         self._ticket: Any = None
         self._tiles: _TileExecutor | None = None
+        #: per shift: the executor of rows that begin that many elements past a 16-byte boundary
+        self._shifted: dict[int, _WarpExecutor] = {}
         # Per variant (checking the offsets or not): the kernels and the shared memory.
         self._compiled: dict[bool, tuple[tuple[Any, Any, Any], int]] = {}
         #: where each run's walk of the offsets began and ended (the checked variant's)
@@ -436,16 +449,33 @@ class _WarpExecutor(_Runs):
         xp = self._launch.ptr(x)
         word = segments.word if segments.__class__ is VariableSegments else 0
         # Whole 16-byte vectors of every row (and segment indices that fit the int of its
-        # per-tile table), else tile_reduce.
+        # per-tile table); rows as far past a 16-byte boundary each read from it, their offsets
+        # checked first (the checked variant reads offsets[0] == 0 as the start); else tile_reduce.
         if not self._rows_aligned(xp) or problem.num_segments > INT32_MAX:
+            shift = warp_shift(problem, xp) if problem.num_segments <= INT32_MAX else 0
+            if shift:
+                if word and not self._checked_first(segments, stream):
+                    return  # (the word is set: the caller raises)
+                shifted = self._shifted.get(shift)
+                if shifted is None:
+                    shifted = self._shifted[shift] = _WarpExecutor(problem, tuning, self._launch, shift)
+                shifted._reduce(xp - shift * itemsize(problem.dtype), out, segments, stream, 0)
+                return
             if problem.reduction in LSE_REDUCTIONS:  # (tile_reduce has no LseAcc: the caller checks both)
-                raise ValueError("warp_reduce's logsumexp needs 16-byte aligned rows and at most 2^31 - 1 segments")
+                raise ValueError("warp_reduce's logsumexp needs rows of whole 16-byte vectors (or each as far "
+                                 "past a 16-byte boundary) and at most 2^31 - 1 segments")  # fmt: skip
             if word and not self._checked_first(segments, stream):
                 return  # (the word is set: the caller raises)
             if self._tiles is None:
                 self._tiles = _TileExecutor(problem, tuning, self._launch)
             self._tiles(x, out, segments, stream)
             return
+        self._reduce(xp, out, segments, stream, word)
+
+    def _reduce(self, xp: int, out: Any, segments: Segments, stream: Any, word: int) -> None:
+        """warp_reduce (and its fix-up) on rows at ``xp`` that it reads as whole 16-byte vectors
+        (this executor's shift before them), checking the offsets into ``word`` (0: not)."""
+        problem, tuning = self._problem, self._tuning
         checked = word != 0
         compiled = self._compiled.get(checked)
         if compiled is None:
@@ -456,7 +486,7 @@ class _WarpExecutor(_Runs):
                 self._launch.fill(self._ticket, 0, stream)
             ptr = self._launch.ptr
             compiled = self._compiled[checked] = self._compile_kernels(
-                warp_wrapper(problem, index_ctype(problem), tuning, self._k, checked, self._fused),
+                warp_wrapper(problem, index_ctype(problem), tuning, self._k, checked, self._fused, self._shift),
                 ("linred_warp", "linred_fixup"),
                 warp_shared_bytes(problem, tuning),
                 ptr(self._walks) if checked else 0,
@@ -477,6 +507,9 @@ class _WarpExecutor(_Runs):
         super().free()
         if self._tiles is not None:
             self._tiles.free()
+        for shifted in self._shifted.values():
+            shifted.free()
+        self._shifted.clear()
         self._compiled.clear()
         self._tiles = self._walks = self._ticket = None
 

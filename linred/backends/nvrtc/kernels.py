@@ -110,6 +110,19 @@ def rows_aligned(problem: Problem, xp: int) -> bool:
     )
 
 
+def warp_shift(problem: Problem, xp: int) -> int:
+    """How many elements past a 16-byte boundary the rows of the data at address ``xp`` begin,
+    where ``warp_reduce`` can read them from that boundary instead (contiguous rows of one
+    column, each as far past a boundary: :func:`rows_aligned` of the boundary below ``xp``); 0
+    where it cannot (then ``tile_reduce`` reads them) or need not (whole vectors already)."""
+    b, _, d = problem.in_shape
+    s0, s1, _ = problem.strides
+    size = itemsize(problem.dtype)
+    if d != 1 or s1 != 1 or xp % size or (b > 1 and (s0 * size) % 16):
+        return 0
+    return (xp % 16) // size
+
+
 def index_ctype(problem: Problem) -> str:
     """The C type of the offsets (``long long`` for a fixed length, whose offsets are computed)."""
     return "long long" if problem.fixed else CTYPES[problem.offsets_dtype]
@@ -236,9 +249,10 @@ def kernel_types(problem: Problem) -> tuple[str, str, str, str, str]:
     return CTYPES[problem.dtype], out, acc, _OPS[problem.reduction], mean
 
 
-def _offsets(problem: Problem, index_ctype: str) -> str:
-    """The segment boundaries as the kernels read them (offsets.cuh)."""
-    return "FixedOffsets{L}" if problem.fixed else f"ArrayOffsets<{index_ctype}>{{offsets}}"
+def _offsets(problem: Problem, index_ctype: str, shift: int = 0) -> str:
+    """The segment boundaries as the kernels read them (offsets.cuh), ``shift`` elements further."""
+    plain = "FixedOffsets{L}" if problem.fixed else f"ArrayOffsets<{index_ctype}>{{offsets}}"
+    return f"shifted<{shift}>({plain})" if shift else plain
 
 
 def fixed_wrapper(problem: Problem, tuning: NvrtcOptions) -> str:
@@ -282,15 +296,24 @@ def tile_wrapper(problem: Problem, vecload: bool, index_ctype: str, tuning: Nvrt
 
 
 def warp_wrapper(
-    problem: Problem, index_ctype: str, tuning: NvrtcOptions, k: int, checked: bool = False, fused: bool = False
+    problem: Problem,
+    index_ctype: str,
+    tuning: NvrtcOptions,
+    k: int,
+    checked: bool = False,
+    fused: bool = False,
+    shift: int = 0,
 ) -> str:
     """``linred_warp`` (``warp_reduce``, ``k`` tiles per warp; with ``checked``, checking the
-    offsets it reads; with ``fused``, joining the runs' partials in its last block) and
-    ``linred_fixup`` (the join as a kernel of its own), whose runs are a block's warps
-    (warp.cuh, fixup.cuh)."""
+    offsets it reads; with ``fused``, joining the runs' partials in its last block; with
+    ``shift``, reading rows that begin that many elements past a 16-byte boundary from the
+    boundary, its segments' bounds ``shift`` further) and ``linred_fixup`` (the join as a kernel
+    of its own), whose runs are a block's warps (warp.cuh, fixup.cuh)."""
+    if shift and checked:
+        raise ValueError("warp_reduce's checked variant reads offsets[0] == 0 as the start: no shift")
     t, o, a, op, mean = kernel_types(problem)
     threads, min_blocks = tuning.threads, tuning.min_blocks_warp
-    offsets = _offsets(problem, index_ctype)
+    offsets = _offsets(problem, index_ctype, shift)
     wt, group = 32 * warp_items(problem), threads // 32
     smem = warp_shared_bytes(problem, tuning)
     ch, fu = ("true" if flag else "false" for flag in (checked, fused))
