@@ -338,7 +338,7 @@ def _run(
             stack.enter_context(adapter.on_stream(handle, device))
         segments = dict(segments)
         if segments.get("segment_ids") is not None:
-            segments["segment_ids"] = unchecked_ids(segments["segment_ids"], check)
+            segments["segment_ids"] = unchecked_ids(segments["segment_ids"], check, segments.get("num_segments"))
         for key in ("offsets", "lengths", "segment_ids"):  # on the device once, not once per reduction
             value = segments.get(key)
             if value is not None:

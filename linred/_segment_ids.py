@@ -42,14 +42,28 @@ from linred.arrays import as_array, namespace
 __all__ = ["reduce_by_ids"]
 
 
-def unchecked_ids(ids: Any, check: Any) -> Any:
-    """``segment_ids`` as a call reads them: with ``check=False``, NumPy ``uint64`` ids past the
-    int64 range clipped to its largest value (outside ``[0, num_segments)`` whatever
-    ``num_segments``: dropped, as every id out of range is; a device array's conversion wraps them
-    to negative ids, dropped too).  With ``check=True`` the conversion names them in its
-    ``ValueError``."""
-    if check is False and isinstance(ids, np.ndarray) and ids.dtype == np.uint64 and ids.size:
-        return np.minimum(ids, np.uint64(np.iinfo(np.int64).max))
+def unchecked_ids(ids: Any, check: Any, num_segments: Any) -> Any:
+    """``segment_ids`` as a call reads them: with ``check=False`` and ``num_segments`` given, host
+    ids past the int64 range (a NumPy ``uint64`` array, or Python integers of a list) clipped to
+    its bounds, outside ``[0, num_segments)`` whatever ``num_segments``: dropped, as every
+    id out of range is (a device array's conversion wraps them to negative ids, dropped too; the
+    clip keeps sorted ids sorted).  Otherwise (the ids checked, or their largest the count of
+    segments) the conversion names them in its ``ValueError``."""
+    if check is not False or num_segments is None:
+        return ids
+    low, high = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+    if isinstance(ids, (list, tuple)):  # (NumPy makes float64 of ints past int64: clipped as ints)
+        try:
+            if np.asarray(ids).dtype.kind in "iub":
+                return ids
+        except (TypeError, ValueError, OverflowError):
+            return ids
+        flat = np.asarray(ids, dtype=object).reshape(-1)
+        if flat.size and all(type(v) is int for v in flat) and any(not low <= v <= high for v in flat):
+            return np.array([min(max(v, low), high) for v in flat], dtype=np.int64).reshape(np.shape(ids))
+        return ids
+    if isinstance(ids, np.ndarray) and ids.dtype == np.uint64 and ids.size:
+        return np.minimum(ids, np.uint64(high))
     return ids
 
 
@@ -250,7 +264,7 @@ def _by_ids(
     ops, kind = _Ops(adapter, x), adapter.kind
     ax = normalize_axis(axis, len(x.shape))
     n = x.shape[ax]
-    ids = ops.ids(unchecked_ids(segment_ids, check), device)
+    ids = ops.ids(unchecked_ids(segment_ids, check, ns), device)
     if ids.shape[0] != n:
         raise ValueError(f"segment_ids must have one id per element along axis {ax} ({n}); got {ids.shape[0]}")
 

@@ -510,9 +510,11 @@ def _as_dtype_name(dtype: Any) -> Any:
 
 
 def _refuse_integer_result(reduction: str, x: Tensor, dtype: str) -> None:
-    """The TypeError of ``dtype=`` an integer or bool result for a tensor that requires grad (a
-    result autograd cannot differentiate, which would come back without a ``grad_fn``: the
-    caller's training would silently stop learning through it; ``torch.sum`` refuses it too)."""
+    """The TypeError of ``dtype=`` an integer result of a sum or product for a tensor that
+    requires grad (a result autograd cannot differentiate, which would come back without a
+    ``grad_fn``: the caller's training would silently stop learning through it), as ``torch.sum``
+    and ``torch.prod`` refuse it.  (Max and min with an integer ``dtype=`` are the extreme of the
+    cast elements, as ``x.to(int).amax()`` is: no gradient, as there.)"""
     try:
         _, out = resolve(reduction, dtype_name(x.dtype), dtype)
     except (TypeError, ValueError):
@@ -573,7 +575,7 @@ def _through_op(
     if segment_length is not None and not isinstance(segment_length, bool) and hasattr(segment_length, "__index__"):
         segment_length = int(segment_length)
     dtype = _as_dtype_name(dtype)
-    if dtype is not None and x.requires_grad and torch.is_grad_enabled():
+    if dtype is not None and reduction in ("sum", "prod") and x.requires_grad and torch.is_grad_enabled():
         _refuse_integer_result(reduction, x, dtype)
     args = (x, offsets, lengths, segment_length, axis, reduction, dtype, backend, check)
     if torch.compiler.is_compiling():

@@ -1129,7 +1129,8 @@ def _programs() -> list[tuple[str, str, tuple[str, ...]]]:
         checked = kernels.warp_wrapper(var, ic, T, 2, checked=True)
         out.append((f"warp checked {dtype}", checked, ("linred_warp", "linred_fixup")))
         for shifted, what in ((var, "offsets"), (staged, "fixed")):  # rows past a 16-byte boundary
-            wrapper = kernels.warp_wrapper(shifted, kernels.index_ctype(shifted), T, 2, fused=what == "fixed", shift=3)
+            wrapper = kernels.warp_wrapper(shifted, kernels.index_ctype(shifted), T, 2, what == "offsets",
+                                           fused=what == "fixed", shift=3)  # fmt: skip
             out.append((f"warp shifted {what} {dtype}", wrapper, ("linred_warp", "linred_fixup")))
         for ch in (False, True):
             fused = kernels.warp_wrapper(var, ic, T, 2, checked=ch, fused=True)
@@ -1883,7 +1884,7 @@ def test_warp_shift_of_rows_past_a_16_byte_boundary():
     assert warp_shift(features, base + 4) == 0
 
 
-def test_warp_shifted_wrapper_reads_offsets_further_and_has_no_checked_variant():
+def test_warp_shifted_wrapper_reads_offsets_further():
     from linred.backends.nvrtc import kernels
 
     var = problem(shape=(1, 1000, 1), length=None, segments=9, offsets_dtype="int64")
@@ -1891,5 +1892,5 @@ def test_warp_shifted_wrapper_reads_offsets_further_and_has_no_checked_variant()
     assert wrapper.count("shifted<3>(ArrayOffsets<long long>{offsets})") == 2  # (the reduction and the fix-up)
     fixed = problem(shape=(1, 700, 1), length=7)
     assert "shifted<1>(FixedOffsets{L})" in kernels.warp_wrapper(fixed, "long long", DEFAULT_OPTIONS, 2, shift=1)
-    with pytest.raises(ValueError, match="checked variant"):
-        kernels.warp_wrapper(var, "long long", DEFAULT_OPTIONS, 2, checked=True, shift=3)
+    checked = kernels.warp_wrapper(var, "long long", DEFAULT_OPTIONS, 2, checked=True, shift=3)
+    assert checked.count("shifted<3>(ArrayOffsets<long long>{offsets})") == 2 and ", true, " in checked

@@ -70,6 +70,7 @@ def _fixed(L: int, m: int, d: int = 0) -> tuple[str, tuple[int, ...], int]:
 
 
 def _variable(spec: str, lengths: tuple[int, ...], d: int = 0) -> tuple[str, tuple[int, ...], int]:
+    assert min(lengths, default=0) >= 0, lengths  # (a shape's lengths are valid: the checks are tested apart)
     return (spec, lengths, d)
 
 
@@ -175,7 +176,8 @@ def nvrtc_families(dtype: str, sms: int) -> dict[str, list]:
             shapes.append(_variable("offsets", (n,)))
             shapes.append(_variable("lengths", (n // 3, n // 3, 0, n - 2 * (n // 3))))
             for b in around(wt - shift, lo=1):  # a boundary on and beside a tile boundary of the row read
-                shapes.append(_variable("offsets", (b, n - b)))
+                if b <= n:
+                    shapes.append(_variable("offsets", (b, n - b)))
         for L in (3, 7):
             shapes += [_fixed(L, m) for m in around((wt - shift) // L, (2 * wt - shift) // L)]
         if big:  # runs of 2 tiles, and the longest

@@ -112,8 +112,14 @@ def test_uint64_ids_past_int64_are_dropped_unchecked_and_named_checked():
         np.testing.assert_array_equal(got, _reference(name, x, kept, 2, 0))
     got = linred.segmented_softmax(x, segment_ids=ids, num_segments=2, check=False)
     np.testing.assert_allclose(got, _composed_reference("softmax", x, kept, 2), rtol=1e-12)
+    got = linred.segmented_sum(x, segment_ids=[int(i) for i in ids], num_segments=2, check=False)  # (a list)
+    np.testing.assert_array_equal(got, _reference("sum", x, kept, 2, 0))
     with pytest.raises(ValueError, match="segment_ids must fit in int64; got 18446744073709551615"):
         linred.segmented_sum(x, segment_ids=ids, num_segments=2)
+    # Without num_segments the largest id is the count of segments: such an id is named, not dropped.
+    for name in ("sum", "softmax"):
+        with pytest.raises(ValueError, match="segment_ids must fit in int64; got 18446744073709551615"):
+            getattr(linred, f"segmented_{name}")(x, segment_ids=ids, check=False)
 
 
 COMPOSED = ("logsumexp", "softmax", "log_softmax", "var", "std")

@@ -516,6 +516,7 @@ GPU_KNOBS = [
     ("nvrtc", "max_tiles_per_block", (16, 1, 2)),
     ("nvrtc", "max_tiles_per_warp", (16, 1, 2)),
     ("nvrtc", "warp_runs_per_sm", (16, 1, 128)),
+    ("nvrtc", "tile_runs_per_sm", (20, 1, 128)),
     ("nvrtc", "feature_long_min_bytes", (32 << 20, 1)),
     ("nvrtc", "feature_long_factor", (2, 1, 8)),
     ("nvrtc", "feature_narrow_unroll", (4, 1, 2, 8)),

@@ -524,7 +524,16 @@ def _warp_sets(sets: list[ShapeSet], c: Constants) -> None:
                  "(more: linred_fixup)", tile=wt)  # fmt: skip
     for r in s.values:
         name = f"{s.name}/runs={r}"
-        case = Case(name, "sum", "float32", "cupy", (r * wt,), 0, lengths=_lengths_to(r * wt, 0, 3 * wt, _rng(name)))
+        case = Case(
+            name,
+            "sum",
+            "float32",
+            "cupy",
+            (r * wt,),
+            0,
+            lengths=_lengths_to(r * wt, 0, 3 * wt, _rng(name)),
+            sms=NOMINAL_SMS,
+        )  # (runs of one tile: planned for a full GPU whatever this one's SMs)
         case.value = r
         s.cases.append(case)
     sets.append(s)
@@ -545,7 +554,7 @@ def _warp_sets(sets: list[ShapeSet], c: Constants) -> None:
         # more runs than the last block joins: linred_fixup (also in --quick, which keeps only
         # the k*T member of the runs-joined triple)
         Case("warp/float32-sum-fixup-kernel", "sum", "float32", "cupy", (2 * joined * wt,), 0,
-             lengths=_lengths_to(2 * joined * wt, 0, 3 * wt, _rng("warp/fixup-kernel"))),
+             lengths=_lengths_to(2 * joined * wt, 0, 3 * wt, _rng("warp/fixup-kernel")), sms=NOMINAL_SMS),
     ])  # fmt: skip
 
 

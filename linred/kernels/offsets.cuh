@@ -17,6 +17,7 @@
 
 // Segment boundaries: offsets[s] from an array, or s * L for a fixed length.
 template <class I> struct ArrayOffsets {
+    static constexpr i64 origin = 0;  // where segment 0 must begin (checked offsets)
     const I* __restrict__ p;
     __device__ __forceinline__ i64 operator()(i64 s) const { return (i64)p[s]; }
     // Lanes ask L2 for the 128-byte lines of the boundaries from s on: those of
@@ -27,6 +28,7 @@ template <class I> struct ArrayOffsets {
     }
 };
 struct FixedOffsets {
+    static constexpr i64 origin = 0;
     i64 L;
     __device__ __forceinline__ i64 operator()(i64 s) const { return s * L; }
     __device__ __forceinline__ void prefetch(i64, int, i64) const {}
@@ -35,6 +37,7 @@ struct FixedOffsets {
 // 16-byte boundary, read from that boundary: the SHIFT elements before each row belong to no
 // segment).  Made by shifted(), whose parentheses keep a macro argument whole.
 template <class Off, int SHIFT> struct ShiftedOffsets {
+    static constexpr i64 origin = Off::origin + SHIFT;
     Off inner;
     __device__ __forceinline__ i64 operator()(i64 s) const { return inner(s) + SHIFT; }
     __device__ __forceinline__ void prefetch(i64 s, int lane, i64 expect) const { inner.prefetch(s, lane, expect); }

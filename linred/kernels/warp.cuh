@@ -148,7 +148,7 @@ __device__ __forceinline__ void warp_reduce(const T* __restrict__ x, O* __restri
     bool broken = false;
     if (CHECKED && active) {
         if (lane == 0) walks[2 * c] = s_first;
-        broken = j0 == 0 && (s_first != 0 || off(0) != 0);
+        broken = j0 == 0 && (s_first != 0 || off(0) != Off::origin);
     }
     const int tiles = broken ? 0 : (int)(j1 - j0);  // K at most: an int counter, two registers fewer than an i64
     for (int jt = 0; jt < tiles; ++jt) {

@@ -76,14 +76,16 @@ class NvrtcOptions(Options):
     min_blocks: int = 5  #: resident blocks per SM that tile_reduce's registers must allow
     min_blocks_wide: int = 4  #: the same with 8-byte accumulators (more registers without spilling)
     max_tiles_per_block: int = 16  #: consecutive tiles one block reduces (fewer when the data is small)
-    #: the fewest runs per SM tile_reduce's tiles per run leave (four waves of min_blocks)
+    #: the fewest runs per SM tile_reduce's tiles per run leave (halved from max_tiles_per_block
+    #: until there are as many; 20 measured fastest or within 2% of 10, 5 and 2 on an H200)
     tile_runs_per_sm: int = 20
     max_tiles_per_warp: int = 16  #: consecutive tiles one warp reduces in warp_reduce (fewer for small data)
     min_blocks_warp: int = 4  #: resident blocks per SM that warp_reduce's registers must allow
     #: the fewest runs per SM warp_reduce's tiles per run leave (halved from max_tiles_per_warp
     #: until there are as many): long runs, fewer searches and partials.  H200, float32, device
     #: us per call at 2^24 values (128, as tile_reduce's four waves, -> 16): one segment 102 ->
-    #: 32, geometric lengths of mean 16 54.9 -> 37.5, of 8192 40.6 -> 27.9; at 2^26 1-9% faster
+    #: 32, geometric lengths of mean 16 54.9 -> 37.5, of 8192 40.6 -> 27.9; at 2^26 1-43% (one
+    #: segment 117 -> 83, float16 108 -> 61); at 2^28 unchanged (16 tiles a run already)
     warp_runs_per_sm: int = 16
     #: the fewest bytes of feature rows with offsets whose long segments the feature kernels cut
     #: into tiles of FEATURE_TILE_ROWS rows (a search of the offsets per tile: see features_long_rows)

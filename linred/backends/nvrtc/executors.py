@@ -401,12 +401,14 @@ class _TileExecutor(_Runs):
 class _WarpExecutor(_Runs):
     """Any segments (fixed or offsets) of contiguous, 16-byte aligned rows with one feature
     column: ``warp_reduce``, every warp a run of tiles of its own, partials of segments that
-    span runs joined by the fix-up.  Other layouts go to ``tile_reduce``.
+    span runs joined by the fix-up.  Rows that each begin as far past a 16-byte boundary (a
+    slice ``x[k:]``) are read from the boundary by an executor of rows that much longer (its
+    ``shift``); other layouts go to ``tile_reduce``.
 
     Offsets with a check word are checked by ``warp_reduce`` as it reads them (its CHECKED
-    variant); a layout handed to ``tile_reduce`` has them checked first by the one-kernel
-    check, into the same word, and is reduced only if they pass.  Plans take that route only
-    where the class claims ``checks_offsets``."""
+    variant, shifted rows too); a layout handed to ``tile_reduce`` has them checked first by the
+    one-kernel check, into the same word, and is reduced only if they pass.  Plans take that
+    route only where the class claims ``checks_offsets``."""
 
     #: warp_reduce's CHECKED variant checks every offset it reads (its device time within 1% of
     #: the unchecked variant's on an H100); what it does not reach, the unaligned layouts handed
@@ -449,17 +451,14 @@ class _WarpExecutor(_Runs):
         xp = self._launch.ptr(x)
         word = segments.word if segments.__class__ is VariableSegments else 0
         # Whole 16-byte vectors of every row (and segment indices that fit the int of its
-        # per-tile table); rows as far past a 16-byte boundary each read from it, their offsets
-        # checked first (the checked variant reads offsets[0] == 0 as the start); else tile_reduce.
+        # per-tile table); rows as far past a 16-byte boundary each read from it; else tile_reduce.
         if not self._rows_aligned(xp) or problem.num_segments > INT32_MAX:
             shift = warp_shift(problem, xp) if problem.num_segments <= INT32_MAX else 0
             if shift:
-                if word and not self._checked_first(segments, stream):
-                    return  # (the word is set: the caller raises)
                 shifted = self._shifted.get(shift)
                 if shifted is None:
                     shifted = self._shifted[shift] = _WarpExecutor(problem, tuning, self._launch, shift)
-                shifted._reduce(xp - shift * itemsize(problem.dtype), out, segments, stream, 0)
+                shifted._reduce(xp - shift * itemsize(problem.dtype), out, segments, stream, word)
                 return
             if problem.reduction in LSE_REDUCTIONS:  # (tile_reduce has no LseAcc: the caller checks both)
                 raise ValueError("warp_reduce's logsumexp needs rows of whole 16-byte vectors (or each as far "

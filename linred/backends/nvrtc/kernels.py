@@ -307,10 +307,8 @@ def warp_wrapper(
     """``linred_warp`` (``warp_reduce``, ``k`` tiles per warp; with ``checked``, checking the
     offsets it reads; with ``fused``, joining the runs' partials in its last block; with
     ``shift``, reading rows that begin that many elements past a 16-byte boundary from the
-    boundary, its segments' bounds ``shift`` further) and ``linred_fixup`` (the join as a kernel
+    boundary, its segments' bounds ``shift`` further, the first at ``shift``) and ``linred_fixup`` (the join as a kernel
     of its own), whose runs are a block's warps (warp.cuh, fixup.cuh)."""
-    if shift and checked:
-        raise ValueError("warp_reduce's checked variant reads offsets[0] == 0 as the start: no shift")
     t, o, a, op, mean = kernel_types(problem)
     threads, min_blocks = tuning.threads, tuning.min_blocks_warp
     offsets = _offsets(problem, index_ctype, shift)
