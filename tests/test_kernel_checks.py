@@ -297,24 +297,34 @@ def test_kernel_checked_offsets_with_autograd():
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
 @pytest.mark.parametrize("reduction", ["sum", "max"])
-def test_kernel_checked_rows_not_aligned(warp_checks, verdict_route, kernel_checked, kind, reduction):
-    """One column whose data is not 16-byte aligned (a view one element in): warp_reduce hands it
-    to tile_reduce, which does not check offsets; they are checked first into the same word."""
+@pytest.mark.parametrize("layout", ["one element in", "three elements in", "rows of odd length"])
+def test_kernel_checked_rows_not_aligned(warp_checks, verdict_route, kernel_checked, kind, reduction, layout):
+    """Data that is not 16-byte aligned.  A view one or three elements in: warp_reduce reads it
+    from the boundary before it (its offsets checked as it reads them, the first where the
+    shifted segments begin), NaN there reaching no result.  Rows of an odd length, each
+    elsewhere past a boundary: warp_reduce hands them to tile_reduce, which does not check
+    offsets; they are checked first into the same word."""
     rng = np.random.default_rng(3)
     n = 50_001
     fn = getattr(linred, f"segmented_{reduction}")
-    x = rng.standard_normal(n + 1).astype(np.float32)
+    if layout == "rows of odd length":
+        x = rng.standard_normal((2, n)).astype(np.float32)
+        xd, host, axis = to_kind(x, kind), x, 1
+    else:
+        skip = 1 if layout == "one element in" else 3
+        x = rng.standard_normal(n + skip).astype(np.float32)
+        x[:skip] = np.nan
+        xd, host, axis = to_kind(x, kind)[skip:], x[skip:], 0
     good = _offsets(700, n, rng)
-    xd = to_kind(x, kind)[1:]
-    fn(xd, offsets=to_kind(good, kind), backend="nvrtc")  # plans
+    fn(xd, offsets=to_kind(good, kind), axis=axis, backend="nvrtc")  # plans
     kernel_checked.update({"kernel": 0, "pass": 0})
     for bad in _broken(good, n, "int64"):
-        expected = _host_message(fn, x[1:], offsets=bad)
+        expected = _host_message(fn, host, offsets=bad, axis=axis)
         with pytest.raises(ValueError, match=re.escape(expected)):
-            fn(xd, offsets=to_kind(bad, kind), backend="nvrtc")
-        got = fn(xd, offsets=to_kind(good, kind), backend="nvrtc")
+            fn(xd, offsets=to_kind(bad, kind), axis=axis, backend="nvrtc")
+        got = fn(xd, offsets=to_kind(good, kind), axis=axis, backend="nvrtc")
         np.testing.assert_allclose(
-            to_numpy(got).astype(np.float64), _reference(reduction, x[1:], good, 0), rtol=2e-5, atol=2e-5
+            to_numpy(got).astype(np.float64), _reference(reduction, host, good, axis), rtol=2e-5, atol=2e-5
         )
     assert kernel_checked["kernel"] == 2 * len(_broken(good, n, "int64"))
     assert kernel_checked["pass"] == 0
