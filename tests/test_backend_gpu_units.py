@@ -1894,3 +1894,26 @@ def test_warp_shifted_wrapper_reads_offsets_further():
     assert "shifted<1>(FixedOffsets{L})" in kernels.warp_wrapper(fixed, "long long", DEFAULT_OPTIONS, 2, shift=1)
     checked = kernels.warp_wrapper(var, "long long", DEFAULT_OPTIONS, 2, checked=True, shift=3)
     assert checked.count("shifted<3>(ArrayOffsets<long long>{offsets})") == 2 and ", true, " in checked
+
+
+def test_tile_reduce_reads_vectors_only_where_every_thread_gets_whole_ones():
+    """A tile (configure allows 512) smaller than threads * the vector, or not a multiple of it,
+    is read element by element: its vector variant would give a thread no vector (and did not
+    compile: ``V vbuf[0]``)."""
+    from linred.backends.nvrtc import kernels
+
+    base = 1 << 20
+    f32 = problem(shape=(1, 1000, 1), length=None, segments=3, offsets_dtype="int64")
+    i8 = problem(dtype="int8", shape=(1, 1000, 1), length=None, segments=3, offsets_dtype="int64")
+    assert kernels.tile_vecload(f32, DEFAULT_OPTIONS, base)
+    assert not kernels.tile_vecload(f32, DEFAULT_OPTIONS, base + 4)  # (not on a 16-byte boundary)
+    small = dataclasses.replace(DEFAULT_OPTIONS, tile=512)
+    assert not kernels.tile_vecload(f32, small, base)
+    assert kernels.tile_vecload(f32, dataclasses.replace(DEFAULT_OPTIONS, tile=1024), base)
+    assert not kernels.tile_vecload(i8, dataclasses.replace(DEFAULT_OPTIONS, tile=2048), base)
+    assert not kernels.tile_vecload(f32, dataclasses.replace(DEFAULT_OPTIONS, tile=1280), base)
+    Program, ProgramOptions = _nvrtc_or_skip()
+    from linred.kernels.compiler import source
+
+    wrapper = kernels.tile_wrapper(f32, kernels.tile_vecload(f32, small, base), "long long", small, 1)
+    assert Program(source(wrapper), "c++", ProgramOptions(arch="sm_80", std="c++17")).compile("cubin").code

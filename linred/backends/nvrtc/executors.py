@@ -51,6 +51,7 @@ from linred.backends.nvrtc.kernels import (
     staged_wrapper,
     tile_shared_bytes,
     tile_tiles_per_run,
+    tile_vecload,
     tile_wrapper,
     vec,
     warp_items,
@@ -383,7 +384,7 @@ class _TileExecutor(_Runs):
     def __call__(self, x: Any, out: Any, segments: Segments, stream: Any) -> None:
         problem, tuning = self._problem, self._tuning
         xp = self._launch.ptr(x)
-        vecload = self._rows_aligned(xp)
+        vecload = tile_vecload(problem, tuning, xp)
         compiled = self._kernels.get(vecload)
         if compiled is None:
             compiled = self._kernels[vecload] = self._compile_kernels(

@@ -110,6 +110,13 @@ def rows_aligned(problem: Problem, xp: int) -> bool:
     )
 
 
+def tile_vecload(problem: Problem, tuning: NvrtcOptions, xp: int) -> bool:
+    """Whether ``tile_reduce`` reads the rows at ``xp`` as 16-byte vectors: rows of whole vectors
+    (:func:`rows_aligned`) and tiles of whole vectors for every thread (a tile of fewer elements
+    than ``threads`` vectors, which ``configure`` allows, leaves a thread no vector)."""
+    return rows_aligned(problem, xp) and tuning.tile % (vec(problem) * tuning.threads) == 0
+
+
 def warp_shift(problem: Problem, xp: int) -> int:
     """How many elements past a 16-byte boundary the rows of the data at address ``xp`` begin,
     where ``warp_reduce`` can read them from that boundary instead (contiguous rows of one
