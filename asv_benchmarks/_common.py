@@ -43,6 +43,8 @@ class _Shape:
     features: int = 1
     layout: str = ""
     mean: float = 0.0
+    #: elements the data begins past a 16-byte boundary (a slice ``buf[skip:]``)
+    skip: int = 0
 
 
 #: the shapes of ``linred bench``, by the names its table uses
@@ -59,6 +61,10 @@ SHAPES = {
     "half empty": _Shape(layout="half-empty", mean=16),
     "zipf 1.5": _Shape(layout="zipf"),
     "one huge": _Shape(layout="one-huge", mean=4),
+    # mid-size calls (GpuVariableMid): one segment, and data one element past a 16-byte boundary
+    "one segment": _Shape(layout="one"),
+    "geom 16 +1": _Shape(layout="geometric", mean=16, skip=1),
+    "one segment +1": _Shape(layout="one", skip=1),
 }
 
 
@@ -82,6 +88,8 @@ def make_offsets(shape: _Shape, n: int, seed: int) -> np.ndarray:
     """The offsets of a variable-length shape over ``n`` elements (seeded: the same for every commit)."""
     rng = np.random.default_rng(seed)
     geometric = lambda k: rng.geometric(1 / shape.mean, size=k)
+    if shape.layout == "one":
+        return np.array([0, n], dtype=np.int64)
     if shape.layout == "geometric":
         lengths = _draw_until(geometric, n, shape.mean)
     elif shape.layout == "half-empty":  # half the segments empty, mean length still shape.mean
@@ -142,7 +150,9 @@ def make_case(name: str, dtype: str, n_float32: int) -> _Case:
     rows = n_float32 * 4 // ITEMSIZE[dtype] // shape.features
     if shape.length is not None and (shape.length > rows or rows % shape.length):
         raise NotImplementedError(f"{name} does not divide {rows} {dtype} elements")
-    offsets = None if shape.length is not None else make_offsets(shape, rows, zlib.crc32(name.encode()))
+    # (a skipped shape draws the offsets of the shape it skips from: the same segments)
+    seed = zlib.crc32(name.removesuffix(f" +{shape.skip}").encode())
+    offsets = None if shape.length is not None else make_offsets(shape, rows, seed)
     return _Case(name, dtype, rows, shape, offsets)
 
 

@@ -44,7 +44,9 @@ class _Inputs:
         else:
             rng = cupy.random.default_rng(case.seed)
             wide = "float32" if case.dtype == "float16" else case.dtype
-            self.x = rng.standard_normal(case.array_shape, dtype=cupy.dtype(wide)).astype(case.dtype, copy=False)
+            skip = case.shape.skip
+            shape = (case.array_shape[0] + skip, *case.array_shape[1:])
+            self.x = rng.standard_normal(shape, dtype=cupy.dtype(wide)).astype(case.dtype, copy=False)[skip:]
         self.offsets = None if case.fixed else cupy.asarray(case.offsets)
 
     @property
@@ -108,7 +110,7 @@ class _DeviceSum(_SegmentedSum):
         cupy = self.cupy = gpu_or_skip()
         if method.startswith("cupy") and dtype == "bfloat16":  # before allocating anything
             raise NotImplementedError("CuPy has no bfloat16 dtype")
-        case = make_case(shape, dtype, N_GPU)
+        case = make_case(shape, dtype, getattr(self, "n", N_GPU))
         inp = _Inputs(cupy, case)
         if method.startswith("linred-"):
             segments = {"segment_length": case.shape.length} if case.fixed else {"offsets": inp.offsets}
@@ -151,5 +153,18 @@ class GpuVariable(_DeviceSum):
     params = (
         [*LINRED, "linred-auto-checked", "cupy-csr-spmv", "torch-segment_reduce"],
         ["geom 16", "geom 256", "geom 8192", "half empty", "zipf 1.5", "one huge"],
+        ["float32"],
+    )
+
+
+class GpuVariableMid(_DeviceSum):
+    """Variable lengths in mid-size calls (2^24 float32 values, 64 MiB: a kernel of tens of
+    microseconds), one segment among them, and data one element past a 16-byte boundary (a slice
+    ``buf[1:]``)."""
+
+    n = N_GPU >> 4
+    params = (
+        ["linred-auto", "linred-auto-checked", "linred-nvrtc", "torch-segment_reduce"],
+        ["geom 16", "geom 256", "one segment", "geom 16 +1", "one segment +1"],
         ["float32"],
     )
