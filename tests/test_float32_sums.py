@@ -137,3 +137,27 @@ def test_segments_along_a_strided_axis_keep_the_accuracy():
         got = linred.segmented_sum(x, L, axis=1)
         ref = linred.segmented_sum(np.ascontiguousarray(x).astype(np.complex128), L, axis=1)
         assert np.max(np.abs(got - ref) / np.abs(ref)) <= 1e-6, name
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape, length", [((512,), 256), ((512, 4), 256), ((3 * 1000,), 1000), ((1 << 20,), 1 << 19)])
+def test_long_fixed_means_divide_their_float64_sums(kind, shape, length, monkeypatch):
+    """A float32 mean whose segment's sum passes the float32 range (values near 1e36 in segments
+    longer than a BLAS block) stays finite and warns of nothing: the blocks' float64 sums are
+    divided before the cast to float32 (they were cast first: inf, and an overflow warning).
+    The last shape goes through the sums by columns (COLUMNS_MIN_LENGTH)."""
+    import warnings
+
+    import linred.backends.numpy as nb
+
+    monkeypatch.setattr(nb, "COLUMNS_MIN_LENGTH", min(nb.COLUMNS_MIN_LENGTH, 1 << 19))
+    linred.clear_plan_cache()
+    rng = np.random.default_rng(7)
+    x = (rng.uniform(1.0, 3.0, shape) * 1e36).astype(np.float32)
+    expected = x.astype(np.float64).reshape(-1, length, *shape[1:]).mean(axis=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = to_numpy(linred.segmented_mean(to_kind(x, kind), length))
+    assert got.dtype == np.float32 and np.isfinite(got).all()
+    np.testing.assert_allclose(got.astype(np.float64), expected, rtol=1e-6)
+    linred.clear_plan_cache()

@@ -573,7 +573,11 @@ def _fixed(problem: Problem):
         elif reduction == "sum":
             _fixed_sum(x4, out3, acc, ones)
         else:  # mean
+            # Segments longer than a BLAS block are float64 sums of their blocks: divided before
+            # the cast, so that a float32 mean whose sum passes the float32 range stays finite
             total = out3 if acc == out3.dtype else np.empty(out3.shape, dtype=acc)
+            if acc.kind == "f" and _blas_block(D) < L:
+                total = np.empty(out3.shape, dtype=np.float64)
             _fixed_sum(x4, total, acc, ones)
             _divide(total, L, out3)
 
