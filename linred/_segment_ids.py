@@ -54,10 +54,11 @@ def unchecked_ids(ids: Any, check: Any, num_segments: Any) -> Any:
     low, high = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
     if isinstance(ids, (list, tuple)):  # (NumPy makes float64 of ints past int64: clipped as ints)
         try:
-            if np.asarray(ids).dtype.kind in "iub":
-                return ids
+            as_array = np.asarray(ids)
         except (TypeError, ValueError, OverflowError):
             return ids
+        if as_array.dtype.kind in "iub":
+            return as_array  # (converted once: the ids' conversion takes the array as it is)
         flat = np.asarray(ids, dtype=object).reshape(-1)
         if flat.size and all(type(v) is int for v in flat) and any(not low <= v <= high for v in flat):
             return np.array([min(max(v, low), high) for v in flat], dtype=np.int64).reshape(np.shape(ids))

@@ -546,6 +546,9 @@ def _fixed(problem: Problem):
     # The ones vector depends only on the plan: made once, reused by every call.
     ones = None if acc.kind in "biu" else np.ones(L, dtype=np.empty(0, acc).real.dtype)
     chain = _chain_rule(problem, acc)
+    # A mean of segments longer than a BLAS block (float64 sums of their blocks, _long_sum) is
+    # divided before the cast, so that a float32 mean whose sum passes the float32 range stays finite
+    mean_in_float64 = reduction == "mean" and acc.kind == "f" and _blas_block(D) < L
 
     def run(x: Any, out: Any, segments: Segments, stream: Any) -> None:
         x4 = host_view(x).reshape(B, m, L, D)
@@ -573,11 +576,10 @@ def _fixed(problem: Problem):
         elif reduction == "sum":
             _fixed_sum(x4, out3, acc, ones)
         else:  # mean
-            # Segments longer than a BLAS block are float64 sums of their blocks: divided before
-            # the cast, so that a float32 mean whose sum passes the float32 range stays finite
-            total = out3 if acc == out3.dtype else np.empty(out3.shape, dtype=acc)
-            if acc.kind == "f" and _blas_block(D) < L:
+            if mean_in_float64:
                 total = np.empty(out3.shape, dtype=np.float64)
+            else:
+                total = out3 if acc == out3.dtype else np.empty(out3.shape, dtype=acc)
             _fixed_sum(x4, total, acc, ones)
             _divide(total, L, out3)
 
