@@ -122,12 +122,11 @@ def warp_shift(problem: Problem, xp: int) -> int:
     where ``warp_reduce`` can read them from that boundary instead (contiguous rows of one
     column, each as far past a boundary: :func:`rows_aligned` of the boundary below ``xp``); 0
     where it cannot (then ``tile_reduce`` reads them) or need not (whole vectors already)."""
-    b, _, d = problem.in_shape
-    s0, s1, _ = problem.strides
     size = itemsize(problem.dtype)
-    if d != 1 or s1 != 1 or xp % size or (b > 1 and (s0 * size) % 16):
+    if problem.features != 1 or xp % size:
         return 0
-    return (xp % 16) // size
+    shift = (xp % 16) // size
+    return shift if rows_aligned(problem, xp - shift * size) else 0
 
 
 def index_ctype(problem: Problem) -> str:
