@@ -65,6 +65,9 @@ def unchecked_ids(ids: Any, check: Any, num_segments: Any) -> Any:
         return ids
     if isinstance(ids, np.ndarray) and ids.dtype == np.uint64 and ids.size:
         return np.minimum(ids, np.uint64(high))
+    torch_ids = type(ids).__module__.partition(".")[0] == "torch" and str(ids.dtype) == "torch.uint64"
+    if torch_ids and ids.device.type == "cpu" and ids.numel():  # (as NumPy's: torch has few uint64 operations)
+        return np.minimum(ids.numpy(), np.uint64(high))
     return ids
 
 

@@ -122,6 +122,25 @@ def test_uint64_ids_past_int64_are_dropped_unchecked_and_named_checked():
             getattr(linred, f"segmented_{name}")(x, segment_ids=ids, check=False)
 
 
+def test_uint64_ids_past_int64_with_cpu_tensors():
+    """The same rule for a CPU tensor's ids given as NumPy uint64, a list or a torch uint64
+    tensor: dropped with check=False and num_segments, named otherwise (they were wrapped to
+    negative ids: dropped silently without num_segments, named as negative ids when checked)."""
+    torch = pytest.importorskip("torch")
+    x = torch.arange(6.0, dtype=torch.float64)
+    ids = np.array([1, 2**64 - 1, 0, 1, 2**63, 1], np.uint64)
+    kept = np.array([1, -1, 0, 1, -1, 1])
+    forms = {"numpy": ids, "list": [int(i) for i in ids]}
+    if hasattr(torch, "uint64"):
+        forms["torch"] = torch.from_numpy(ids)
+    for form, given in forms.items():
+        got = linred.segmented_sum(x, segment_ids=given, num_segments=2, check=False)
+        np.testing.assert_array_equal(got.numpy(), _reference("sum", x.numpy(), kept, 2, 0), err_msg=form)
+        for kwargs in ({"num_segments": 2}, {"check": False}, {}):
+            with pytest.raises(ValueError, match="segment_ids must fit in int64; got 18446744073709551615"):
+                linred.segmented_sum(x, segment_ids=given, **kwargs)
+
+
 COMPOSED = ("logsumexp", "softmax", "log_softmax", "var", "std")
 
 

@@ -249,21 +249,19 @@ class TorchAdapter(ArrayAdapter):
                     raise ValueError(f"{name} is on CUDA device {here} but x is on CUDA device {device}")
                 t = t.to(_device(device))
         else:
-            refuse_dask(obj, name)
-            if hasattr(obj, "__cuda_array_interface__") and device is None:
-                raise TypeError(f"{name} is a device array but x is a CPU tensor; pass {name} on the CPU")
-            try:
-                a = obj if hasattr(obj, "__cuda_array_interface__") else np.asarray(obj)
-                if a.size == 0 and not hasattr(obj, "dtype"):  # NumPy makes float64 of an empty list
-                    a = a.astype(np.int64)
-            except (TypeError, ValueError, RuntimeError) as e:
-                raise TypeError(f"{name} must be an array of integers; got {type(obj).__name__} ({e})") from None
-            if isinstance(a, np.ndarray) and a.dtype.kind == "O":
-                from linred.arrays._numpy import refuse_huge_integers
+            if hasattr(obj, "__cuda_array_interface__"):
+                refuse_dask(obj, name)
+                if device is None:
+                    raise TypeError(f"{name} is a device array but x is a CPU tensor; pass {name} on the CPU")
+                a = obj
+            else:
+                # Host values are read as the NumPy adapter reads them (lists of integers past
+                # int64, uint64 past int64: refused by value, not wrapped to negative ids).
+                from linred.arrays._numpy import _int_array
 
-                a = refuse_huge_integers(a, name)
-            elif isinstance(a, np.ndarray) and not a.dtype.isnative:  # (PyTorch takes native byte order only)
-                a = a.astype(a.dtype.newbyteorder("="))
+                a = _int_array(np, obj, name)
+                if not a.dtype.isnative:  # (PyTorch takes native byte order only)
+                    a = a.astype(a.dtype.newbyteorder("="))
             try:
                 t = torch.as_tensor(a, device=_device(device))
             except (TypeError, ValueError, RuntimeError) as e:
@@ -271,7 +269,12 @@ class TorchAdapter(ArrayAdapter):
         if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
             raise TypeError(f"{name} must be an array of integers; got dtype {dtype_name(t.dtype)}")
         if t.dtype not in (torch.int32, torch.int64):
+            wide = t.dtype == getattr(torch, "uint64", None)
             t = t.to(torch.int64)
+            if wide and t.device.type == "cpu" and t.numel() and bool((t < 0).any()):
+                # (as NumPy's uint64: refused by value, not wrapped; CUDA ids wrap to negative
+                # ids, which the checks of check=True refuse)
+                raise ValueError(f"{name} must fit in int64; got {int(t[t < 0][0]) + 2**64}")
         # The kernels read offsets as a plain array: a strided view is made contiguous.
         return t.contiguous()
 
