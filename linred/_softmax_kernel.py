@@ -252,7 +252,8 @@ def _by_runs(name: str, x: Any, adapter: Any, result: str, axis: int, m: int | N
     """Whether ``name`` of ``x`` along ``axis`` in ``m`` segments is read by ``warp_reduce``
     (:data:`LSE_RUNS`): logsumexp, softmax or log_softmax (:data:`RUNS`) of one feature column
     (C-contiguous ``x``), computed in float32 (a result other than float64, whatever the data:
-    float64 data with ``dtype=float32`` too), every row of the batch 16-byte aligned, in segments of
+    float64 data with ``dtype=float32`` too), rows of the batch of whole 16-byte vectors (each as
+    far past a 16-byte boundary: read from it), in segments of
     :data:`LSE_RUNS_MIN_MEAN` rows or more on average (:data:`SOFTMAX_RUNS_MIN_MEAN` for softmax
     and log_softmax, :data:`LSE_RUNS_MIN_MEAN_16BIT` for 16-bit data).
 
@@ -274,7 +275,9 @@ def _by_runs(name: str, x: Any, adapter: Any, result: str, axis: int, m: int | N
     if math.prod(shape[axis + 1 :]) != 1 or shape[axis] < least * m:
         return False
     row_bytes = shape[axis] * x.dtype.itemsize if axis else 0  # (rows of the batch: one after another)
-    return adapter.pointer(x) % 16 == 0 and row_bytes % 16 == 0
+    # Rows each as far past a 16-byte boundary (a slice x[k:]) are read from the boundary
+    # (kernels.warp_shift): the data need only be aligned to its values.
+    return adapter.pointer(x) % x.dtype.itemsize == 0 and row_bytes % 16 == 0
 
 
 def _takes_runs(name: str, x: Any, adapter: Any, result: str, axis: int, segments: dict[str, Any],

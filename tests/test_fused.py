@@ -2014,9 +2014,10 @@ def test_gpu_lse_runs_fixed_lengths(lse_runs, kind, length):
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
 def test_gpu_lse_runs_only_where_rows_are_aligned(lse_runs, kind, monkeypatch):
-    """warp_reduce reads 16-byte aligned rows: data 4 bytes past an aligned address, and a batch
-    whose rows are not whole 16-byte vectors, go to the workers' kernel, as do float64 results,
-    feature rows, and every call with LSE_RUNS off or GROUP set; each right."""
+    """warp_reduce reads rows of whole 16-byte vectors, each as far past a 16-byte boundary (read
+    from it): data 4 bytes past an aligned address is served; a batch whose rows are not whole
+    16-byte vectors goes to the workers' kernel, as do float64 results, feature rows, and every
+    call with LSE_RUNS off or GROUP set; each right."""
     monkeypatch.setattr(_softmax_kernel, "MIN_WORKERS_PER_SM", 0)
     rng = np.random.default_rng(5)
     offsets = np.array([0, 3, 3, 700, 1_001, 2_002])
@@ -2025,16 +2026,16 @@ def test_gpu_lse_runs_only_where_rows_are_aligned(lse_runs, kind, monkeypatch):
     expected = _lse_reference(base[None, 1:], offsets)[0]
     got = linred.segmented_logsumexp(whole[1:], offsets=_gpu_array(offsets, kind))  # (4 bytes off)
     check(got, expected, "float32", 2e-5)
-    assert lse_runs == []
+    assert len(lse_runs) == 1
     odd = (rng.normal(size=(2, 1_001)) * 4).astype(np.float32)  # (rows of 4,004 bytes)
     off2 = _gpu_array(offsets[:-1], kind)
     check(linred.segmented_logsumexp(_gpu_array(odd, kind), offsets=off2, axis=1), _lse_reference(odd, offsets[:-1]),
           "float32", 2e-5)  # fmt: skip
-    assert lse_runs == []
+    assert len(lse_runs) == 1
     even, off3 = odd[:, :1_000].copy(), np.array([0, 3, 3, 700, 1_000])  # (rows of 4,000 bytes)
     check(linred.segmented_logsumexp(_gpu_array(even, kind), offsets=_gpu_array(off3, kind), axis=1),
           _lse_reference(even, off3), "float32", 2e-5)  # fmt: skip
-    assert len(lse_runs) == 1
+    assert len(lse_runs) == 2
     x = base[:2_002]
     expected = _lse_reference(x[None], offsets)[0]
     got = linred.segmented_logsumexp(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind), dtype="float64")
@@ -2047,10 +2048,69 @@ def test_gpu_lse_runs_only_where_rows_are_aligned(lse_runs, kind, monkeypatch):
     monkeypatch.setattr(_softmax_kernel, "GROUP", None)
     monkeypatch.setattr(_softmax_kernel, "LSE_RUNS", False)
     linred.segmented_logsumexp(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind))
-    assert len(lse_runs) == 1
+    assert len(lse_runs) == 2
     monkeypatch.setattr(_softmax_kernel, "LSE_RUNS", True)
     linred.segmented_logsumexp(_gpu_array(x, kind), offsets=_gpu_array(offsets, kind))
-    assert len(lse_runs) == 2
+    assert len(lse_runs) == 3
+
+
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("name", ["logsumexp", "softmax", "log_softmax"])
+def test_gpu_lse_runs_shifted_rows(lse_runs, kind, dtype, name):
+    """Rows that begin past a 16-byte boundary (a slice x[k:], every k a vector allows; a batch
+    of such rows) are read by warp_reduce from the boundary: the values before them, NaN here,
+    join no segment. Offsets crossing the tiling (at k * T - 1, k * T, k * T + 1 of the shifted
+    rows too), a fixed length, checked and unchecked calls, broken offsets raising; against
+    float64 NumPy."""
+    if kind == "cupy" and dtype == "bfloat16":
+        pytest.skip("CuPy has no bfloat16")
+    rng = np.random.default_rng(len(name) + len(dtype))
+    size = 2 if dtype != "float32" else 4
+    vec = 16 // size
+    tol = LSE_TOLERANCE[dtype]
+    for n, batch, shifts in ((300_000, 1, range(1, vec)), (4_096 * 33, 2, (1, vec - 1)), (1_000, 1, (vec - 1,))):
+        offsets = _lse_cuts(n, rng) if n > 2_000 else np.array([0, 1, 1, 255, 257, 513, 999, 1_000])
+        cuts = offsets + 0
+        values = (rng.normal(size=(batch, n)) * 4).astype(np.float32)
+        for shift in shifts:
+            flat = np.full(batch * n + shift, np.nan, np.float32)
+            flat[shift:] = values.reshape(-1)
+            if dtype == "bfloat16":
+                data = torch.as_tensor(flat, device="cuda").bfloat16()[shift:].reshape(batch, n)
+            else:
+                data = _gpu_array(flat.astype(dtype), kind)[shift:].reshape(batch, n)
+            rounded = to_numpy(data.float() if dtype == "bfloat16" else data).astype(np.float64)
+            row = data if batch > 1 else data[0]
+            for check_, spec in ((True, "offsets"), (False, "offsets"), (True, "fixed")):
+                if spec == "fixed":
+                    length = 1_000 if n % 1_000 == 0 else 4_096
+                    cuts = np.arange(0, n + 1, length)
+                    got = fn(name)(row, length, axis=int(batch > 1), check=check_)
+                else:
+                    cuts = offsets
+                    got = fn(name)(row, offsets=_gpu_array(offsets, kind), axis=int(batch > 1), check=check_)
+                if name == "logsumexp":
+                    expected = _lse_reference(rounded, cuts)
+                else:
+                    expected = _softmax_reference(rounded, cuts, name == "log_softmax")
+                got64 = to_numpy(got.float() if dtype == "bfloat16" else got).astype(np.float64).reshape(batch, -1)
+                finite = np.isfinite(expected)
+                np.testing.assert_array_equal(np.isfinite(got64), finite, err_msg=f"{n} {shift} {spec}")
+                np.testing.assert_allclose(got64[finite], expected[finite], rtol=tol, atol=tol)
+            broken = offsets.copy()
+            broken[len(broken) // 2] = broken[len(broken) // 2 + 1] + 1
+            with pytest.raises(ValueError, match="offsets must be non-decreasing"):
+                fn(name)(row, offsets=_gpu_array(broken, kind), axis=int(batch > 1))
+            if kind == "torch-cuda" and dtype == "float32" and name == "logsumexp" and batch == 1:
+                # (with autograd: the gradient of a sum of logsumexps is the softmax)
+                leaf = torch.as_tensor(flat, device="cuda").requires_grad_()
+                y = linred.segmented_logsumexp(leaf[shift:], offsets=_gpu_array(offsets, kind))
+                (g,) = torch.autograd.grad(y.sum(), leaf)
+                assert torch.isnan(g[:shift]).sum() == 0 and (g[:shift] == 0).all()
+                np.testing.assert_allclose(g[shift:].cpu().numpy(), _softmax_reference(rounded, offsets, False)[0],
+                                           rtol=1e-4, atol=1e-6)  # fmt: skip
+    assert len(lse_runs) > 0 and all(c[0] in (1, 2) for c in lse_runs)
 
 
 @pytest.mark.parametrize("kind", GPU_KINDS)
@@ -2148,7 +2208,12 @@ def test_lse_runs_route(monkeypatch):
     assert not by_runs(lse, x(3, 1_001), 256, "float32", 1)  # (rows of 4,004 bytes)
     assert not by_runs(lse, x(3, 1_004, itemsize=2), 256, "float16", 1)  # (2,008 bytes)
     assert by_runs(lse, x(3, 1_008, itemsize=2), 256, "float16", 1)
-    assert not by_runs(lse, x(1_000), 260, "float32", 0)
+    assert by_runs(lse, x(1_000), 260, "float32", 0)  # (a slice x[1:]: read from the boundary before it)
+    assert by_runs(lse, x(3, 1_000), 260, "float32", 1)  # (every row as far past a boundary)
+    assert not by_runs(lse, x(1_000), 258, "float32", 0)  # (not aligned to its values)
+    assert by_runs(lse, x(1_000, itemsize=2), 258, "float16", 0, 4)
+    assert not by_runs(lse, x(1_000, itemsize=8), 260, "float32", 0)
+    assert by_runs(lse, x(1_000, itemsize=8), 264, "float32", 0)
     assert not by_runs(lse, x(1_000, 2), 256, "float32", 0)
     assert not by_runs(lse, x(1_000), 256, "float64", 0)
     assert by_runs(lse, x(1_000, itemsize=8), 256, "float32", 0)  # (float64 data, dtype=float32)
