@@ -81,10 +81,10 @@ check : bool, default True
     raises ``ValueError`` naming the index and values.  On a GPU this costs one
     synchronization of the call's stream.  Where the call's plan is cached and runs
     one of nvrtc's kernels that check the offsets as they read them (feature rows, and
-    one column of 16-byte aligned data: every call of a layout after its first), the
+    one column of contiguous data: every call of a layout after its first), the
     call waits for that kernel and, on an error, ``out`` may have been written;
     otherwise one kernel over the offsets runs first.  A large call (at least 32 MiB
-    of data) whose offsets are at most 1/16 of its bytes waits for that one kernel
+    of data) whose offsets are at most 64 MiB waits for that one kernel
     only, enqueued ahead of its checking reduction, and returns while the reduction
     runs (on an error it waits for the reduction too, then raises).
     ``check=False`` skips it: the caller promises valid segments, and invalid ones

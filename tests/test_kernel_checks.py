@@ -70,7 +70,7 @@ def verdict_route(request, monkeypatch):
     counts = _route_counts(monkeypatch)
     if request.param == "ahead":
         monkeypatch.setattr(_device_checks, "AHEAD_MIN_BYTES", 0)
-        monkeypatch.setattr(_device_checks, "AHEAD_MAX_SHARE", float("inf"))
+        monkeypatch.setattr(_device_checks, "AHEAD_MAX_OFFSETS_BYTES", float("inf"))
     else:
         monkeypatch.setattr(_device_checks, "AHEAD_MIN_BYTES", 1 << 62)
     linred.clear_plan_cache()
@@ -421,13 +421,14 @@ def _plan_of_last_call():
 @pytest.mark.parametrize("kind", GPU_KINDS)
 @pytest.mark.parametrize("shape, mean, ahead", [
     ((1 << 24,), 256, True),  # 64 MiB of data, offsets 1/128 of it
-    ((1 << 24,), 8, False),  # offsets 1/4 of the data: the call waits for its checking reduction
+    ((1 << 24,), 8, True),  # 16 MiB of offsets, 1/4 of the data: their second read costs less than the wait
+    ((1 << 24,), 1, False),  # about 85 MiB of offsets: the call waits for its checking reduction
     ((1 << 20, 16), 64, True),  # feature rows
     ((1 << 16,), 256, False),  # 256 KiB: too short a reduction for the next call to hide behind
 ])  # fmt: skip
 def test_checked_ahead_by_default_where_it_pays(monkeypatch, kind, shape, mean, ahead):
-    """With the default thresholds, a large checked call whose offsets are a small part of its
-    bytes takes its verdict from the check enqueued ahead of its reduction and waits for no
+    """With the default thresholds, a large checked call whose offsets are at most 64 MiB takes
+    its verdict from the check enqueued ahead of its reduction and waits for no
     stream when they are valid; the others wait for their reduction.  Results against float64,
     broken offsets with the host's message either way, the next valid call right."""
     counts = _route_counts(monkeypatch)

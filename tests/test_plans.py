@@ -372,19 +372,22 @@ def test_the_first_call_with_a_librarys_array_is_cached():
 
 def test_checked_calls_take_the_verdict_ahead_only_where_it_pays():
     """The rule of :func:`linred.arrays._device_checks.ahead_pays`: a large call (at least 32 MiB
-    of data) whose offsets are at most 1/16 of its data's bytes checks them ahead of its
-    reduction; a small call, or one whose offsets are a large part of its bytes (short
-    segments), waits for its checking reduction.  Host plans never do either."""
+    of data) whose offsets are at most 64 MiB checks them ahead of its reduction (the extra read
+    grows with the offsets, the host gap it saves does not); a small call, or one with more
+    offsets (short segments in a very large call), waits for its checking reduction.  Host plans
+    never do either."""
     import numpy as np
 
     from linred import _plan_cache
-    from linred.arrays._device_checks import AHEAD_MAX_SHARE, AHEAD_MIN_BYTES, ahead_pays
+    from linred.arrays._device_checks import AHEAD_MAX_OFFSETS_BYTES, AHEAD_MIN_BYTES, ahead_pays
 
-    assert (AHEAD_MIN_BYTES, AHEAD_MAX_SHARE) == (32 << 20, 1 / 16)
+    assert (AHEAD_MIN_BYTES, AHEAD_MAX_OFFSETS_BYTES) == (32 << 20, 64 << 20)
     gib = 1 << 30
     assert ahead_pays(gib, gib // 1024)  # float32 segments of 2048 values, int64 offsets
     assert ahead_pays(gib, gib // 16)  # segments of 32 float32 values
-    assert not ahead_pays(gib, gib // 8)  # segments of 16 float32 values
+    assert not ahead_pays(gib, gib // 8)  # segments of 16 float32 values: 128 MiB of offsets
+    assert ahead_pays(gib // 16, gib // 128)  # 2^24 float32 values in segments of 16
+    assert ahead_pays(4 * gib, 64 << 20) and not ahead_pays(4 * gib, (64 << 20) + 8)
     assert ahead_pays(32 << 20, 1 << 20)
     assert not ahead_pays((32 << 20) - 1, 8)
     linred.clear_plan_cache()

@@ -38,7 +38,13 @@ def main() -> None:
     parser.add_argument("--layouts", default=LAYOUTS)
     parser.add_argument("--log2n", type=int, default=28)
     parser.add_argument(
-        "--max-share", type=float, default=None, help="AHEAD_MAX_SHARE of the ahead route (inf: every layout ahead)"
+        "--max-offsets-bytes",
+        type=float,
+        default=None,
+        help="AHEAD_MAX_OFFSETS_BYTES of the ahead route (inf: every layout ahead)",
+    )
+    parser.add_argument(
+        "--min-bytes", type=int, default=None, help="AHEAD_MIN_BYTES of the ahead route (0: calls of every size)"
     )
     args = parser.parse_args()
 
@@ -109,9 +115,9 @@ def main() -> None:
     print(f"{'torch' if args.torch else 'cupy'} input, n = 2^{args.log2n} float32; copy {copy_us:.1f} us "
           f"({8 * n / copy_us / 1e3:.0f} GB/s); 7 samples of 30 back-to-back calls, "
           "median (min-max) us per call")  # fmt: skip
-    saved = _device_checks.AHEAD_MIN_BYTES
-    if args.max_share is not None:
-        _device_checks.AHEAD_MAX_SHARE = args.max_share
+    saved = _device_checks.AHEAD_MIN_BYTES if args.min_bytes is None else args.min_bytes
+    if args.max_offsets_bytes is not None:
+        _device_checks.AHEAD_MAX_OFFSETS_BYTES = args.max_offsets_bytes
 
     def route(ahead: bool) -> None:
         _device_checks.AHEAD_MIN_BYTES = saved if ahead else 1 << 62

@@ -33,7 +33,7 @@ def main() -> int:
     if "--ahead" in sys.argv[1:]:
         from linred.arrays import _device_checks
 
-        _device_checks.AHEAD_MIN_BYTES, _device_checks.AHEAD_MAX_SHARE = 0, float("inf")
+        _device_checks.AHEAD_MIN_BYTES, _device_checks.AHEAD_MAX_OFFSETS_BYTES = 0, float("inf")
 
     kinds = {"cupy": (cupy.asarray, cupy.asnumpy)}
     try:

@@ -22,7 +22,7 @@ ahead of the reduction and marks its end with an event; the reduction (a checkin
 so bad offsets are read as empty segments, never out of bounds) is enqueued behind it, and
 :func:`verdict` waits for the check alone.  The call returns while its reduction runs, as an
 unchecked call does, and the next call's host work overlaps it: the offsets are read twice
-(the check's pass, at most 1/16 of the bytes), the GPU never waits for the host.
+(the check's pass, at most 64 MiB of them), the GPU never waits for the host.
 
 The word after the armed one is a note a kernel may leave for the host, read once the call
 has waited for it (:func:`clear_note`, :func:`noted`): the softmax family's kernel notes that
@@ -180,16 +180,19 @@ def check_armed(pointer: int, wide: bool, m: int, n: int, device: int, stream: i
 #: reduction reads at least this many bytes of data (below, its kernel is too short for the
 #: next call's host work to hide behind it, and the extra launch would only add device time) ...
 AHEAD_MIN_BYTES = 32 << 20
-#: ... and its offsets are at most this share of the data's bytes (the check reads them once
-#: more: at 1/8, segments of 16 float32 values, that pass costs about what the host's gap does).
-AHEAD_MAX_SHARE = 1 / 16
+#: ... and its offsets are at most this many bytes.  The check reads them once more, which
+#: takes a time in proportion to their bytes, against a host gap that is the same whatever the
+#: call's size (H200, 2026-11-30, CuPy, float32, every layout both ways: at 2^24 values in
+#: segments of 16 (8 MiB of offsets) 54 us a call ahead against 67 waiting, 2^26 129 against
+#: 139, 2^27 (64 MiB) 246 against 250; at 2^28 (128 MiB) 481 against 466).
+AHEAD_MAX_OFFSETS_BYTES = 64 << 20
 
 
 def ahead_pays(data_bytes: int, offsets_bytes: int) -> bool:
     """Whether a checked call whose reduction reads ``data_bytes`` of data and ``offsets_bytes``
     of offsets takes the check launched ahead (:func:`check_ahead`) over waiting for the
     reduction that checks them as it reads them."""
-    return data_bytes >= AHEAD_MIN_BYTES and offsets_bytes <= AHEAD_MAX_SHARE * data_bytes
+    return data_bytes >= AHEAD_MIN_BYTES and offsets_bytes <= AHEAD_MAX_OFFSETS_BYTES
 
 
 def check_ahead(pointer: int, wide: bool, m: int, n: int, device: int, stream: int) -> bool:
