@@ -221,7 +221,7 @@ class _Call:
             ones = xp.ones(n, dtype=xp.int64, device=self.x.device) if self.kind == "torch" else xp.ones(n, xp.int64)
             counts = segmented_sum(ones, axis=0, backend="auto", check=False, **self.later)
         shape = [1] * len(self.shape)
-        shape[self.axis] = -1
+        shape[self.axis] = counts.shape[0]  # (not -1: under vmap a batch of none has no size to infer)
         return counts.reshape(shape)
 
     def finish(self, r: Any) -> Any:

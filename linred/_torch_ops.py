@@ -334,7 +334,10 @@ def _prod_backward(ctx: Any, grad: Tensor) -> Tensor:
     finite_others = _reduce(plain if plain.dtype == product.dtype else plain.to(product.dtype), spec, "prod")
     unusual, finite_others = (_expand(ctx, t, lengths) for t in (unusual, finite_others))
     quotient = torch.where(finite, others / ones, torch.where(unusual == 1, finite_others, others))
-    one_zero = torch.where(zero, others, the_zero * quotient)
+    # A finite others / x_j past the dtype's range (a tiny x_j): the zero times it is 0, as
+    # torch.prod's gradient gives, not 0 * inf = NaN
+    overflow = finite & torch.isfinite(others) & ~torch.isfinite(quotient)
+    one_zero = torch.where(zero, others, torch.where(overflow, torch.zeros_like(quotient), the_zero * quotient))
     local = torch.where(zeros == 0, product / ones, torch.where(zeros == 1, one_zero, torch.zeros_like(x)))
     if local.is_complex():
         local = local.conj()
@@ -526,13 +529,12 @@ def _refuse_integer_result(reduction: str, x: Tensor, dtype: str) -> None:
         )
 
 
-def _index_tensor(obj: Any, device: Any) -> Tensor:
-    """Offsets or lengths given as a sequence, as a tensor on ``device``: an empty one as int64
-    (``torch.as_tensor([])`` is float32, which the segment parser refuses), as the other paths
-    make it; a copy of their own (:func:`owned`)."""
-    t = torch.as_tensor(obj, device=device)
-    if t.numel() == 0 and not hasattr(obj, "dtype"):
-        t = t.to(torch.int64)
+def _index_tensor(obj: Any, device: Any, name: str) -> Tensor:
+    """Offsets or lengths given as a sequence or an array of another library, as a tensor on
+    ``device``, converted and refused as every call's are (the torch adapter's ``index_array``:
+    an empty list as int64, a NumPy array of another byte order or negative strides copied,
+    integers past int64 and Dask arrays refused by name); a copy of their own (:func:`owned`)."""
+    t = _torch_adapter().index_array(obj, None if device.type == "cpu" else device.index, name)
     return owned(obj, t)
 
 
@@ -569,9 +571,9 @@ def _through_op(
             what = "inside torch.func transforms"
         raise TypeError(f"out= and stream= are not supported {what}: the result is a new tensor on the current stream")
     if offsets is not None and not isinstance(offsets, Tensor):
-        offsets = _index_tensor(offsets, x.device)
+        offsets = _index_tensor(offsets, x.device, "offsets")
     if lengths is not None and not isinstance(lengths, Tensor):
-        lengths = _index_tensor(lengths, x.device)
+        lengths = _index_tensor(lengths, x.device, "lengths")
     if segment_length is not None and not isinstance(segment_length, bool) and hasattr(segment_length, "__index__"):
         segment_length = int(segment_length)
     dtype = _as_dtype_name(dtype)

@@ -8,6 +8,7 @@ one, on a CUDA device; compiled models against the same model run eagerly.
 from __future__ import annotations
 
 import itertools
+import re
 import warnings
 
 import numpy as np
@@ -1026,3 +1027,97 @@ def test_compile_with_remainder_keep(name):
     torch._dynamo.reset()
     compiled = torch.compile(lambda t: f(t, 2, remainder="keep"), fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x), f(x, 2, remainder="keep"), equal_nan=True)
+
+
+# --- segment arguments of other kinds, alike with and without autograd (found by a review) ---
+
+
+def _segment_forms():
+    """(label, keyword, value, refusal): host segment arguments PyTorch does not take as they
+    are (another byte order, negative strides, objects, read-only) and ones linred refuses by
+    name (integers past int64); each read as a tensor's would be."""
+    readonly = np.array([0, 3, 8])
+    readonly.flags.writeable = False
+    return [
+        ("big-endian offsets", "offsets", np.array([0, 3, 8], dtype=">i8"), None),
+        ("negative-stride lengths", "lengths", np.array([5, 3])[::-1], None),
+        ("object offsets", "offsets", np.array([0, 3, 8], dtype=object), None),
+        ("read-only offsets", "offsets", readonly, None),
+        ("list past int64", "offsets", [0, 2**63, 8], "offsets must fit in int64; got 9223372036854775808"),
+    ]
+
+
+@pytest.mark.parametrize("reduction", ["sum", "max", "prod", "softmax", "argmax", "var"])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_segment_arguments_are_read_alike_with_and_without_grad(reduction, requires_grad):
+    """The same offsets or lengths give the same result (or the same refusal) whether x requires
+    grad or not; PyTorch prints no warning about them (a read-only array is copied)."""
+    values = np.arange(8, dtype=np.float64) + 1
+    fn = getattr(linred, f"segmented_{reduction}")
+    want = fn(values, offsets=np.array([0, 3, 8]))
+    for label, keyword, value, refusal in _segment_forms():
+        x = torch.tensor(values, requires_grad=requires_grad and reduction != "argmax")
+        if refusal is not None:
+            with pytest.raises(ValueError, match=re.escape(refusal)):
+                fn(x, **{keyword: value})
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = fn(x, **{keyword: value})
+        np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-12, err_msg=label)
+
+
+def test_dask_offsets_are_refused_by_name_with_grad():
+    """A Dask array of offsets for a tensor that requires grad is refused as without grad (it
+    was made a tensor of its graph's chunks)."""
+    da = pytest.importorskip("dask.array")
+    offsets = da.from_array(np.array([0, 3, 8]))
+    for requires_grad in (False, True):
+        x = torch.arange(8.0, requires_grad=requires_grad)
+        with pytest.raises(TypeError, match="offsets is a Dask array but x is not"):
+            linred.segmented_sum(x, offsets=offsets)
+
+
+def test_negative_stride_segment_ids_for_tensors():
+    """NumPy segment ids with negative strides for a tensor: read (as NumPy data's are)."""
+    ids = np.array([2, 2, 1, 0, 0])[::-1]
+    x = torch.arange(5.0)
+    np.testing.assert_array_equal(linred.segmented_sum(x, segment_ids=ids).numpy(), [1.0, 2.0, 7.0])
+
+
+@pytest.mark.parametrize("reduction", ["argmax", "softmax", "var"])
+@pytest.mark.parametrize("form", ["offsets list", "lengths list", "offsets numpy", "ids list"])
+def test_compile_fullgraph_with_host_segment_arguments(reduction, form):
+    """torch.compile(fullgraph=True) traces calls whose segments are a list or a NumPy array
+    (constants of the traced function) for every function, as eagerly: no graph break."""
+    kwargs = {
+        "offsets list": {"offsets": [0, 2, 3, 7]},
+        "lengths list": {"lengths": [2, 1, 4]},
+        "offsets numpy": {"offsets": np.array([0, 2, 3, 7])},
+        "ids list": {"segment_ids": [0, 0, 1, 2, 2, 2, 2], "num_segments": 3},
+    }[form]
+    fn = getattr(linred, f"segmented_{reduction}")
+    x = torch.randn(7, 3, dtype=torch.float64)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: fn(t, **kwargs), fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x), fn(x, **kwargs))
+
+
+def test_prod_gradient_beside_one_zero_does_not_overflow_to_nan():
+    """A segment with one zero: the gradient of every other element is 0 even where the product
+    of the rest divided by a tiny element passes the float64 range (it was 0 * inf = NaN)."""
+    for values in ([1e-300, 1e200, 1e200, 0.0], [1e-200, 1.05, 1e200, -1.72, 1e200, -3.0, 0.0]):
+        x = torch.tensor(values, dtype=torch.float64, requires_grad=True)
+        linred.segmented_prod(x, len(values)).sum().backward()
+        y = torch.tensor(values, dtype=torch.float64, requires_grad=True)
+        torch.prod(y).backward()
+        torch.testing.assert_close(x.grad, y.grad, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("reduction", ["var", "std", "sum", "softmax"])
+def test_vmap_over_an_empty_batch_with_batched_offsets(reduction):
+    """vmap over a batch of no examples, offsets batched too: an empty result of the right shape."""
+    x, offsets = torch.randn(0, 7), torch.zeros(0, 4, dtype=torch.long)
+    fn = getattr(linred, f"segmented_{reduction}")
+    got = torch.func.vmap(lambda a, b: fn(a, offsets=b))(x, offsets)
+    assert tuple(got.shape) == ((0, 7) if reduction == "softmax" else (0, 3))

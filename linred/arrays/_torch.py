@@ -249,7 +249,13 @@ class TorchAdapter(ArrayAdapter):
                     raise ValueError(f"{name} is on CUDA device {here} but x is on CUDA device {device}")
                 t = t.to(_device(device))
         else:
-            if hasattr(obj, "__cuda_array_interface__"):
+            if torch.compiler.is_compiling():
+                # (a list or NumPy array is a constant of the traced function: made a tensor as
+                # it is, which TorchDynamo can trace; the checks below still refuse non-integers)
+                a = torch.as_tensor(obj)
+                if a.numel() == 0 and not hasattr(obj, "dtype"):
+                    a = a.to(torch.int64)
+            elif hasattr(obj, "__cuda_array_interface__"):
                 refuse_dask(obj, name)
                 if device is None:
                     raise TypeError(f"{name} is a device array but x is a CPU tensor; pass {name} on the CPU")
@@ -260,8 +266,10 @@ class TorchAdapter(ArrayAdapter):
                 from linred.arrays._numpy import _int_array
 
                 a = _int_array(np, obj, name)
-                if not a.dtype.isnative:  # (PyTorch takes native byte order only)
-                    a = a.astype(a.dtype.newbyteorder("="))
+                if not (a.dtype.isnative and a.flags.c_contiguous and a.flags.writeable):
+                    # (PyTorch takes native byte order and positive strides only, and warns on
+                    # a read-only array: a copy of its own)
+                    a = np.array(a, dtype=a.dtype.newbyteorder("="), order="C")
             try:
                 t = torch.as_tensor(a, device=_device(device))
             except (TypeError, ValueError, RuntimeError) as e:
