@@ -1151,6 +1151,11 @@ def _programs() -> list[tuple[str, str, tuple[str, ...]]]:
         ):
             source = _softmax_kernel.wrapper(name, data, "float32", result, 32, 1, pairs, index)
             out.append((f"softmax {name} {data} pairs={pairs}", source, ("linred_softmax",)))
+    # (the programs every backend launches through the driver: the offsets check, the lengths scan)
+    out.append(("offsets check", '#include "checks.cuh"\n', ("linred_check_offsets32", "linred_check_offsets64")))
+    out.append(
+        ("lengths scan", '#include "scan.cuh"\n', ("linred_lengths_to_offsets32", "linred_lengths_to_offsets64"))
+    )
     return out
 
 
