@@ -64,6 +64,10 @@ dtype : dtype, optional
     Accumulation and result dtype.  By default floating and complex dtypes keep
     their own (float16 and bfloat16 are always accumulated in float32), bool
     and signed integers give int64 and unsigned integers uint64{mean_dtype}.
+    For max and min it is the result dtype only: the
+    extreme is found in ``x``'s dtype, then converted (as
+    ``x.max().astype(dtype)``), so a value the conversion wraps or truncates
+    never changes which element is the extreme.
 out : array, optional
     Preallocated result: C-contiguous, writeable, of the result's shape and
     dtype, and of ``x``'s array type and device.  It is filled and returned.

@@ -25,6 +25,7 @@ Gradients (see docs/torch.md):
 
 import functools
 import math
+import re
 from typing import Any, Optional
 
 import numpy as np
@@ -452,7 +453,13 @@ def _vmap_rule(reduce: Any, info: Any, in_dims: tuple, x: Tensor, offsets: Optio
     axis = normalize_axis(axis, ndim)  # (an element's axis: out of range, or a bool, raises as without vmap)
     if offsets_dim is None and lengths_dim is None:
         x = x.movedim(x_dim, 0)  # (x is batched: nothing else can be)
-        return reduce(x, offsets, lengths, segment_length, axis + 1, *options), 0
+        try:
+            return reduce(x, offsets, lengths, segment_length, axis + 1, *options), 0
+        except ValueError as e:  # (its message names the batch's axis: the element's, as without vmap)
+            message = re.sub(rf"\baxis {axis + 1}\b", f"axis {axis}", str(e))
+            if message == str(e):
+                raise
+            raise ValueError(message) from None
     if info.batch_size == 0:  # (no element to reduce: the result of an empty batch, from a stand-in element)
         xb = x if x_dim is None else x.new_zeros(x.movedim(x_dim, 0).shape[1:])
         n = xb.shape[axis]
@@ -516,8 +523,8 @@ def _refuse_integer_result(reduction: str, x: Tensor, dtype: str) -> None:
     """The TypeError of ``dtype=`` an integer result of a sum or product for a tensor that
     requires grad (a result autograd cannot differentiate, which would come back without a
     ``grad_fn``: the caller's training would silently stop learning through it), as ``torch.sum``
-    and ``torch.prod`` refuse it.  (Max and min with an integer ``dtype=`` are the extreme of the
-    cast elements, as ``x.to(int).amax()`` is: no gradient, as there.)"""
+    and ``torch.prod`` refuse it.  (Max and min with an integer ``dtype=`` are the extreme found in
+    x's dtype, then converted, as ``x.amax().to(int)`` is: no gradient, as there.)"""
     try:
         _, out = resolve(reduction, dtype_name(x.dtype), dtype)
     except (TypeError, ValueError):

@@ -6,6 +6,8 @@ to 1,024 values per segment before the BLAS blocks were cut to 128."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from support import HAS_TORCH, to_kind, to_numpy
@@ -161,3 +163,35 @@ def test_long_fixed_means_divide_their_float64_sums(kind, shape, length, monkeyp
     assert got.dtype == np.float32 and np.isfinite(got).all()
     np.testing.assert_allclose(got.astype(np.float64), expected, rtol=1e-6)
     linred.clear_plan_cache()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("features", [1, 2, 3, 8])
+@pytest.mark.parametrize("spec", ["offsets", "lengths", "segment_ids"])
+def test_variable_means_past_the_float32_sum_range_keep_the_mean(kind, features, spec):
+    """A float32 mean with offsets, lengths or segment ids whose segment's float32 sum passes the
+    range (values near 1e36) stays finite and warns of nothing: such a segment is summed again in
+    float64 (narrow feature rows and one column gave inf and an overflow warning, as a fuzzer
+    found); an empty segment stays NaN, a segment holding inf stays inf."""
+    import warnings
+
+    rng = np.random.default_rng(features)
+    lengths = np.array([200, 0, 255, 3, 150])
+    n = int(lengths.sum())
+    x = (rng.uniform(1.0, 3.0, (n, features)) * 1e36).astype(np.float32)
+    x[-1, 0] = np.inf
+    if features == 1:
+        x = x[:, 0]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    expected = np.stack([x[a:b].astype(np.float64).mean(axis=0) if b > a else np.full(x.shape[1:], np.nan)
+                         for a, b in itertools.pairwise(offsets)])  # fmt: skip
+    arguments = {
+        "offsets": {"offsets": offsets},
+        "lengths": {"lengths": lengths},
+        "segment_ids": {"segment_ids": np.repeat(np.arange(5), lengths), "num_segments": 5},
+    }[spec]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = to_numpy(linred.segmented_mean(to_kind(x, kind), **arguments))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got.astype(np.float64), expected, rtol=1e-6)

@@ -520,6 +520,24 @@ def test_dtype_argument(array_kind, backend, case, how, rng):
     assert_reduction(got, reduction, x_np, segments=segment_bounds(24, **kwargs), dtype=dtype, like=x)
 
 
+@pytest.mark.parametrize("how", ["fixed", "offsets"])
+def test_dtype_of_max_and_min_converts_the_extreme(array_kind, backend, how):
+    """A narrower or other-kind dtype= of max and min converts the extreme found in the input's
+    dtype (as ``x.max().astype(dtype)``): an element the conversion wraps or truncates does not
+    change which one is the extreme (documented in api.md and the functions' dtype)."""
+    x_np = np.array([200, 100, 3, 300, -7, 1000], dtype=np.int64)
+    kwargs = {"segment_length": 2} if how == "fixed" else {"offsets": np.array([0, 2, 4, 6])}
+    x = to_kind(x_np, array_kind)
+    for reduction, dtype in (("max", "int8"), ("min", "uint8"), ("max", "int16")):
+        fn = np.max if reduction == "max" else np.min
+        want = np.array([fn(x_np[a : a + 2]) for a in (0, 2, 4)]).astype(dtype)
+        got = call(reduction, x, backend=backend, dtype=dtype, **kwargs)
+        np.testing.assert_array_equal(to_numpy(got), want, err_msg=f"{reduction} {dtype}")
+    f = to_kind(np.array([2.7, -1.5, 9.9, 3.2, -0.5, -0.7]), array_kind)
+    got = call("max", f, backend=backend, dtype="int32", **kwargs)
+    np.testing.assert_array_equal(to_numpy(got), [2, 9, 0])
+
+
 @pytest.mark.parametrize(
     ("reduction", "in_dtype", "dtype", "match"),
     [

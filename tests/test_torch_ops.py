@@ -1121,3 +1121,22 @@ def test_vmap_over_an_empty_batch_with_batched_offsets(reduction):
     fn = getattr(linred, f"segmented_{reduction}")
     got = torch.func.vmap(lambda a, b: fn(a, offsets=b))(x, offsets)
     assert tuple(got.shape) == ((0, 7) if reduction == "softmax" else (0, 3))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"segment_length": 3}, "does not divide the length of axis 1 (n=10)"),
+        ({"lengths": [4, 4]}, "lengths must sum to the length of axis 1 (n=10); got 8"),
+        ({"offsets": [0, 4, 9]}, "axis 1"),
+    ],
+)
+def test_vmap_messages_name_the_elements_axis(kwargs, message):
+    """Under vmap a refused call names the axis the caller gave (the element's), as without
+    vmap, not the batched tensor's (one further)."""
+    batch = torch.randn(4, 3, 10)
+    with pytest.raises(ValueError, match=re.escape(message)) as without:
+        linred.segmented_sum(batch[0], axis=1, **kwargs)
+    with pytest.raises(ValueError) as inside:
+        torch.func.vmap(lambda e: linred.segmented_sum(e, axis=1, **kwargs))(batch)
+    assert str(inside.value) == str(without.value)

@@ -1205,11 +1205,32 @@ def _tile_rows(problem: Problem):
     return run
 
 
+def _mean_past_the_range(x3: np.ndarray, starts: np.ndarray, counts: np.ndarray, sums: np.ndarray,
+                         means: np.ndarray) -> None:  # fmt: skip
+    """The means of the segments whose float32 sums ``sums`` passed the float32 range (inf where
+    the data is finite), from float64 sums: a mean within the range is kept, as float64 sums
+    keep it elsewhere.  (One pass over the sums; segments summed again only where one is inf.)"""
+    if not np.isinf(sums).any():
+        return
+    for s in np.unique(np.nonzero(np.isinf(sums))[1]):
+        a = int(starts[s])
+        total = x3[:, a : a + int(counts[s]), :].sum(axis=1, dtype=np.float64)
+        with np.errstate(over="ignore"):  # (a mean past the float32 range is inf: no second warning)
+            means[:, s, :] = total / counts[s]
+
+
 def _variable(problem: Problem):
     acc = numpy_dtype(problem.acc_dtype)
     reduction = problem.reduction
     fill = identity(reduction, problem.out_dtype)
     combine = np.multiply if reduction == "prod" else np.add  # (sum and mean)
+    # A mean of data the float32 accumulator holds (every value within its range): a float32
+    # sum past the range is summed again in float64 (_mean_past_the_range), and the mean kept
+    data = numpy_dtype(problem.dtype)
+    quiet = (
+        reduction == "mean" and acc.kind == "f" and acc.itemsize < 8
+        and (data.kind in "iub" or np.can_cast(data, acc, "safe"))
+    )  # fmt: skip
 
     def run(x: Any, out: Any, segments: VariableSegments, stream: Any) -> None:
         x3 = host_view(x)
@@ -1243,11 +1264,17 @@ def _variable(problem: Problem):
             return
         else:
             result = np.empty((x3.shape[0], starts.shape[0], x3.shape[2]), dtype=acc)
-            _reduceat(combine, x3, starts, result, dtype=acc)
+            if quiet:  # (a sum past the range is summed again below: its overflow is no error)
+                with np.errstate(over="ignore"):
+                    _reduceat(combine, x3, starts, result, dtype=acc)
+            else:
+                _reduceat(combine, x3, starts, result, dtype=acc)
             if reduction == "mean":
                 quotient = np.empty(result.shape, dtype=np.result_type(acc, np.float32))
                 counts = np.diff(off) if all_nonempty else np.diff(off)[nonempty]
                 _divide(result, counts[None, :, None], quotient)
+                if quiet:
+                    _mean_past_the_range(x3, starts, counts, result, quotient)
                 result = quotient
         if all_nonempty:
             np.copyto(out3, result, casting="unsafe")
