@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import sys
 from typing import Any
 
 import numpy as np
@@ -66,9 +67,16 @@ def unchecked_ids(ids: Any, check: Any, num_segments: Any) -> Any:
     if isinstance(ids, np.ndarray) and ids.dtype == np.uint64 and ids.size:
         return np.minimum(ids, np.uint64(high))
     torch_ids = type(ids).__module__.partition(".")[0] == "torch" and str(ids.dtype) == "torch.uint64"
-    if torch_ids and ids.device.type == "cpu" and ids.numel():  # (as NumPy's: torch has few uint64 operations)
-        return np.minimum(ids.numpy(), np.uint64(high))
+    if torch_ids and ids.device.type == "cpu" and ids.numel() and not _compiling():
+        return np.minimum(ids.numpy(), np.uint64(high))  # (as NumPy's: torch has few uint64 operations)
     return ids
+
+
+def _compiling() -> bool:
+    """Whether TorchDynamo is tracing (which reads no values: NumPy's operations on a tensor's
+    values are traced as PyTorch's)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
 
 
 class _Ops:

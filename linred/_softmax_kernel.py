@@ -119,7 +119,8 @@ LANES = {"segmented_softmax": (8, 4), "segmented_log_softmax": (8, 4)}
 #: took 170 us with a warp per segment against 195 with 16 lanes; H200, seventeenth run)
 BACKWARD_LANE_VALUES = 8
 #: whether logsumexp, softmax and log_softmax of one feature column, computed in float32, are read
-#: by ``warp_reduce`` where their rows are 16-byte aligned and their segments long on average
+#: by ``warp_reduce`` where their rows are whole 16-byte vectors (each as far past a 16-byte
+#: boundary: read from it) and their segments long on average
 #: (:func:`_by_runs`); False leaves every call to the workers (or, past :data:`MAX_MEAN_ROWS`, to
 #: the composition), as :data:`GROUP` set does (tests and benchmarks compare the two)
 LSE_RUNS = True

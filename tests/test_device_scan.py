@@ -39,14 +39,17 @@ needs_gpu = pytest.mark.skipif(not GPU_KINDS, reason="needs a GPU (CuPy)")
 
 @pytest.fixture
 def scans(monkeypatch):
-    """Counts the launches of the one-launch scan (which serves every size here)."""
+    """Counts the launches of the one-launch scan (which serves every size here): ``scan`` must
+    launch (a False would leave the call to the library's cumulative sum, right but untested)."""
     monkeypatch.setattr(_device_scan, "MAX_LENGTHS", float("inf"))
     counts = {"scans": 0}
     scan = _device_scan.scan
 
     def counting(*args):
+        launched = scan(*args)
+        assert launched, "the lengths scan could not run on this device"
         counts["scans"] += 1
-        return scan(*args)
+        return launched
 
     monkeypatch.setattr(_device_scan, "scan", counting)
     return counts
@@ -104,9 +107,9 @@ def test_strided_lengths_take_the_library_scan(scans, kind):
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.skipif("cupy" not in GPU_KINDS, reason="needs CuPy")
-def test_scans_in_flight_on_two_streams():
+def test_scans_in_flight_on_two_streams(scans):
     """Two scans queued at once on two non-blocking streams (each with its own state), then a
-    third on the first stream: every one right."""
+    third on the first stream: every one right, every one the kernel's."""
     import cupy
 
     from linred.arrays._cupy import CUPY
@@ -128,6 +131,7 @@ def test_scans_in_flight_on_two_streams():
     np.testing.assert_array_equal(cupy.asnumpy(ra), _want(a))
     np.testing.assert_array_equal(cupy.asnumpy(rb), _want(b))
     np.testing.assert_array_equal(cupy.asnumpy(rc), _want(b))
+    assert scans["scans"] == 3
 
 
 @pytest.mark.gpu
@@ -164,7 +168,14 @@ def test_the_library_scans_past_the_bound(monkeypatch, kind):
     monkeypatch.setattr(_device_scan, "MAX_LENGTHS", TILE + 1)
     counts = {"scans": 0}
     scan = _device_scan.scan
-    monkeypatch.setattr(_device_scan, "scan", lambda *a: counts.__setitem__("scans", counts["scans"] + 1) or scan(*a))
+
+    def counting(*args):
+        counts["scans"] += 1
+        launched = scan(*args)
+        assert launched, "the lengths scan could not run on this device"
+        return launched
+
+    monkeypatch.setattr(_device_scan, "scan", counting)
     rng = np.random.default_rng(6)
     for m, scanned in ((TILE + 1, 1), (TILE + 2, 0)):
         counts["scans"] = 0
@@ -211,3 +222,24 @@ def test_torch_lengths_calls_on_a_named_stream_and_in_a_graph(scans):
     off = _want(other)
     want = total[off[1:]] - total[off[:-1]]
     np.testing.assert_allclose(captured.cpu().numpy(), want, rtol=1e-5, atol=1e-4)
+    assert scans["scans"] == 3  # (the named stream's call, the warm-up and the captured one)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.skipif("torch-cuda" not in GPU_KINDS, reason="needs PyTorch with CUDA")
+@pytest.mark.parametrize("name", ["sum", "softmax", "argmax", "var"])
+def test_compiled_cuda_lengths_calls_trace(name):
+    """torch.compile(fullgraph=True) of a call with CUDA lengths traces (inside the trace the
+    offsets come from torch.cumsum, which TorchDynamo can trace; the scan's launch it cannot),
+    and gives the eager result."""
+    import torch
+
+    rng = np.random.default_rng(8)
+    lengths = rng.integers(1, 20, 300)
+    x = torch.as_tensor(rng.standard_normal(int(lengths.sum())), device="cuda")
+    lt = torch.as_tensor(lengths, device="cuda")
+    fn = getattr(linred, f"segmented_{name}")
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t, ln: fn(t, lengths=ln), fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x, lt), fn(x, lengths=lt))

@@ -1145,3 +1145,23 @@ def test_vmap_messages_name_the_elements_axis(kwargs, message):
     with pytest.raises(ValueError) as inside:
         torch.func.vmap(lambda e: linred.segmented_sum(e, axis=1, **kwargs))(batch)
     assert str(inside.value) == str(without.value)
+
+
+@pytest.mark.parametrize("form", ["ids", "softmax offsets", "argmax offsets", "numpy offsets"])
+def test_compile_fullgraph_with_uint64_segment_arguments(form):
+    """uint64 segment arguments (a CPU tensor or a NumPy array) trace under torch.compile(
+    fullgraph=True) and give the eager result: the refusal of values past int64 reads them,
+    which a trace cannot, and stays out of it (found by a review)."""
+    if not hasattr(torch, "uint64"):
+        pytest.skip("this PyTorch has no uint64")
+    x = torch.arange(6.0, dtype=torch.float64)
+    offsets_t = torch.tensor([0, 3, 6], dtype=torch.uint64)
+    ids = torch.tensor([1, 0, 0, 1, 1, 1], dtype=torch.uint64)
+    call = {
+        "ids": lambda t: linred.segmented_sum(t, segment_ids=ids, num_segments=2, check=False),
+        "softmax offsets": lambda t: linred.segmented_softmax(t, offsets=offsets_t),
+        "argmax offsets": lambda t: linred.segmented_argmax(t, offsets=offsets_t),
+        "numpy offsets": lambda t: linred.segmented_sum(t, offsets=np.array([0, 3, 6], np.uint64)),
+    }[form]
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(call, fullgraph=True, backend="eager")(x), call(x))

@@ -279,7 +279,13 @@ class TorchAdapter(ArrayAdapter):
         if t.dtype not in (torch.int32, torch.int64):
             wide = t.dtype == getattr(torch, "uint64", None)
             t = t.to(torch.int64)
-            if wide and t.device.type == "cpu" and t.numel() and bool((t < 0).any()):
+            if (
+                wide
+                and t.device.type == "cpu"
+                and t.numel()
+                and not torch.compiler.is_compiling()
+                and bool((t < 0).any())
+            ):
                 # (as NumPy's uint64: refused by value, not wrapped; CUDA ids wrap to negative
                 # ids, which the checks of check=True refuse)
                 raise ValueError(f"{name} must fit in int64; got {int(t[t < 0][0]) + 2**64}")
@@ -367,6 +373,7 @@ class TorchAdapter(ArrayAdapter):
             and lengths.dtype in (torch.int32, torch.int64)
             and lengths.is_contiguous()
             and torch._C._functorch.maybe_current_level() is None
+            and not torch.compiler.is_compiling()  # (its launch cannot be traced: torch.cumsum can)
         ):
             # One launch (scan.cuh), into a buffer that also holds the scan's state: torch.cumsum
             # costs a call 25-35 us of host time.
