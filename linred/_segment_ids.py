@@ -286,6 +286,10 @@ def _by_ids(
                         "tensor on the current stream")  # fmt: skip
     if kind == "torch" and ops.xp.compiler.is_compiling():
         return _by_ids_traced(function, ops, x, ids, ns, ids_sorted, ax, out, check, positions, kwargs)
+    if device is not None and ns is not None and n > 0 and not positions and IDS_KERNEL:
+        result = _by_ids_kernel(function, adapter, ops, x, ids, ns, ids_sorted, ax, out, check, kwargs, device)
+        if result is not None:
+            return result
     known = n > 0 and _reads_ids(check, device)
     if known and device is not None:
         from linred.segments import _refuse_capture  # (a read back: no capture allows it)
@@ -324,15 +328,66 @@ def _by_ids(
         result = result[(slice(None),) * ax + (slice(1, ns + 1),)]
     if positions and order is not None:
         result = _unsort_positions(ops, result, order, n)
+    return _into(out, result, adapter, ops, device)
+
+
+def _into(out: Any, result: Any, adapter: Any, ops: _Ops, device: int | None) -> Any:
+    """``result``, copied into ``out`` where one was given and the result was computed aside (out
+    must then be what the call itself accepts)."""
     if out is not None and result is not out:
-        # (the result was computed aside: out must be what the call itself accepts)
         validate_out(out, adapter, tuple(result.shape), adapter.info(result).dtype, device)
-        if kind == "torch":
+        if ops.kind == "torch":
             out.copy_(result)
         else:
             ops.xp.copyto(out, result)
         return out
     return result
+
+
+#: whether device ids with num_segments become offsets by ids.cuh's kernel (linred.arrays._device_ids:
+#: one launch, the ids' rules tested on the way) rather than the array library's operations
+IDS_KERNEL = True
+
+
+def _by_ids_kernel(function: Any, adapter: Any, ops: _Ops, x: Any, ids: Any, ns: int, ids_sorted: Any, ax: int,
+                   out: Any, check: bool, kwargs: dict[str, Any], device: int) -> Any:  # fmt: skip
+    """:func:`_by_ids` of device data with ``num_segments`` through ``ids.cuh`` (one launch writes
+    the offsets and tests the ids), or None where that does not serve the call: ids not promised
+    sorted and unchecked (sorted by the caller's route, which reads nothing), ids found unsorted,
+    a torch.func transform's tensors, or a device the kernel cannot run on.  A checked call waits
+    for the kernel once and raises on ids outside [0, ns); its offsets are then exact.  An
+    unchecked call with sorted ids promised reads nothing back: sentinel segments take the ids
+    outside [0, ns), as :func:`_by_ids` arranges them."""
+    if not check and ids_sorted is not True:
+        return None
+    if ops.kind == "torch" and ops.xp._C._functorch.maybe_current_level() is not None:
+        return None
+    from linred.arrays import _device_checks, _device_ids
+
+    if check:
+        from linred.segments import _refuse_capture  # (a read back: no capture allows it)
+
+        _refuse_capture(adapter, ids, "segment_ids")
+    n = ids.shape[0]
+    padded = adapter.empty((ns + 3,), "int64", device)
+    stream = adapter.resolve_stream(None, device)
+    word = adapter.check_word(ids) if check else 0
+    wide = ids.dtype.itemsize == 8
+    if not _device_ids.to_offsets(adapter.pointer(ids), wide, n, ns, adapter.pointer(padded), word, device, stream):
+        return None
+    if check:
+        _device_checks.passed(stream, device)
+        flags = _device_checks.word_value()
+        if flags & _device_ids.OUTSIDE:
+            raise outside_error(ids, ns)
+        if flags & _device_ids.UNSORTED:
+            return None  # (sorted by the caller's route)
+        kwargs["out"] = out  # (ids in [0, ns), in order: the offsets between the sentinels are exact)
+        return function(x, offsets=padded[1 : ns + 2], axis=ax, check=False, **kwargs)
+    x = _dropped_as_ones(function, ops, x, ids, ns, ax)
+    kwargs["out"] = None
+    result = function(x, offsets=padded, axis=ax, check=False, **kwargs)
+    return _into(out, result[(slice(None),) * ax + (slice(1, ns + 1),)], adapter, ops, device)
 
 
 def _by_ids_traced(function: Any, ops: _Ops, x: Any, ids: Any, ns: int | None, ids_sorted: Any, ax: int, out: Any,

@@ -1156,6 +1156,7 @@ def _programs() -> list[tuple[str, str, tuple[str, ...]]]:
     out.append(
         ("lengths scan", '#include "scan.cuh"\n', ("linred_lengths_to_offsets32", "linred_lengths_to_offsets64"))
     )
+    out.append(("ids to offsets", '#include "ids.cuh"\n', ("linred_ids_to_offsets32", "linred_ids_to_offsets64")))
     return out
 
 

@@ -472,3 +472,126 @@ def test_ids_work_runs_on_the_calls_stream():
     side.synchronize()
     expected = _reference("sum", x.cpu().numpy(), ids_host, 300, 0)
     np.testing.assert_allclose(got.cpu().numpy(), expected, rtol=1e-10)
+
+
+# --- device ids into offsets by ids.cuh (one launch, the ids' rules tested on the way) ---
+
+
+@pytest.fixture
+def ids_launches(monkeypatch):
+    """Counts the launches of the ids' conversion, each of which must launch."""
+    from linred.arrays import _device_ids
+
+    counts = {"launches": 0}
+    launch = _device_ids.to_offsets
+
+    def counting(*args):
+        launched = launch(*args)
+        assert launched, "the ids' conversion could not run on this device"
+        counts["launches"] += 1
+        return launched
+
+    monkeypatch.setattr(_device_ids, "to_offsets", counting)
+    return counts
+
+
+def _gpu_kinds():
+    from support.arrays import GPU_KINDS
+
+    return list(GPU_KINDS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", _gpu_kinds() or [pytest.param("cupy", marks=pytest.mark.skip(reason="needs a GPU"))])
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("dtype", ["int64", "int32"])
+def test_device_sorted_ids_become_offsets_in_one_launch(ids_launches, kind, reduction, dtype):
+    """Sorted device ids with num_segments: the kernel writes the offsets (checked calls: exact,
+    after one wait; unchecked with the order promised: framed by sentinel segments that take the
+    ids outside [0, m)), for 1-D data and feature rows along either axis, empty segments at the
+    start, middle and end, n across the kernel's blocks (255, 256, 257, 70,001); against float64."""
+    rng = np.random.default_rng(len(reduction) + len(dtype))
+    fn = getattr(linred, f"segmented_{reduction}")
+    for n, m in ((255, 7), (256, 300), (257, 1), (70_001, 1_000)):
+        lo, hi = (1, m - 1) if m > 2 else (0, m)  # (segments 0 and m - 1 empty where there are more than 2)
+        ids = np.sort(rng.integers(lo, hi, n)).astype(dtype)
+        for shape, axis in (((n,), 0), ((n, 3), 0), ((2, n), 1)):
+            x = rng.standard_normal(shape)
+            want = _reference(reduction, x, ids, m, axis)
+            before = ids_launches["launches"]
+            got = fn(to_kind(x, kind), segment_ids=to_kind(ids, kind), num_segments=m, axis=axis)
+            np.testing.assert_allclose(to_numpy(got), want, rtol=1e-12)
+            got = fn(to_kind(x, kind), segment_ids=to_kind(ids, kind), num_segments=m, axis=axis, check=False,
+                     ids_sorted=True)  # fmt: skip
+            np.testing.assert_allclose(to_numpy(got), want, rtol=1e-12)
+            assert ids_launches["launches"] == before + 2
+    # ids outside [0, m), sorted, unchecked with the order promised: dropped (the sentinel segments)
+    ids = np.array([-3, -1, 0, 0, 2, 2, 5, 9])
+    x = np.arange(8.0)
+    got = fn(to_kind(x, kind), segment_ids=to_kind(ids, kind), num_segments=4, check=False, ids_sorted=True)
+    np.testing.assert_allclose(to_numpy(got), _reference(reduction, x, ids, 4, 0), rtol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", _gpu_kinds() or [pytest.param("cupy", marks=pytest.mark.skip(reason="needs a GPU"))])
+def test_device_ids_checked_by_the_kernel(ids_launches, kind):
+    """A checked call with ids outside [0, m) raises the host's message; unsorted ids go to the sort
+    (right results); out= is written, and validated; the next valid call is right."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(1_000)
+    ids = np.sort(rng.integers(0, 20, 1_000))
+    for bad in (ids - 1, ids + 1):  # (a -1 at the start; a 20 at the end)
+        with pytest.raises(ValueError, match=r"segment_ids must lie in \[0, num_segments\)"):
+            linred.segmented_sum(to_kind(x, kind), segment_ids=to_kind(bad, kind), num_segments=20)
+    shuffled = rng.permutation(ids)
+    got = linred.segmented_sum(to_kind(x, kind), segment_ids=to_kind(shuffled, kind), num_segments=20)
+    np.testing.assert_allclose(to_numpy(got), _reference("sum", x, shuffled, 20, 0), rtol=1e-12)
+    out = to_kind(np.full(20, np.nan), kind)
+    got = linred.segmented_sum(to_kind(x, kind), segment_ids=to_kind(ids, kind), num_segments=20, out=out)
+    assert got is out
+    np.testing.assert_allclose(to_numpy(out), _reference("sum", x, ids, 20, 0), rtol=1e-12)
+    out = to_kind(np.full(20, np.nan), kind)
+    got = linred.segmented_sum(to_kind(x, kind), segment_ids=to_kind(ids, kind), num_segments=20, out=out,
+                               check=False, ids_sorted=True)  # fmt: skip
+    assert got is out
+    np.testing.assert_allclose(to_numpy(out), _reference("sum", x, ids, 20, 0), rtol=1e-12)
+    with pytest.raises(ValueError, match="out must have dtype float64; got float32"):
+        linred.segmented_sum(to_kind(x, kind), segment_ids=to_kind(ids, kind), num_segments=20,
+                             out=to_kind(np.empty(20, np.float32), kind))  # fmt: skip
+    assert ids_launches["launches"] >= 6
+
+
+@pytest.mark.gpu
+def test_device_ids_kernel_with_autograd_and_in_a_graph(ids_launches):
+    """torch: the gradient through the kernel's offsets (sum; a product with dropped ids passes
+    them 0), and an unchecked call with the order promised captured in a CUDA graph, replayed
+    with other ids in the same tensor."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    rng = np.random.default_rng(9)
+    ids_host = np.sort(rng.integers(0, 40, 5_000))
+    x = torch.as_tensor(rng.standard_normal((5_000, 4)), device="cuda", dtype=torch.float64).requires_grad_()
+    ids = torch.as_tensor(ids_host, device="cuda")
+    y = linred.segmented_sum(x, segment_ids=ids, num_segments=40)
+    (y * torch.arange(40.0, device="cuda", dtype=torch.float64)[:, None]).sum().backward()
+    np.testing.assert_allclose(x.grad.cpu().numpy(), np.repeat(ids_host[:, None].astype(np.float64), 4, 1))
+    small = torch.tensor([2.0, 3.0, 4.0, 1e300, 1e300], device="cuda", dtype=torch.float64, requires_grad=True)
+    p = linred.segmented_prod(small, segment_ids=torch.tensor([0, 0, 1, 5, 5], device="cuda"), num_segments=2,
+                              check=False, ids_sorted=True)  # fmt: skip
+    p.sum().backward()
+    np.testing.assert_allclose(small.grad.cpu().numpy(), [3.0, 2.0, 1.0, 0.0, 0.0])
+    xs = torch.as_tensor(rng.standard_normal(5_000), device="cuda")
+    capturing = torch.cuda.Stream()
+    capturing.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capturing):
+        linred.segmented_sum(xs, segment_ids=ids, num_segments=40, check=False, ids_sorted=True)
+    capturing.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=capturing):
+        captured = linred.segmented_sum(xs, segment_ids=ids, num_segments=40, check=False, ids_sorted=True)
+    other = np.sort(rng.integers(0, 40, 5_000))
+    ids.copy_(torch.as_tensor(other, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(captured.cpu().numpy(), _reference("sum", xs.cpu().numpy(), other, 40, 0), rtol=1e-10)

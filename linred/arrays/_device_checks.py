@@ -47,7 +47,18 @@ from linred.arrays._context import driver as cuda_driver
 from linred.arrays._context import on_device
 from linred.kernels.compiler import get_kernels
 
-__all__ = ["ahead_pays", "arm", "check_ahead", "check_armed", "clear_note", "noted", "offsets_ok", "passed", "verdict"]
+__all__ = [
+    "ahead_pays",
+    "arm",
+    "check_ahead",
+    "check_armed",
+    "clear_note",
+    "noted",
+    "offsets_ok",
+    "passed",
+    "verdict",
+    "word_value",
+]
 
 logger = logging.getLogger("linred")
 
@@ -285,6 +296,11 @@ def noted() -> bool:
     """Whether a kernel wrote this thread's note since :func:`clear_note` (read after
     :func:`passed` waited for it)."""
     return _state.note.value != 0
+
+
+def word_value() -> int:
+    """This thread's check word as the last kernel left it (read after :func:`passed` waited)."""
+    return _state.word.value
 
 
 def passed(stream: int, device: int) -> bool:
