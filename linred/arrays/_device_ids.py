@@ -83,9 +83,10 @@ def to_offsets(ids: int, wide: bool, n: int, ns: int, padded: int, word: int, de
     position of id 0, ..., of id ns, n]`` (for sorted ids, segments 0 .. ns - 1 framed by two
     sentinel segments); where ``word`` (a check word's address) is not 0, a broken rule's bits
     stored into it (:data:`OUTSIDE`, :data:`UNSORTED`: with several threads finding broken rules,
-    one thread's bits, never 0; :data:`UNSORTED` alone does not say the ids are in range).  On ``device``, in stream order on
-    ``stream`` (a raw handle), without waiting.  False (nothing launched) where the kernel cannot
-    run on ``device``: the caller then takes the array library's operations."""
+    one thread's bits, never 0; :data:`UNSORTED` alone does not say the ids are in range).  On
+    ``device``, in stream order on ``stream`` (a raw handle), without waiting.  False (nothing
+    launched) where the kernel cannot run on ``device``: the caller then takes the array
+    library's operations."""
     functions = _functions.get(device)
     if functions is None:
         functions = _functions[device] = _load(device)

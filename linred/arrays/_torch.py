@@ -302,8 +302,12 @@ class TorchAdapter(ArrayAdapter):
             if stream is not None:
                 raise ValueError(f"stream must be None for CPU tensors; got {type(stream).__name__}")
             return None
-        if stream is None:
-            return int(torch.cuda.current_stream(device).cuda_stream)
+        if stream is None:  # (the raw handle: no torch.cuda.Stream built, see _current_stream_handle)
+            return (
+                int(_raw_stream(device))
+                if _raw_stream is not None
+                else int(torch.cuda.current_stream(device).cuda_stream)
+            )
         return stream_handle(stream, device)
 
     def offsets_ok(self, offsets: torch.Tensor, n: int) -> bool | None:
