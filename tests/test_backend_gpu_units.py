@@ -1923,3 +1923,40 @@ def test_tile_reduce_reads_vectors_only_where_every_thread_gets_whole_ones():
 
     wrapper = kernels.tile_wrapper(f32, kernels.tile_vecload(f32, small, base), "long long", small, 1)
     assert Program(source(wrapper), "c++", ProgramOptions(arch="sm_80", std="c++17")).compile("cubin").code
+
+
+def test_a_kernels_shared_memory_attribute_is_only_raised(monkeypatch):
+    """(No GPU needed.) Executors share a compiled kernel (one per program and device) and may
+    launch it with different dynamic shared memory (features_split's follows its threads): the
+    attribute that allows it is only ever raised, so that a later executor with less never takes
+    away what an earlier one launches with (a launch then failed with CUDA_ERROR_INVALID_VALUE)."""
+    pytest.importorskip("cuda.bindings")
+    from linred.backends.nvrtc import executors
+
+    class FakeDriver:
+        CUfunction_attribute = executors.driver.CUfunction_attribute
+        CUresult = executors.driver.CUresult
+
+        def __init__(self):
+            self.calls = []
+
+        def cuKernelSetAttribute(self, attr, value, handle, device):
+            self.calls.append((attr.name, value, handle, device))
+            return (self.CUresult.CUDA_SUCCESS,)
+
+    fake = FakeDriver()
+    monkeypatch.setattr(executors, "driver", fake)
+    monkeypatch.setattr(executors, "_SHARED_ALLOWED", {})
+    kernel, other = type("K", (), {"handle": 101})(), type("K", (), {"handle": 202})()
+    launcher = type("L", (), {"device": 0})()
+    allow = executors._Launcher.allow_shared_memory
+    allow(launcher, kernel, 4000)
+    allow(launcher, kernel, 2000)  # (smaller: kept at 4000)
+    allow(launcher, kernel, 4000)
+    sizes = [value for name, value, _, _ in fake.calls if name == "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES"]
+    assert sizes == [4000]
+    allow(launcher, kernel, 9000)  # (larger: raised)
+    allow(launcher, other, 100)  # (another kernel: its own)
+    sizes = [(value, handle) for name, value, handle, _ in fake.calls
+             if name == "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES"]  # fmt: skip
+    assert sizes == [(4000, 101), (9000, 101), (100, 202)]

@@ -17,6 +17,7 @@ on the raw stream handle it is given and reads its launch shapes from the
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver
@@ -69,6 +70,12 @@ if TYPE_CHECKING:
     from linred.backends.nvrtc import NvrtcOptions
 
 
+#: per (kernel handle, device): the dynamic shared memory its attribute allows (see
+#: _Launcher.allow_shared_memory), under a lock (threads plan at once)
+_SHARED_ALLOWED: dict[tuple[int, int], int] = {}
+_SHARED_LOCK = threading.Lock()
+
+
 class _Launcher:
     """What every executor needs: the device, its SM count, device pointers and scratch."""
 
@@ -82,15 +89,27 @@ class _Launcher:
 
     def allow_shared_memory(self, kernel: Any, size: int) -> None:
         """Let ``kernel`` use ``size`` bytes of dynamic shared memory (past 48 KiB it must opt in)
-        and prefer the largest shared memory carveout (its occupancy is set by shared memory)."""
-        attribute = driver.CUfunction_attribute
-        for attr, value in (
-            (attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, size),
-            (attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100),
-        ):
-            (err,) = driver.cuKernelSetAttribute(attr, value, kernel.handle, self.device)
-            if err != driver.CUresult.CUDA_SUCCESS:
-                raise RuntimeError(f"cannot set {attr.name}={value} for a kernel on device {self.device}: {err}")
+        and prefer the largest shared memory carveout (its occupancy is set by shared memory).
+
+        The attribute belongs to the compiled kernel, which every executor of the same program
+        shares (``get_kernels`` keeps one per program and device), and executors of one program
+        may launch it with different sizes (``features_split``'s shared memory follows its
+        threads, set by the problem at run time): it is only ever raised, so that one executor
+        never takes away what another launches with (a later, smaller setting made an earlier
+        executor's launches fail with CUDA_ERROR_INVALID_VALUE)."""
+        key = (int(kernel.handle), self.device)
+        with _SHARED_LOCK:
+            if _SHARED_ALLOWED.get(key, -1) >= size:
+                return
+            attribute = driver.CUfunction_attribute
+            for attr, value in (
+                (attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, size),
+                (attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100),
+            ):
+                (err,) = driver.cuKernelSetAttribute(attr, value, kernel.handle, self.device)
+                if err != driver.CUresult.CUDA_SUCCESS:
+                    raise RuntimeError(f"cannot set {attr.name}={value} for a kernel on device {self.device}: {err}")
+            _SHARED_ALLOWED[key] = size
 
     def _adapter(self) -> Any:
         if self.kind == "cupy":
