@@ -785,3 +785,26 @@ def test_a_dropped_plan_orders_its_scratch_after_its_last_call(backend):
         behind = not marker.done
     assert waited < 0.2, f"the host waited {waited:.3f} s for the dropped plan's last call"
     assert behind, "the current stream did not wait for the dropped plan's last call on the other stream"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUPY_GPU, reason="needs CuPy and a GPU")
+def test_executors_sharing_a_kernel_with_other_shared_memory():
+    """Feature-row problems whose features_split launches differ in threads (and so in shared
+    memory) share one compiled kernel: planned in either order and called again after the other,
+    each launches and is right (a later executor with less shared memory lowered the kernel's
+    allowance, and the earlier one's launch failed with CUDA_ERROR_INVALID_VALUE)."""
+    rng = np.random.default_rng(0)
+    cases = []
+    for n, m in ((255, 7), (70_001, 1_000), (5_000, 40), (100_000, 3_000)):
+        x = rng.standard_normal((n, 3))
+        offsets = np.linspace(0, n, m + 1).astype(np.int64)
+        want = np.stack([x[a:b].min(0) for a, b in itertools.pairwise(offsets)])
+        cases.append((cupy.asarray(x), cupy.asarray(offsets), want))
+    for order in ([0, 1, 0], [1, 0, 1], [2, 3, 2, 0, 1, 0]):
+        linred.clear_plan_cache()
+        for i in order:
+            x, offsets, want = cases[i]
+            got = linred.segmented_min(x, offsets=offsets, backend="nvrtc")
+            np.testing.assert_array_equal(cupy.asnumpy(got), want)
+    linred.clear_plan_cache()
