@@ -133,9 +133,13 @@ class _Ops:
     def summary(self, ids: Any) -> tuple[int, int, bool]:
         """``(min, max, sorted)`` of non-empty ``ids``, one read back on a device."""
         xp = self.xp
+        if self.kind == "torch" and self.device.type == "cpu":
+            # (a CPU tensor's ids read through NumPy, a view: torch's small operations cost
+            # about 50 µs of a 2,000-row call, NumPy's a few)
+            ids = ids.numpy()
+        if type(ids) is np.ndarray:
+            return int(ids.min()), int(ids.max()), not bool((ids[1:] < ids[:-1]).any())
         down = (ids[1:] < ids[:-1]).any()
-        if self.kind == "numpy":
-            return int(ids.min()), int(ids.max()), not bool(down)
         lo, hi, d = xp.stack(
             [ids.min(), ids.max(), down.to(xp.int64) if self.kind == "torch" else down.astype(xp.int64)]
         ).tolist()
