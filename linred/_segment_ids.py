@@ -64,8 +64,8 @@ def unchecked_ids(ids: Any, check: Any, num_segments: Any) -> Any:
         if flat.size and all(type(v) is int for v in flat) and any(not low <= v <= high for v in flat):
             return np.array([min(max(v, low), high) for v in flat], dtype=np.int64).reshape(np.shape(ids))
         return ids
-    if isinstance(ids, np.ndarray) and ids.dtype == np.uint64 and ids.size:
-        return np.minimum(ids, np.uint64(high))
+    if isinstance(ids, np.ndarray) and ids.dtype.kind == "u" and ids.dtype.itemsize == 8 and ids.size:
+        return np.minimum(ids, np.uint64(high))  # (either byte order: the result is native)
     torch_ids = type(ids).__module__.partition(".")[0] == "torch" and str(ids.dtype) == "torch.uint64"
     if torch_ids and ids.device.type == "cpu" and ids.numel() and not _compiling():
         return np.minimum(ids.numpy(), np.uint64(high))  # (as NumPy's: torch has few uint64 operations)
@@ -135,8 +135,10 @@ class _Ops:
         xp = self.xp
         if self.kind == "torch" and self.device.type == "cpu":
             # (a CPU tensor's ids read through NumPy, a view: torch's small operations cost
-            # about 50 µs of a 2,000-row call, NumPy's a few)
-            ids = ids.numpy()
+            # about 50 µs of a 2,000-row call, NumPy's a few; not a torch.func transform's
+            # tensor, which has no storage of its own)
+            with contextlib.suppress(RuntimeError):
+                ids = ids.numpy()
         if type(ids) is np.ndarray:
             return int(ids.min()), int(ids.max()), not bool((ids[1:] < ids[:-1]).any())
         down = (ids[1:] < ids[:-1]).any()

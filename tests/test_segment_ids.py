@@ -122,6 +122,24 @@ def test_uint64_ids_past_int64_are_dropped_unchecked_and_named_checked():
             getattr(linred, f"segmented_{name}")(x, segment_ids=ids, check=False)
 
 
+@pytest.mark.parametrize("order", ["<", ">"])
+def test_uint64_ids_of_either_byte_order(array_kind, order):
+    """uint64 ids past int64 are refused by value (or dropped with check=False and num_segments)
+    in either byte order: big-endian ones were wrapped to negative ids (found by a fuzzer)."""
+    if array_kind not in HOST_KINDS:
+        pytest.skip("host ids")
+    x = to_kind(np.arange(4.0), array_kind)
+    ids = np.array([0, 2**63 + 5, 1, 1], dtype=f"{order}u8")
+    with pytest.raises(ValueError, match="segment_ids must fit in int64; got 9223372036854775813"):
+        linred.segmented_sum(x, segment_ids=ids)
+    with pytest.raises(ValueError, match="segment_ids must fit in int64; got 9223372036854775813"):
+        linred.segmented_sum(x, segment_ids=ids, check=False)
+    got = linred.segmented_sum(x, segment_ids=ids, num_segments=2, check=False)
+    np.testing.assert_array_equal(to_numpy(got), [0.0, 5.0])
+    with pytest.raises(ValueError, match="lengths must fit in int64"):
+        linred.segmented_sum(x, lengths=np.array([2**64 - 1, 1], dtype=f"{order}u8"))
+
+
 def test_uint64_ids_past_int64_with_cpu_tensors():
     """The same rule for a CPU tensor's ids given as NumPy uint64, a list or a torch uint64
     tensor: dropped with check=False and num_segments, named otherwise (they were wrapped to

@@ -1165,3 +1165,33 @@ def test_compile_fullgraph_with_uint64_segment_arguments(form):
     }[form]
     torch._dynamo.reset()
     torch.testing.assert_close(torch.compile(call, fullgraph=True, backend="eager")(x), call(x))
+
+
+@pytest.mark.parametrize("reduction", ["sum", "max", "softmax", "var"])
+def test_torch_func_grad_with_segment_ids(reduction):
+    """torch.func.grad, vjp and vmap(grad) through a call with segment ids on CPU tensors: the
+    gradients autograd gives (the ids' summary read through NumPy must leave a transform's
+    tensors, which have no storage of their own, to torch; found by a fuzzer)."""
+    fn = getattr(linred, f"segmented_{reduction}")
+    ids = torch.tensor([0, 0, 1, 1, 2])
+    weights = torch.arange(1.0, 6.0, dtype=torch.float64)
+
+    def loss(x):
+        y = fn(x, segment_ids=ids, num_segments=3)
+        return (y * weights[: y.shape[0]]).sum()
+
+    x = torch.tensor([0.3, -1.2, 2.5, 0.7, -0.4], dtype=torch.float64, requires_grad=True)
+    (want,) = torch.autograd.grad(loss(x), x)
+    torch.testing.assert_close(torch.func.grad(loss)(x.detach()), want)
+    batch = torch.stack([x.detach(), 2 * x.detach()])
+    got = torch.func.vmap(torch.func.grad(loss))(batch)
+    torch.testing.assert_close(got[0], want)
+
+
+def test_one_element_negative_stride_segment_arguments():
+    """A one-element NumPy array with a negative stride (NumPy calls it contiguous) is copied for
+    a tensor like any negative-stride array (found by a fuzzer)."""
+    x = torch.tensor([3.0])
+    np.testing.assert_array_equal(linred.segmented_sum(x, segment_ids=np.array([0])[::-1]).numpy(), [3.0])
+    xg = torch.tensor([3.0], requires_grad=True)
+    np.testing.assert_array_equal(linred.segmented_sum(xg, lengths=np.array([1])[::-1]).detach().numpy(), [3.0])

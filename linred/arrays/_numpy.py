@@ -58,7 +58,13 @@ def _int_array(xp: Any, obj: Any, name: str, **asarray_kwargs: Any) -> Any:
     if kind == "b" or kind not in "iu":
         raise TypeError(f"{name} must be an array of integers; got dtype {a.dtype}")
     if a.dtype.name not in ("int32", "int64"):
-        if xp is np and a.dtype == np.uint64 and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        if (
+            xp is np
+            and a.dtype.kind == "u"
+            and a.dtype.itemsize == 8
+            and a.size
+            and int(a.max()) > np.iinfo(np.int64).max
+        ):
             # (device arrays: the wrapped, negative values fail the checks of check=True)
             raise ValueError(f"{name} must fit in int64; got {int(a.max())}")
         a = a.astype(xp.int64)

@@ -266,7 +266,9 @@ class TorchAdapter(ArrayAdapter):
                 from linred.arrays._numpy import _int_array
 
                 a = _int_array(np, obj, name)
-                if not (a.dtype.isnative and a.flags.c_contiguous and a.flags.writeable):
+                if not (
+                    a.dtype.isnative and a.flags.c_contiguous and a.flags.writeable and min(a.strides, default=0) >= 0
+                ):
                     # (PyTorch takes native byte order and positive strides only, and warns on
                     # a read-only array: a copy of its own)
                     a = np.array(a, dtype=a.dtype.newbyteorder("="), order="C")

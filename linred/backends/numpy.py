@@ -1205,32 +1205,11 @@ def _tile_rows(problem: Problem):
     return run
 
 
-def _mean_past_the_range(x3: np.ndarray, starts: np.ndarray, counts: np.ndarray, sums: np.ndarray,
-                         means: np.ndarray) -> None:  # fmt: skip
-    """The means of the segments whose float32 sums ``sums`` passed the float32 range (inf where
-    the data is finite), from float64 sums: a mean within the range is kept, as float64 sums
-    keep it elsewhere.  (One pass over the sums; segments summed again only where one is inf.)"""
-    if not np.isinf(sums).any():
-        return
-    for s in np.unique(np.nonzero(np.isinf(sums))[1]):
-        a = int(starts[s])
-        total = x3[:, a : a + int(counts[s]), :].sum(axis=1, dtype=np.float64)
-        with np.errstate(over="ignore"):  # (a mean past the float32 range is inf: no second warning)
-            means[:, s, :] = total / counts[s]
-
-
 def _variable(problem: Problem):
     acc = numpy_dtype(problem.acc_dtype)
     reduction = problem.reduction
     fill = identity(reduction, problem.out_dtype)
     combine = np.multiply if reduction == "prod" else np.add  # (sum and mean)
-    # A mean of data the float32 accumulator holds (every value within its range): a float32
-    # sum past the range is summed again in float64 (_mean_past_the_range), and the mean kept
-    data = numpy_dtype(problem.dtype)
-    quiet = (
-        reduction == "mean" and acc.kind == "f" and acc.itemsize < 8
-        and (data.kind in "iub" or np.can_cast(data, acc, "safe"))
-    )  # fmt: skip
 
     def run(x: Any, out: Any, segments: VariableSegments, stream: Any) -> None:
         x3 = host_view(x)
@@ -1264,17 +1243,11 @@ def _variable(problem: Problem):
             return
         else:
             result = np.empty((x3.shape[0], starts.shape[0], x3.shape[2]), dtype=acc)
-            if quiet:  # (a sum past the range is summed again below: its overflow is no error)
-                with np.errstate(over="ignore"):
-                    _reduceat(combine, x3, starts, result, dtype=acc)
-            else:
-                _reduceat(combine, x3, starts, result, dtype=acc)
+            _reduceat(combine, x3, starts, result, dtype=acc)
             if reduction == "mean":
                 quotient = np.empty(result.shape, dtype=np.result_type(acc, np.float32))
                 counts = np.diff(off) if all_nonempty else np.diff(off)[nonempty]
                 _divide(result, counts[None, :, None], quotient)
-                if quiet:
-                    _mean_past_the_range(x3, starts, counts, result, quotient)
                 result = quotient
         if all_nonempty:
             np.copyto(out3, result, casting="unsafe")
@@ -1312,9 +1285,43 @@ class NumpyBackend(Backend):
             safe = problem.fixed and problem.segment_length > CHAIN_LONGEST
             return FunctionExecutor(_at_caller(problem, direct), views=False, overlap_safe=safe)
         if problem.fixed:
-            return FunctionExecutor(_at_caller(problem, _fixed(problem)))
+            return FunctionExecutor(_at_caller(problem, _kept_means(problem, _fixed(problem))))
         run = _variable_rows(problem) or _rows_steps(problem) or _loop_extreme(problem) or _variable(problem)
-        return FunctionExecutor(_at_caller(problem, run))
+        return FunctionExecutor(_at_caller(problem, _kept_means(problem, run)))
+
+
+def _kept_means(problem: Problem, run: Any) -> Any:
+    """``run``, for a float32 mean of data the float32 accumulator holds (every value within its
+    range, so every mean is), with the segments whose float32 sums passed the range (a run of up
+    to 128 values from about 2.7e36: ``inf`` where the data is finite) summed again in float64:
+    the mean is kept, and that overflow warns of nothing.  Other calls: ``run`` itself."""
+    acc, data = numpy_dtype(problem.acc_dtype), numpy_dtype(problem.dtype)
+    if not (
+        problem.reduction == "mean"
+        and acc.kind == "f"
+        and acc.itemsize < 8
+        and (data.kind in "iub" or np.can_cast(data, acc, "safe"))
+    ):
+        return run
+    B, n, D = problem.in_shape
+    L = problem.segment_length
+
+    def kept(x: Any, out: Any, segments: Any, stream: Any) -> None:
+        with np.errstate(over="ignore"):
+            run(x, out, segments, stream)
+        out3 = host_view(out)
+        if not np.isinf(out3).any():
+            return
+        x3 = host_view(x).reshape(B, n, D)
+        out3 = out3.reshape(B, -1, D)
+        off = None if L else np.asarray(segments.offsets, dtype=np.int64)
+        for s in np.unique(np.nonzero(np.isinf(out3))[1]):
+            a, b = (int(s) * L, int(s + 1) * L) if L else (int(off[s]), int(off[s + 1]))
+            with np.errstate(over="ignore", invalid="ignore"):  # (an inf in the data stays inf)
+                mean = x3[:, a:b, :].sum(axis=1, dtype=np.float64) / (b - a)
+            np.copyto(out3[:, s, :], mean, casting="unsafe")
+
+    return kept
 
 
 def _at_caller(problem: Problem, run: Any) -> Any:
