@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import sys
 from typing import Any
 
 import numpy as np
@@ -67,16 +66,12 @@ def unchecked_ids(ids: Any, check: Any, num_segments: Any) -> Any:
     if isinstance(ids, np.ndarray) and ids.dtype.kind == "u" and ids.dtype.itemsize == 8 and ids.size:
         return np.minimum(ids, np.uint64(high))  # (either byte order: the result is native)
     torch_ids = type(ids).__module__.partition(".")[0] == "torch" and str(ids.dtype) == "torch.uint64"
-    if torch_ids and ids.device.type == "cpu" and ids.numel() and not _compiling():
-        return np.minimum(ids.numpy(), np.uint64(high))  # (as NumPy's: torch has few uint64 operations)
+    if torch_ids and ids.device.type == "cpu" and ids.numel():
+        from linred._fused import _compiling  # (linred._fused imports this module)
+
+        if not _compiling():  # (a trace reads no values: NumPy's operations would be traced as torch's)
+            return np.minimum(ids.numpy(), np.uint64(high))  # (as NumPy's: torch has few uint64 operations)
     return ids
-
-
-def _compiling() -> bool:
-    """Whether TorchDynamo is tracing (which reads no values: NumPy's operations on a tensor's
-    values are traced as PyTorch's)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.compiler.is_compiling()
 
 
 class _Ops:

@@ -95,6 +95,12 @@ def _current_stream_handle(device: int) -> Any:
     return lambda: current(device).cuda_stream
 
 
+def _current_stream(device: int) -> int:
+    """The handle of torch's current stream on CUDA device ``device`` (the raw one where torch
+    has it: see :func:`_current_stream_handle`)."""
+    return int(_raw_stream(device)) if _raw_stream is not None else int(torch.cuda.current_stream(device).cuda_stream)
+
+
 def _pinned_words() -> tuple[torch.Tensor, int]:
     # (the check's word and a note: linred.arrays._device_checks)
     words = torch.empty(2, dtype=torch.int32, device="cpu", pin_memory=True)  # (whatever the default device)
@@ -295,7 +301,7 @@ class TorchAdapter(ArrayAdapter):
         return t.contiguous()
 
     def on_stream(self, stream: Any, device: int | None) -> Any:
-        if device is None or torch.cuda.current_stream(device).cuda_stream == stream:
+        if device is None or _current_stream(device) == stream:
             return contextlib.nullcontext()
         return torch.cuda.stream(torch_stream(stream, _device(device)))
 
@@ -304,19 +310,15 @@ class TorchAdapter(ArrayAdapter):
             if stream is not None:
                 raise ValueError(f"stream must be None for CPU tensors; got {type(stream).__name__}")
             return None
-        if stream is None:  # (the raw handle: no torch.cuda.Stream built, see _current_stream_handle)
-            return (
-                int(_raw_stream(device))
-                if _raw_stream is not None
-                else int(torch.cuda.current_stream(device).cuda_stream)
-            )
+        if stream is None:
+            return _current_stream(device)
         return stream_handle(stream, device)
 
     def offsets_ok(self, offsets: torch.Tensor, n: int) -> bool | None:
         if offsets.device.type != "cuda":
             return None
         device = offsets.device.index
-        stream = _raw_stream(device) if _raw_stream is not None else torch.cuda.current_stream(device).cuda_stream
+        stream = _current_stream(device)
         wide, m = offsets.dtype == torch.int64, offsets.shape[0] - 1
         return _device_checks.offsets_ok(offsets.data_ptr(), wide, m, n, device, stream, _pinned_words)
 
@@ -385,7 +387,7 @@ class TorchAdapter(ArrayAdapter):
             # costs a call 25-35 us of host time.
             m, device = lengths.shape[0], lengths.device.index
             buffer = torch.empty(_device_scan.words(m), dtype=torch.int64, device=lengths.device)
-            stream = _raw_stream(device) if _raw_stream is not None else torch.cuda.current_stream(device).cuda_stream
+            stream = _current_stream(device)
             wide = lengths.dtype == torch.int64
             if _device_scan.scan(lengths.data_ptr(), wide, m, buffer.data_ptr(), device, stream):
                 return buffer[: m + 1]
