@@ -580,6 +580,75 @@ def test_device_ids_checked_by_the_kernel(ids_launches, kind):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", _gpu_kinds() or [pytest.param("cupy", marks=pytest.mark.skip(reason="needs a GPU"))])
+@pytest.mark.parametrize("n", [1_000, 9_000_001])  # (a small call waits once for both kernels; 36 MB of
+def test_device_ids_checked_with_the_reduction_behind(ids_launches, kind, n):  # data waits for the ids alone)
+    """A checked call's reduction may be enqueued before its ids' verdict is read: ids outside
+    [0, m) still raise (and the next valid call of the thread is right); unsorted ids are sorted
+    and reduced again, into out= too; an error of the reduction's own arguments leaves no verdict
+    behind for the next call; float32 data against a float64 reference."""
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(np.float32)
+    ids = np.sort(rng.integers(0, 300, n))
+    want = _reference("sum", x.astype(np.float64), ids, 300, 0)
+    xk, idk = to_kind(x, kind), to_kind(ids, kind)
+    for bad in (ids - 1, ids + 1):
+        out = to_kind(np.zeros(300, np.float32), kind)
+        with pytest.raises(ValueError, match=r"segment_ids must lie in \[0, num_segments\)"):
+            linred.segmented_sum(xk, segment_ids=to_kind(bad, kind), num_segments=300, out=out)
+        np.testing.assert_allclose(to_numpy(linred.segmented_sum(xk, segment_ids=idk, num_segments=300)), want,
+                                   rtol=2e-5, atol=2e-5 * np.abs(x).max() * np.sqrt(n))  # fmt: skip
+    shuffled = rng.permutation(n)
+    out = to_kind(np.full(300, np.nan, np.float32), kind)
+    got = linred.segmented_sum(to_kind(x[shuffled], kind), segment_ids=to_kind(ids[shuffled], kind), num_segments=300,
+                               out=out)  # fmt: skip
+    assert got is out
+    np.testing.assert_allclose(to_numpy(out), want, rtol=2e-5, atol=2e-5 * np.abs(x).max() * np.sqrt(n))
+    with pytest.raises((TypeError, ValueError)):
+        linred.segmented_sum(xk, segment_ids=to_kind(ids + 1, kind), num_segments=300, dtype="no such dtype")
+    got = linred.segmented_sum(xk, segment_ids=idk, num_segments=300)
+    np.testing.assert_allclose(to_numpy(got), want, rtol=2e-5, atol=2e-5 * np.abs(x).max() * np.sqrt(n))
+    assert ids_launches["launches"] >= 6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", _gpu_kinds() or [pytest.param("cupy", marks=pytest.mark.skip(reason="needs a GPU"))])
+def test_a_batch_vector_takes_the_short_route(monkeypatch, ids_launches, kind):
+    """PyG's call (sorted int32 or int64 device ids of the data's library, num_segments an int):
+    served without the general route's steps (one launch converts the ids, int32 ones as they
+    are); what that route serves (a stream, ids of another dtype, unsorted ids) still gives the
+    right results."""
+    from linred import _segment_ids
+
+    general = _segment_ids._by_ids
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the general route")
+
+    rng = np.random.default_rng(17)
+    ids = np.sort(rng.integers(0, 50, 3_001))
+    x = rng.standard_normal((3_001, 5))
+    monkeypatch.setattr(_segment_ids, "_by_ids", refused)
+    for dtype in ("int32", "int64"):
+        idk = to_kind(ids.astype(dtype), kind)
+        for axis, data in ((0, x), (-1, x.T.copy()), (0, x[:, 0].copy())):
+            want = _reference("sum", data, ids, 50, axis % data.ndim)
+            got = linred.segmented_sum(to_kind(data, kind), segment_ids=idk, num_segments=50, axis=axis)
+            np.testing.assert_allclose(to_numpy(got), want, rtol=1e-12)
+            got = linred.segmented_mean(to_kind(data, kind), segment_ids=idk, num_segments=50, axis=axis,
+                                        check=False, ids_sorted=True)  # fmt: skip
+            counts = np.bincount(ids, minlength=50).astype(float)
+            shape = [1] * data.ndim
+            shape[axis] = 50
+            np.testing.assert_allclose(to_numpy(got), want / np.maximum(counts, 1).reshape(shape), rtol=1e-12)
+    monkeypatch.setattr(_segment_ids, "_by_ids", general)
+    shuffled = rng.permutation(3_001)
+    for call_ids, data in ((ids.astype(np.int16), x), (ids[shuffled], x[shuffled])):
+        got = linred.segmented_sum(to_kind(data, kind), segment_ids=to_kind(call_ids, kind), num_segments=50)
+        np.testing.assert_allclose(to_numpy(got), _reference("sum", x, ids, 50, 0), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
 def test_device_ids_kernel_with_autograd_and_in_a_graph(ids_launches):
     """torch: the gradient through the kernel's offsets (sum; a product with dropped ids passes
     them 0), and an unchecked call with the order promised captured in a CUDA graph, replayed
