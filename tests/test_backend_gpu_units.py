@@ -1285,12 +1285,13 @@ def test_on_device_pushes_the_primary_context_only_when_needed(monkeypatch, curr
 def test_offsets_check_falls_back_where_its_kernel_cannot_run(monkeypatch, caplog):
     """No NVRTC, driver or cuda.core: the adapters' array-library summary checks instead."""
     from linred.arrays import _device_checks
+    from linred.kernels import compiler
 
     def broken(*args, **kwargs):
         raise RuntimeError("no NVRTC here")
 
-    monkeypatch.setattr(_device_checks, "get_kernels", broken)
-    monkeypatch.setattr(_device_checks, "_functions", {})
+    monkeypatch.setattr(compiler, "get_kernels", broken)
+    monkeypatch.setattr(_device_checks._kernels, "_functions", {})
     with caplog.at_level("WARNING", logger="linred"):
         assert _device_checks.offsets_ok(0, True, 3, 12, 7, 0, lambda: (None, 0)) is None
         assert _device_checks.offsets_ok(0, True, 3, 12, 7, 0, lambda: (None, 0)) is None  # remembered
@@ -1557,6 +1558,71 @@ def test_packed_launch_hands_the_driver_its_values_in_order(monkeypatch):
     driver.fail = True
     with pytest.raises(RuntimeError, match="launching linred_test failed"):
         packed(0, 1, 32, 0, 1, 2, 3)
+
+
+def test_driver_kernels_load_once_a_device_and_pack_per_thread(monkeypatch, caplog):
+    """(No GPU needed.) DriverKernels (the offsets check's, the lengths scan's and the ids'
+    launches) loads its kernels once a device, or remembers why it cannot and warns once; a launch
+    writes its values into this thread's slots (the slots after them keep this thread's last
+    values) and a failed one raises the message it was given."""
+    import contextlib
+    import ctypes
+    import threading
+
+    from linred.kernels import compiler
+    from linred.kernels import launch as launch_module
+
+    seen = []
+
+    class FakeDriver:
+        class CUresult:
+            CUDA_SUCCESS = 0
+
+        result = 0
+
+        @staticmethod
+        def cuKernelGetFunction(handle):
+            return (0, f"function of {handle}")
+
+        def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+            pointers = (ctypes.c_void_p * 2).from_address(params)
+            seen.append((f, gx, bx, shared, stream, [ctypes.c_int64.from_address(p).value for p in pointers]))
+            return (self.result,)
+
+    class Kernel:
+        def __init__(self, name: str) -> None:
+            self.handle = name
+
+    def get_kernels(device, program, names):
+        if device == 9:
+            raise ValueError("no NVRTC on 9")
+        return [Kernel(name) for name in names]
+
+    driver = FakeDriver()
+    monkeypatch.setattr(launch_module, "cuda_driver", lambda: driver)
+    monkeypatch.setattr(launch_module, "_driver", None)
+    monkeypatch.setattr(launch_module, "on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(compiler, "get_kernels", get_kernels)
+    kernels = launch_module.DriverKernels(
+        '#include "x.cuh"\n', ("a", "b"), 2, "x", "device %d falls back: %s", "on {device} failed: {err}"
+    )
+    with caplog.at_level("WARNING", logger="linred"):
+        assert kernels.functions(9) == kernels.functions(9) == "ValueError: no NVRTC on 9"
+    assert [r.getMessage() for r in caplog.records] == ["device 9 falls back: ValueError: no NVRTC on 9"]
+    assert kernels.functions(0) == ("function of a", "function of b")
+    kernels.launch(0, True, 3, 256, 0, 7, 5, 6)
+    other = threading.Thread(target=kernels.launch, args=(0, 0, 2, 64, 0, 1, 10, 11))
+    other.start()
+    other.join()
+    assert kernels.enqueue(0, 0, 1, 32, 8, 0, 1) == 0
+    assert seen == [
+        ("function of b", 3, 256, 0, 7, [5, 6]),
+        ("function of a", 2, 64, 0, 1, [10, 11]),
+        ("function of a", 1, 32, 8, 0, [1, 6]),
+    ]
+    driver.result = 719
+    with pytest.raises(RuntimeError, match=r"^on 0 failed: 719$"):
+        kernels.launch(0, 1, 1, 32, 0, 0, 1, 2)
 
 
 @pytest.mark.parametrize(

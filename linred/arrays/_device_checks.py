@@ -31,21 +31,21 @@ it listed very long segments, and the host then launches the kernel that reads t
 The words (and the packed launch arguments) are per thread: a thread's check is over
 (synchronized) before it returns, so no two checks share them.  The words are allocated by
 the array library of the call (CuPy's or PyTorch's pinned allocator).  The kernel is
-launched through the driver with its arguments packed once per thread: the check is on
-the path of every checked call, where cuda.core's launch costs microseconds more.
+launched through the driver with its arguments packed once per thread
+(:class:`linred.kernels.launch.DriverKernels`): the check is on the path of every checked
+call, where cuda.core's launch costs microseconds more.
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from linred.arrays._context import driver as cuda_driver
 from linred.arrays._context import on_device
-from linred.kernels.compiler import get_kernels
+from linred.kernels.launch import DriverKernels
 
 __all__ = [
     "ahead_pays",
@@ -60,26 +60,30 @@ __all__ = [
     "word_value",
 ]
 
-logger = logging.getLogger("linred")
-
-_PROGRAM = '#include "checks.cuh"\n'
-_NAMES = ("linred_check_offsets32", "linred_check_offsets64")
 _THREADS = 256
 #: enough blocks to keep the memory system busy; a grid-stride loop does the rest
 _MAX_BLOCKS = 8192
+#: the kernels (int32 and int64 offsets), four 8-byte arguments: offsets, m, n, the word; where
+#: they cannot run on a device, the callers check with array-library reductions
+_kernels = DriverKernels(
+    '#include "checks.cuh"\n',
+    ("linred_check_offsets32", "linred_check_offsets64"),
+    4,
+    "the offsets check",
+    "offsets on CUDA device %d are checked with array-library reductions (a few more kernels): "
+    "the one-kernel check cannot run there (%s)",
+    "checking the offsets on CUDA device {device} failed: {err}",
+)
 
 
 class _State(threading.local):
-    """This thread's pinned words (the buffer that owns them and ctypes views of them: the
-    verdict, and the note after it) and the packed arguments of its launches.  A thread's check
-    is over before it returns, so the arguments can be rewritten in place by its next one."""
+    """This thread's pinned words: the buffer that owns them, ctypes views of them (the verdict,
+    and the note after it) and the verdict's address (the check kernel's last argument)."""
 
     owner: Any = None
     word: Any = None
     note: Any = None
-    args: Any = None
-    pointers: Any = None
-    params: int = 0
+    address: Any = None
     #: per device: the event that marks the end of this thread's last check launched ahead
     events: dict[int, _Event] | None = None
 
@@ -105,57 +109,26 @@ class _Event:
 
 
 _state = _State()
-#: per device: the two kernels as driver functions (in the device's primary context), or the
-#: reason the check cannot run there (then the callers check with array-library reductions)
-_functions: dict[int, tuple[Any, Any] | str] = {}
 _driver: Any = None
 
 
-def _load(device: int) -> tuple[Any, Any] | str:
-    """The kernels on ``device`` as driver functions, or why they cannot be had (no cuda.core or
-    cuda.bindings, no NVRTC, a module that does not load): remembered per device."""
+def _reason(device: int) -> str | None:
+    """Why the check cannot run on ``device`` (:meth:`DriverKernels.functions`: its kernels are
+    loaded once per device), or None where it can."""
     global _driver
-    try:
-        _driver = driver = cuda_driver()
-        kernels = get_kernels(device, _PROGRAM, _NAMES)
-        with on_device(device):
-            return tuple(_check(driver.cuKernelGetFunction(k.handle)) for k in kernels)
-    except Exception as e:  # (cuda.core's errors are not all RuntimeErrors)
-        reason = f"{type(e).__name__}: {e}"
-        logger.warning(
-            "offsets on CUDA device %d are checked with array-library reductions (a few more kernels): "
-            "the one-kernel check cannot run there (%s)",
-            device,
-            reason,
-        )
-        return reason
-
-
-def _kernels(device: int) -> tuple[Any, Any] | str:
-    """The check's kernels on ``device``, or why they cannot be had (loaded once per device)."""
-    functions = _functions.get(device)
-    if functions is None:
-        functions = _functions[device] = _load(device)
-    return functions
+    functions = _kernels.functions(device)
+    if isinstance(functions, str):
+        return functions
+    if _driver is None:
+        _driver = cuda_driver()
+    return None
 
 
 def _thread_state(pinned_words: Callable[[], tuple[Any, int]]) -> None:
     owner, address = pinned_words()
     _state.owner, _state.word = owner, ctypes.c_int32.from_address(address)
     _state.note = ctypes.c_int32.from_address(address + 4)
-    # Four 8-byte arguments (offsets, m, n, the word) and the array of their addresses.
-    _state.args = args = (ctypes.c_int64 * 4)()
-    base = ctypes.addressof(args)
-    _state.pointers = pointers = (ctypes.c_void_p * 4)(*(base + 8 * i for i in range(4)))
-    _state.params = ctypes.addressof(pointers)
-    args[3] = address
-
-
-def _check(result: tuple) -> Any:
-    err, value = result
-    if err != _driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cannot load the offsets check: {err}")
-    return value
+    _state.address = address
 
 
 def offsets_ok(
@@ -164,16 +137,15 @@ def offsets_ok(
     """Whether the ``m + 1`` contiguous offsets at device address ``pointer`` (int64 if ``wide``,
     else int32) start at 0, never decrease and end at ``n``; checked on ``device`` in stream order
     on ``stream`` (a raw handle), whose work is waited for.  None when the check cannot run on
-    that device (see :func:`_load`): the caller then checks another way.
+    that device (see :func:`_reason`): the caller then checks another way.
 
     ``pinned_words`` allocates two int32 words of pinned host memory (the first call in a thread)
     and returns the object that owns them and their address.
     """
-    functions = _kernels(device)
-    if isinstance(functions, str):
+    if _reason(device) is not None:
         return None
     _clear(pinned_words)  # (this thread's word, whose address is the fourth argument)
-    return _check_and_wait(functions, pointer, wide, m, n, device, stream)
+    return _check_and_wait(pointer, wide, m, n, device, stream)
 
 
 def check_armed(pointer: int, wide: bool, m: int, n: int, device: int, stream: int) -> bool:
@@ -181,10 +153,10 @@ def check_armed(pointer: int, wide: bool, m: int, n: int, device: int, stream: i
     that word whose kernel cannot check the offsets as it reads them (a layout it hands to
     another kernel), which then checks them first and reduces only if they pass.  Raises
     RuntimeError if the check cannot run on ``device`` (the reduction kernels could not either)."""
-    functions = _kernels(device)
-    if isinstance(functions, str):
-        raise RuntimeError(f"cannot check offsets on CUDA device {device}: {functions}")
-    return _check_and_wait(functions, pointer, wide, m, n, device, stream)
+    reason = _reason(device)
+    if reason is not None:
+        raise RuntimeError(f"cannot check offsets on CUDA device {device}: {reason}")
+    return _check_and_wait(pointer, wide, m, n, device, stream)
 
 
 #: A checked call learns its verdict ahead of its reduction (:func:`check_ahead`) where the
@@ -211,8 +183,7 @@ def check_ahead(pointer: int, wide: bool, m: int, n: int, device: int, stream: i
     it, on ``stream``, and record this thread's event on ``device`` behind it, without waiting: the
     reduction is enqueued next, and :func:`verdict` waits for the check alone.  False (nothing
     launched) where the check cannot run on ``device``: the call then waits for its reduction."""
-    functions = _kernels(device)
-    if isinstance(functions, str):
+    if _reason(device) is not None:
         return False
     state, driver = _state, _driver
     events = state.events
@@ -225,11 +196,10 @@ def check_ahead(pointer: int, wide: bool, m: int, n: int, device: int, stream: i
             if err != driver.CUresult.CUDA_SUCCESS:
                 raise RuntimeError(f"cannot create an event for the offsets check on CUDA device {device}: {err}")
             event = events[device] = _Event(handle)
-        err = _launch(functions, pointer, wide, m, n, stream)
+        err = _launch(pointer, wide, m, n, device, stream)
         if err == driver.CUresult.CUDA_SUCCESS:
             (err,) = driver.cuEventRecord(event.handle, stream)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"checking the offsets on CUDA device {device} failed: {err}")
+    _kernels.check(device, err)
     return True
 
 
@@ -245,30 +215,23 @@ def verdict(device: int) -> bool:
     return _state.word.value == 0
 
 
-def _check_and_wait(
-    functions: tuple[Any, Any], pointer: int, wide: bool, m: int, n: int, device: int, stream: int
-) -> bool:
+def _check_and_wait(pointer: int, wide: bool, m: int, n: int, device: int, stream: int) -> bool:
     """Launch the check of the offsets at ``pointer`` into this thread's word, wait for
     ``stream`` and read the word."""
     driver = _driver
     with on_device(device):
-        err = _launch(functions, pointer, wide, m, n, stream)
+        err = _launch(pointer, wide, m, n, device, stream)
         if err == driver.CUresult.CUDA_SUCCESS:
             (err,) = driver.cuStreamSynchronize(stream)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"checking the offsets on CUDA device {device} failed: {err}")
+    _kernels.check(device, err)
     return _state.word.value == 0
 
 
-def _launch(functions: tuple[Any, Any], pointer: int, wide: bool, m: int, n: int, stream: int) -> Any:
+def _launch(pointer: int, wide: bool, m: int, n: int, device: int, stream: int) -> Any:
     """Enqueue the check of the ``m + 1`` offsets at ``pointer`` into this thread's word on
-    ``stream`` (in the current context); the driver's result."""
-    state = _state
-    args = state.args
-    args[0], args[1], args[2] = pointer, m, n
+    ``stream`` (in ``device``'s context, current); the driver's result."""
     blocks = min(m // _THREADS + 1, _MAX_BLOCKS)
-    (err,) = _driver.cuLaunchKernel(functions[wide], blocks, 1, 1, _THREADS, 1, 1, 0, stream, state.params, 0)
-    return err
+    return _kernels.enqueue(device, wide, blocks, _THREADS, 0, stream, pointer, m, n, _state.address)
 
 
 def _clear(pinned_words: Callable[[], tuple[Any, int]]) -> int:
@@ -277,7 +240,7 @@ def _clear(pinned_words: Callable[[], tuple[Any, int]]) -> int:
     if state.word is None:
         _thread_state(pinned_words)
     state.word.value = 0
-    return state.args[3]
+    return state.address
 
 
 def arm(pinned_words: Callable[[], tuple[Any, int]]) -> int:

@@ -5,10 +5,10 @@ ids, the first position of each id.  Built from the array library's operations (
 ids read back, ``searchsorted`` over ``arange``, a pad with sentinel segments), that cost a small
 call 100-150 µs of host time (H200, 2026-11-30: 2,000 x 64 rows in 32 graphs took 174 µs a
 checked call, against 34 with ``offsets=``).  :func:`to_offsets` writes the offsets with their
-sentinel segments in one launch through the driver (its arguments packed once per thread, as
-:mod:`linred.arrays._device_checks` launches the offsets check), and tests the ids' rules on the
-way (an id outside ``[0, num_segments)``, ids out of order) into this thread's check word, which
-a checked call reads after one wait for its stream.
+sentinel segments in one launch through the driver (its arguments packed once per thread by
+:class:`linred.kernels.launch.DriverKernels`, as for the offsets check), and tests the ids' rules
+on the way (an id outside ``[0, num_segments)``, ids out of order) into this thread's check word,
+which a checked call reads after one wait for its stream.
 
 The offsets are allocated by the array library on the call's stream; every value the kernel
 writes lies in ``[0, n]`` whatever the ids, so a reduction that reads them never leaves the data.
@@ -16,65 +16,26 @@ writes lies in ``[0, n]`` whatever the ids, so a reduction that reads them never
 
 from __future__ import annotations
 
-import ctypes
-import logging
-import threading
-from typing import Any
-
-from linred.arrays._context import driver as cuda_driver
-from linred.arrays._context import on_device
-from linred.kernels.compiler import get_kernels
+from linred.kernels.launch import DriverKernels
 
 __all__ = ["OUTSIDE", "UNSORTED", "to_offsets"]
 
-logger = logging.getLogger("linred")
-
-_PROGRAM = '#include "ids.cuh"\n'
-_NAMES = ("linred_ids_to_offsets32", "linred_ids_to_offsets64")
 _THREADS = 256
 #: enough blocks to keep the memory system busy; a grid-stride loop does the rest
 _MAX_BLOCKS = 4096
 #: the bits the kernel sets in the check word
 OUTSIDE, UNSORTED = 1, 2
 
-_functions: dict[int, tuple[Any, Any] | str] = {}
-_driver: Any = None
-
-
-class _State(threading.local):
-    """This thread's packed launch arguments (a launch reads them before it returns)."""
-
-    args: Any = None
-    pointers: Any = None
-    params: int = 0
-
-
-_state = _State()
-
-
-def _load(device: int) -> tuple[Any, Any] | str:
-    """The kernels on ``device`` as driver functions, or why they cannot be had."""
-    global _driver
-    try:
-        _driver = driver = cuda_driver()
-        kernels = get_kernels(device, _PROGRAM, _NAMES)
-        with on_device(device):
-            functions = []
-            for k in kernels:
-                err, function = driver.cuKernelGetFunction(k.handle)
-                if err != driver.CUresult.CUDA_SUCCESS:
-                    raise RuntimeError(f"cannot load the ids' conversion: {err}")
-                functions.append(function)
-            return tuple(functions)
-    except Exception as e:  # (cuda.core's errors are not all RuntimeErrors)
-        reason = f"{type(e).__name__}: {e}"
-        logger.warning(
-            "segment ids on CUDA device %d become offsets by the array library's operations (more host "
-            "time a call): the one-launch conversion cannot run there (%s)",
-            device,
-            reason,
-        )
-        return reason
+#: the kernels (int32 and int64 ids), five 8-byte arguments: ids, n, ns, padded, word
+_kernels = DriverKernels(
+    '#include "ids.cuh"\n',
+    ("linred_ids_to_offsets32", "linred_ids_to_offsets64"),
+    5,
+    "the ids' conversion",
+    "segment ids on CUDA device %d become offsets by the array library's operations (more host "
+    "time a call): the one-launch conversion cannot run there (%s)",
+    "turning segment ids into offsets on CUDA device {device} failed: {err}",
+)
 
 
 def to_offsets(ids: int, wide: bool, n: int, ns: int, padded: int, word: int, device: int, stream: int) -> bool:
@@ -87,23 +48,8 @@ def to_offsets(ids: int, wide: bool, n: int, ns: int, padded: int, word: int, de
     ``device``, in stream order on ``stream`` (a raw handle), without waiting.  False (nothing
     launched) where the kernel cannot run on ``device``: the caller then takes the array
     library's operations."""
-    functions = _functions.get(device)
-    if functions is None:
-        functions = _functions[device] = _load(device)
-    if isinstance(functions, str):
+    if isinstance(_kernels.functions(device), str):
         return False
-    state, driver = _state, _driver
-    if state.args is None:
-        # Five 8-byte arguments (ids, n, ns, padded, word) and their addresses.
-        state.args = args = (ctypes.c_int64 * 5)()
-        base = ctypes.addressof(args)
-        state.pointers = pointers = (ctypes.c_void_p * 5)(*(base + 8 * i for i in range(5)))
-        state.params = ctypes.addressof(pointers)
-    args = state.args
-    args[0], args[1], args[2], args[3], args[4] = ids, n, ns, padded, word
     blocks = min(max(n, ns + 3) // _THREADS + 1, _MAX_BLOCKS)
-    with on_device(device):
-        (err,) = driver.cuLaunchKernel(functions[wide], blocks, 1, 1, _THREADS, 1, 1, 0, stream, state.params, 0)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"turning segment ids into offsets on CUDA device {device} failed: {err}")
+    _kernels.launch(device, wide, blocks, _THREADS, 0, stream, ids, n, ns, padded, word)
     return True

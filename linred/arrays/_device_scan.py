@@ -5,9 +5,9 @@ The array libraries' cumulative sums cost a call 25-45 µs of host time whatever
 lengths (H200 host, 2026-11-30: CuPy's ``cumsum(out=)`` 41-43 µs for 8,192 to 131,072 lengths,
 PyTorch's 25-35 µs: several launches and their allocations), which a checked call, waiting for
 its verdict, adds to its time.  :func:`scan` writes them with one launch (and a memset of its
-flags) through the driver, with its arguments packed once per thread, as
-:mod:`linred.arrays._device_checks` launches the offsets check: one read of the lengths and one
-write of the offsets (a decoupled look-back scan).  Past :data:`MAX_LENGTHS` lengths the
+flags) through the driver, with its arguments packed once per thread
+(:class:`linred.kernels.launch.DriverKernels`, as for the offsets check): one read of the lengths
+and one write of the offsets (a decoupled look-back scan).  Past :data:`MAX_LENGTHS` lengths the
 libraries' scans are as fast or faster on the device (H200, 2026-11-28: 16.7 M lengths, PyTorch's
 about 80 µs faster) and their host time is hidden: they keep those.
 
@@ -19,40 +19,29 @@ enqueued on the same stream) before the kernel.
 
 from __future__ import annotations
 
-import ctypes
-import logging
-import threading
-from typing import Any
-
 from linred.arrays._context import driver as cuda_driver
 from linred.arrays._context import on_device
-from linred.kernels.compiler import get_kernels
+from linred.kernels.launch import DriverKernels
 
 __all__ = ["MAX_LENGTHS", "TILE", "scan", "serves", "words"]
 
-logger = logging.getLogger("linred")
-
-_PROGRAM = '#include "scan.cuh"\n'
-_NAMES = ("linred_lengths_to_offsets32", "linred_lengths_to_offsets64")
 _THREADS = 256
 #: lengths a block scans (SCAN_TILE in scan.cuh)
 TILE = 16 * _THREADS
 #: the most lengths :func:`scan` takes (the array libraries' cumulative sums beyond)
 MAX_LENGTHS = 1 << 21
 
-_functions: dict[int, tuple[Any, Any] | str] = {}
-_driver: Any = None
-
-
-class _State(threading.local):
-    """This thread's packed launch arguments (a launch reads them before it returns)."""
-
-    args: Any = None
-    pointers: Any = None
-    params: int = 0
-
-
-_state = _State()
+#: the kernels (int32 and int64 lengths), six 8-byte arguments: lengths, m, offsets, sums,
+#: prefixes, flags
+_kernels = DriverKernels(
+    '#include "scan.cuh"\n',
+    ("linred_lengths_to_offsets32", "linred_lengths_to_offsets64"),
+    6,
+    "the lengths scan",
+    "lengths on CUDA device %d become offsets by the array library's cumulative sum (more host "
+    "time a call): the one-launch scan cannot run there (%s)",
+    "turning lengths into offsets on CUDA device {device} failed: {err}",
+)
 
 
 def words(m: int) -> int:
@@ -60,31 +49,6 @@ def words(m: int) -> int:
     offsets, then two words a tile (its sum and its prefix) and its flag (4 bytes, rounded up)."""
     tiles = max(1, -(-m // TILE))
     return m + 1 + 2 * tiles + -(-tiles // 2)
-
-
-def _load(device: int) -> tuple[Any, Any] | str:
-    """The kernels on ``device`` as driver functions, or why they cannot be had."""
-    global _driver
-    try:
-        _driver = driver = cuda_driver()
-        kernels = get_kernels(device, _PROGRAM, _NAMES)
-        with on_device(device):
-            functions = []
-            for k in kernels:
-                err, function = driver.cuKernelGetFunction(k.handle)
-                if err != driver.CUresult.CUDA_SUCCESS:
-                    raise RuntimeError(f"cannot load the lengths scan: {err}")
-                functions.append(function)
-            return tuple(functions)
-    except Exception as e:  # (cuda.core's errors are not all RuntimeErrors)
-        reason = f"{type(e).__name__}: {e}"
-        logger.warning(
-            "lengths on CUDA device %d become offsets by the array library's cumulative sum (more host "
-            "time a call): the one-launch scan cannot run there (%s)",
-            device,
-            reason,
-        )
-        return reason
 
 
 def serves(m: int) -> bool:
@@ -99,27 +63,16 @@ def scan(lengths: int, wide: bool, m: int, buffer: int, device: int, stream: int
     handle), without waiting: the state's flags cleared, then the kernel.  False (nothing
     launched) where the kernel cannot run on ``device``: the caller then takes the array
     library's cumulative sum."""
-    functions = _functions.get(device)
-    if functions is None:
-        functions = _functions[device] = _load(device)
-    if isinstance(functions, str):
+    if isinstance(_kernels.functions(device), str):
         return False
-    state, driver = _state, _driver
-    if state.args is None:
-        # Six 8-byte arguments (lengths, m, offsets, sums, prefixes, flags) and their addresses.
-        state.args = args = (ctypes.c_int64 * 6)()
-        base = ctypes.addressof(args)
-        state.pointers = pointers = (ctypes.c_void_p * 6)(*(base + 8 * i for i in range(6)))
-        state.params = ctypes.addressof(pointers)
+    driver = cuda_driver()
     tiles = max(1, -(-m // TILE))
     sums = buffer + 8 * (m + 1)
-    flags = sums + 16 * tiles
-    args = state.args
-    args[0], args[1], args[2], args[3], args[4], args[5] = lengths, m, buffer, sums, sums + 8 * tiles, flags
+    prefixes = sums + 8 * tiles
+    flags = prefixes + 8 * tiles
     with on_device(device):
         (err,) = driver.cuMemsetD32Async(flags, 0, tiles, stream)
         if err == driver.CUresult.CUDA_SUCCESS:
-            (err,) = driver.cuLaunchKernel(functions[wide], tiles, 1, 1, _THREADS, 1, 1, 0, stream, state.params, 0)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"turning lengths into offsets on CUDA device {device} failed: {err}")
+            err = _kernels.enqueue(device, wide, tiles, _THREADS, 0, stream, lengths, m, buffer, sums, prefixes, flags)
+    _kernels.check(device, err)
     return True

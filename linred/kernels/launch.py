@@ -1,6 +1,8 @@
-"""A compiled kernel launched through the CUDA driver, its arguments packed once; and the two
-helpers the kernels outside the nvrtc backend share (:func:`thread_launch`, one launch per
-thread and kernel; :func:`multiprocessors`, a device's SM count).
+"""A compiled kernel launched through the CUDA driver, its arguments packed once; the small
+kernels of linred's own headers that the array adapters launch the same way
+(:class:`DriverKernels`); and the two helpers the kernels outside the nvrtc backend share
+(:func:`thread_launch`, one launch per thread and kernel; :func:`multiprocessors`, a device's SM
+count).
 
 cuda.core's ``launch`` converts and packs every argument on every call (about 8 µs for a
 kernel of 14 arguments on an H100 host), which is most of what a small call costs.  The
@@ -17,17 +19,27 @@ launch runs with its device's primary context current
 (:class:`linred.arrays._context.on_device`: one driver query when it already is, none inside
 a block of the caller's for the device), since a raw stream handle 0 names the current
 context's null stream.
+
+:class:`DriverKernels` serves the adapters' one-launch helpers (the offsets check, the lengths
+scan, the ids' conversion: :mod:`linred.arrays._device_checks`, ``_device_scan``,
+``_device_ids``): a pair of kernels loaded once per device (or the reason they cannot be, logged
+once: the caller then takes the array library's way), launched with this thread's packed 8-byte
+arguments (a thread's launch reads them before it returns, so its next one rewrites them).
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
+import threading
 from typing import Any
 
 from linred.arrays._context import current_device, on_device
 from linred.arrays._context import driver as cuda_driver
 
-__all__ = ["PackedLaunch", "multiprocessors", "thread_launch"]
+__all__ = ["DriverKernels", "PackedLaunch", "multiprocessors", "thread_launch"]
+
+logger = logging.getLogger("linred")
 
 _driver: Any = None
 _sms: dict[int, int] = {}
@@ -38,6 +50,15 @@ def _check(result: Any, what: str) -> Any:
     if err != _driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"{what} failed: {err}")
     return value[0] if value else None
+
+
+def _pack(count: int) -> tuple[Any, Any, int]:
+    """``count`` 8-byte argument slots, the array of their addresses (kept with them) and that
+    array's address (what ``cuLaunchKernel`` takes)."""
+    slots = (ctypes.c_int64 * count)()
+    base = ctypes.addressof(slots)
+    pointers = (ctypes.c_void_p * count)(*(base + 8 * i for i in range(count)))
+    return slots, pointers, ctypes.addressof(pointers)
 
 
 class PackedLaunch:
@@ -66,10 +87,7 @@ class PackedLaunch:
         with on_device(device):
             self._function = _check(_driver.cuKernelGetFunction(kernel.handle), f"loading {name}")
         #: the arguments' 8-byte slots: :meth:`launch` passes them as they are
-        self.slots = (ctypes.c_int64 * count)()
-        base = ctypes.addressof(self.slots)
-        self._pointers = (ctypes.c_void_p * count)(*(base + 8 * i for i in range(count)))
-        self._params = ctypes.addressof(self._pointers)
+        self.slots, self._pointers, self._params = _pack(count)
 
     def bind(self, first: int, *values: int) -> None:
         """Write ``values`` into the slots from ``first`` on (arguments no call changes)."""
@@ -95,6 +113,110 @@ class PackedLaunch:
                 )
         if err:  # (CUDA_SUCCESS is 0)
             raise RuntimeError(f"launching {self.name} failed: {err}")
+
+
+class _Packed(threading.local):
+    """One thread's packed arguments of a :class:`DriverKernels` (made on its first launch)."""
+
+    slots: Any = None
+    pointers: Any = None
+    params: int = 0
+
+
+class DriverKernels:
+    """The kernels ``names`` of ``program`` (one of linred's headers, compiled by
+    :func:`linred.kernels.compiler.get_kernels`), each taking the same ``count`` 8-byte arguments,
+    as driver functions per device, launched with this thread's packed arguments.
+
+    Parameters
+    ----------
+    program : str
+        The program's source (``'#include "checks.cuh"\\n'``).
+    names : tuple of str
+        Its kernels, in the order :meth:`enqueue`'s ``which`` picks them.
+    count : int
+        The arguments a kernel takes, every one 8 bytes (a pointer or a ``long long``).
+    what : str
+        What the kernels do, for the reason they cannot be had (``cannot load <what>: <error>``).
+    fallback : str
+        The warning logged (once per device) where they cannot be had: a ``%``-format of the
+        device (``%d``) and the reason (``%s``).
+    failed : str
+        The message of the RuntimeError a failed launch raises: a ``str.format`` of ``device``
+        and ``err`` (the driver's result).
+    """
+
+    __slots__ = ("_functions", "_packed", "count", "failed", "fallback", "names", "program", "what")
+
+    def __init__(self, program: str, names: tuple[str, ...], count: int, what: str, fallback: str, failed: str) -> None:
+        self.program, self.names, self.count = program, names, count
+        self.what, self.fallback, self.failed = what, fallback, failed
+        #: per device: the kernels as driver functions (in the device's primary context), or the
+        #: reason they cannot be had there
+        self._functions: dict[int, tuple[Any, ...] | str] = {}
+        self._packed = _Packed()
+
+    def functions(self, device: int) -> tuple[Any, ...] | str:
+        """The kernels on ``device`` as driver functions, or why they cannot be had (no cuda.core
+        or cuda.bindings, no NVRTC, a module that does not load): loaded once per device."""
+        functions = self._functions.get(device)
+        if functions is None:
+            functions = self._functions[device] = self._load(device)
+        return functions
+
+    def _load(self, device: int) -> tuple[Any, ...] | str:
+        global _driver
+        from linred.kernels.compiler import get_kernels
+
+        try:
+            _driver = driver = cuda_driver()
+            kernels = get_kernels(device, self.program, self.names)
+            with on_device(device):
+                functions = []
+                for k in kernels:
+                    err, function = driver.cuKernelGetFunction(k.handle)
+                    if err != driver.CUresult.CUDA_SUCCESS:
+                        raise RuntimeError(f"cannot load {self.what}: {err}")
+                    functions.append(function)
+                return tuple(functions)
+        except Exception as e:  # (cuda.core's errors are not all RuntimeErrors)
+            reason = f"{type(e).__name__}: {e}"
+            logger.warning(self.fallback, device, reason)
+            return reason
+
+    def _params(self, values: tuple[int, ...]) -> int:
+        """``values`` written into this thread's first slots (made on its first launch; those after
+        them keep what its last launch wrote); the address ``cuLaunchKernel`` takes."""
+        packed = self._packed
+        slots = packed.slots
+        if slots is None:
+            slots, packed.pointers, packed.params = _pack(self.count)
+            packed.slots = slots
+        slots[: len(values)] = values
+        return packed.params
+
+    def enqueue(self, device: int, which: int, grid: int, block: int, shared: int, stream: int, *values: int) -> Any:
+        """Launch kernel ``which`` on ``device`` (loaded: :meth:`functions`) in the current context,
+        which must be ``device``'s, on ``stream`` (a raw handle) with ``grid`` blocks of ``block``
+        threads and ``shared`` bytes of dynamic shared memory; ``values`` are its first arguments.
+        The driver's result (see :meth:`check`)."""
+        function, params = self._functions[device][which], self._params(values)
+        (err,) = _driver.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, shared, stream, params, 0)
+        return err
+
+    def launch(self, device: int, which: int, grid: int, block: int, shared: int, stream: int, *values: int) -> None:
+        """:meth:`enqueue` with ``device``'s primary context current; raises RuntimeError
+        (``failed``) if the launch fails."""
+        function, params = self._functions[device][which], self._params(values)
+        with on_device(device):
+            (err,) = _driver.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, shared, stream, params, 0)
+        self.check(device, err)
+
+    def check(self, device: int, err: Any) -> None:
+        """Raise RuntimeError (``failed``) unless ``err``, a driver call's result for work on
+        ``device``, is success."""
+        if err != _driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(self.failed.format(device=device, err=err))
 
 
 def thread_launch(local: Any, key: Any, device: int, wrapper: str, name: str, count: int) -> PackedLaunch:
