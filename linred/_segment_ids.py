@@ -37,8 +37,9 @@ import numpy as np
 
 from linred._frontend import described, normalize_axis, validate_out
 from linred._jax import call_jax, is_jax
-from linred.arrays import as_array, namespace
+from linred.arrays import _device_checks, _device_ids, as_array, namespace
 from linred.arrays._base import adapters
+from linred.segments import _refuse_capture
 
 __all__ = ["reduce_by_ids"]
 
@@ -355,9 +356,7 @@ def _by_ids(
             return result
     known = n > 0 and _reads_ids(check, device)
     if known and device is not None:
-        from linred.segments import _refuse_capture  # (a read back: no capture allows it)
-
-        _refuse_capture(adapter, ids, "segment_ids")
+        _refuse_capture(adapter, ids, "segment_ids")  # (a read back: no capture allows it)
     lo, hi, is_sorted = ops.summary(ids) if known else (0, -1, n == 0 or ids_sorted is True)
     if ns is None:
         ns = hi + 1 if known else (int(ids.max()) + 1 if n else 0)  # (a read back on a device)
@@ -427,12 +426,8 @@ def _by_ids_kernel(function: Any, adapter: Any, ops: _Ops, x: Any, ids: Any, ns:
         return None
     if ops.kind == "torch" and ops.xp._C._functorch.maybe_current_level() is not None:
         return None
-    from linred.arrays import _device_checks, _device_ids
-
     if check:
-        from linred.segments import _refuse_capture  # (a read back: no capture allows it)
-
-        _refuse_capture(adapter, ids, "segment_ids")
+        _refuse_capture(adapter, ids, "segment_ids")  # (a read back: no capture allows it)
     n = ids.shape[0]
     padded = adapter.empty((ns + 3,), "int64", device)
     stream = adapter.resolve_stream(None, device)
