@@ -370,9 +370,13 @@ def _by_ids(
         order = ops.argsort(ids)
         ids = ops.take(ids, order, 0)
         x = ops.take(x, order, ax)
-    offsets = ops.searchsorted(ids, ops.arange(ns + 1))
     trim = not inside and n > 0
-    if trim and known and not positions:
+    padded = _kernel_offsets(adapter, ops, ids, ns, device) if device is not None and n > 0 else None
+    if padded is not None:  # (a device's ids are read only to be checked: inside, or trimmed by the sentinels)
+        offsets = padded if trim else padded[1 : ns + 2]
+    else:
+        offsets = ops.searchsorted(ids, ops.arange(ns + 1))
+    if trim and padded is None and known and not positions:
         # Ids read (on the host) that lie outside [0, ns): in the ids' order their elements come
         # before offsets[0] and from offsets[ns] on, and the data between is reduced alone (none
         # of theirs is read: no overflow of theirs warns, no gradient of theirs is computed).
@@ -381,7 +385,7 @@ def _by_ids(
         offsets = offsets - first
         trim = False
     if trim:  # ids outside [0, ns) may be there: sentinel segments take them, then go
-        offsets = ops.pad(offsets, n)
+        offsets = offsets if padded is not None else ops.pad(offsets, n)
         x = _dropped_as_ones(function, ops, x, ids, ns, ax)
     if not positions:  # (argmax and argmin take no out=)
         kwargs["out"] = None if trim else out
@@ -391,6 +395,22 @@ def _by_ids(
     if positions and order is not None:
         result = _unsort_positions(ops, result, order, n)
     return _into(out, result, adapter, ops, device)
+
+
+def _kernel_offsets(adapter: Any, ops: _Ops, ids: Any, ns: int, device: int) -> Any:
+    """The offsets of sorted device ``ids`` (contiguous int64) framed by sentinel segments,
+    ``[0, offsets..., n]``, written by ids.cuh's kernel in one launch on the current stream, or
+    None where it cannot run (the caller then searches and pads with the array library's
+    operations, five of them)."""
+    if not IDS_KERNEL or (ops.kind == "torch" and ops.xp._C._functorch.maybe_current_level() is not None):
+        return None
+    padded = adapter.empty((ns + 3,), "int64", device)
+    stream = adapter.resolve_stream(None, device)
+    wide = ids.dtype.itemsize == 8
+    if not _device_ids.to_offsets(adapter.pointer(ids), wide, ids.shape[0], ns, adapter.pointer(padded), 0, device,
+                                  stream):  # fmt: skip
+        return None
+    return padded
 
 
 def _into(out: Any, result: Any, adapter: Any, ops: _Ops, device: int | None) -> Any:
