@@ -437,11 +437,10 @@ def _by_ids_kernel(function: Any, adapter: Any, ops: _Ops, x: Any, ids: Any, ns:
     the offsets and tests the ids), or None where that does not serve the call: ids said to be
     unsorted, or not promised sorted and unchecked (sorted by the caller's route, which reads
     nothing), a torch.func transform's tensors, or a device the kernel cannot run on; or
-    :data:`_UNSORTED` for ids it found out of order.  A checked call waits
-    once, for the kernel and (in a small call) the reduction enqueued behind it, and raises on ids
-    outside [0, ns) (``out`` may then have been written); its offsets are then exact.  An
-    unchecked call with sorted ids promised reads nothing back: sentinel segments take the ids
-    outside [0, ns), as :func:`_by_ids` arranges them."""
+    :data:`_UNSORTED` for ids it found out of order.  A checked call waits for the kernel
+    once and raises on ids outside [0, ns); its offsets are then exact.  An unchecked call with
+    sorted ids promised reads nothing back: sentinel segments take the ids outside [0, ns), as
+    :func:`_by_ids` arranges them."""
     if ids_sorted is False or (not check and ids_sorted is not True):
         return None
     if ops.kind == "torch" and ops.xp._C._functorch.maybe_current_level() is not None:
@@ -456,35 +455,20 @@ def _by_ids_kernel(function: Any, adapter: Any, ops: _Ops, x: Any, ids: Any, ns:
     if not _device_ids.to_offsets(adapter.pointer(ids), wide, n, ns, adapter.pointer(padded), word, device, stream):
         return None
     if check:
-        # The offsets between the sentinels are exact for ids in [0, ns) and in order; whatever
-        # the ids, each lies in [0, n], so the reduction may read them before the verdict is in.
-        # A small call enqueues it behind the conversion and waits once, for both (one round
-        # trip to the device fewer); a large one waits for the conversion alone, then returns
-        # while its reduction runs, as a checked call with offsets does (ahead_pays).
-        kwargs["out"] = out
-        ahead = _device_checks.ahead_pays(_nbytes(x), 8 * (ns + 3))
-        try:
-            result = None if ahead else function(x, offsets=padded[1 : ns + 2], axis=ax, check=False, **kwargs)
-        finally:  # (raising too: the conversion's bits land before this thread arms its word again)
-            _device_checks.passed(stream, device)
+        # (the verdict before the reduction: offsets of unsorted ids may decrease, and no
+        # reduction reads such offsets but on the caller's promise, check=False)
+        _device_checks.passed(stream, device)
         flags = _device_checks.word_value()
         if flags & _device_ids.OUTSIDE:
-            raise outside_error(ids, ns)  # (out, if given, may have been written)
+            raise outside_error(ids, ns)
         if flags & _device_ids.UNSORTED:
-            return _UNSORTED  # (sorted by the caller's route, which writes out again)
-        if result is None:
-            result = function(x, offsets=padded[1 : ns + 2], axis=ax, check=False, **kwargs)
-        return result
+            return _UNSORTED  # (sorted by the caller's route)
+        kwargs["out"] = out  # (ids in [0, ns), in order: the offsets between the sentinels are exact)
+        return function(x, offsets=padded[1 : ns + 2], axis=ax, check=False, **kwargs)
     x = _dropped_as_ones(function, ops, x, ids, ns, ax)
     kwargs["out"] = None
     result = function(x, offsets=padded, axis=ax, check=False, **kwargs)
     return _into(out, result[(slice(None),) * ax + (slice(1, ns + 1),)], adapter, ops, device)
-
-
-def _nbytes(x: Any) -> int:
-    """The bytes of device array ``x`` (a CuPy array or a torch tensor)."""
-    nbytes = getattr(x, "nbytes", None)
-    return int(nbytes) if nbytes is not None else x.numel() * x.element_size()
 
 
 def _by_ids_traced(function: Any, ops: _Ops, x: Any, ids: Any, ns: int | None, ids_sorted: Any, ax: int, out: Any,

@@ -581,12 +581,12 @@ def test_device_ids_checked_by_the_kernel(ids_launches, kind):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", _gpu_kinds() or [pytest.param("cupy", marks=pytest.mark.skip(reason="needs a GPU"))])
-@pytest.mark.parametrize("n", [1_000, 9_000_001])  # (a small call waits once for both kernels; 36 MB of
-def test_device_ids_checked_with_the_reduction_behind(ids_launches, kind, n):  # data waits for the ids alone)
-    """A checked call's reduction may be enqueued before its ids' verdict is read: ids outside
-    [0, m) still raise (and the next valid call of the thread is right); unsorted ids are sorted
-    and reduced again, into out= too; an error of the reduction's own arguments leaves no verdict
-    behind for the next call; float32 data against a float64 reference."""
+@pytest.mark.parametrize("n", [1_000, 9_000_001])
+def test_device_ids_checked_small_and_large(ids_launches, kind, n):
+    """Checked calls of a small and a large (36 MB) float32 vector: ids outside [0, m) raise (and
+    the next valid call of the thread is right); unsorted ids are sorted and reduced, into out=
+    too; an error of the reduction's own arguments leaves no verdict behind for the next call;
+    against a float64 reference."""
     rng = np.random.default_rng(n)
     x = rng.standard_normal(n).astype(np.float32)
     ids = np.sort(rng.integers(0, 300, n))
