@@ -24,7 +24,7 @@ _THREADS = 256
 #: enough blocks to keep the memory system busy; a grid-stride loop does the rest
 _MAX_BLOCKS = 4096
 #: the bits the kernel sets in the check word
-OUTSIDE, UNSORTED = 1, 2
+OUTSIDE, UNSORTED = 1, 1 << 8
 
 #: the kernels (int32 and int64 ids), five 8-byte arguments: ids, n, ns, padded, word
 _kernels = DriverKernels(
@@ -43,8 +43,8 @@ def to_offsets(ids: int, wide: bool, n: int, ns: int, padded: int, word: int, de
     else int32) for ``ns`` segments into the ``ns + 3`` int64 words at ``padded``: ``[0, first
     position of id 0, ..., of id ns, n]`` (for sorted ids, segments 0 .. ns - 1 framed by two
     sentinel segments); where ``word`` (a check word's address) is not 0, a broken rule's bits
-    stored into it (:data:`OUTSIDE`, :data:`UNSORTED`: with several threads finding broken rules,
-    one thread's bits, never 0; :data:`UNSORTED` alone does not say the ids are in range).  On
+    stored into it (:data:`OUTSIDE`, :data:`UNSORTED`: a byte each, so that threads finding
+    broken rules together leave every rule's bit).  On
     ``device``, in stream order on ``stream`` (a raw handle), without waiting.  False (nothing
     launched) where the kernel cannot run on ``device``: the caller then takes the array
     library's operations."""

@@ -5,10 +5,11 @@
 // 0 <= k <= ns, and padded[ns + 2] = n: for sorted ids, the offsets of segments 0 .. ns - 1
 // framed by two sentinel segments, the ids below 0 before them and those of ns or more after.
 // Every value lies in [0, n] whatever the ids (a search over unsorted ones stays in bounds),
-// so a reduction that reads them never leaves the data.  Where bad is not null, a thread that
-// finds a rule broken stores its bits in *bad (a word of pinned host memory the caller cleared):
-// 1 for an id outside [0, ns), 2 for an id smaller than the one before it (with several
-// writers, the bits of one of them).  Grid-stride over max(n, ns + 3) indices, each
+// so a reduction that reads them never leaves the data.  Where bad is not null (a word of pinned
+// host memory the caller cleared), a thread that finds an id outside [0, ns) stores 1 into its
+// first byte, one that finds an id smaller than the one before it 1 into its second (the word
+// reads 1, 256 or 257: every writer of a byte stores the same value, so racing writers lose
+// neither rule).  Grid-stride over max(n, ns + 3) indices, each
 // thread reading ids[i] and its left neighbour (which the neighbouring thread has just loaded);
 // indices are 64-bit.
 
@@ -51,10 +52,13 @@ __device__ __forceinline__ void ids_to_offsets(const I* __restrict__ ids, i64 n,
             padded[i] = n;
         }
     }
-    // (a plain store, as checks.cuh's: atomics on pinned host memory are not guaranteed; racing
-    // writers leave one thread's bits, never 0, and the caller's slower route re-reads the ids
-    // where the bits say only that they are out of order)
-    if (flags && bad) *bad = flags;
+    // (plain stores, as checks.cuh's: atomics on pinned host memory are not guaranteed; a byte a
+    // rule, each written only with 1)
+    if (bad) {
+        volatile unsigned char* rules = (volatile unsigned char*)bad;
+        if (flags & 1) rules[0] = 1;
+        if (flags & 2) rules[1] = 1;
+    }
 }
 
 extern "C" __global__ void linred_ids_to_offsets32(const int* ids, i64 n, i64 ns, i64* padded, int* bad) {

@@ -263,3 +263,62 @@ class SparseExecutor(ReleasedInOrder):
         self._handle = 0
         self._workspace = self._indices = self._values = None
         self._workspace_ptr = 0
+
+
+#: the algorithm of :func:`indicator_product`: among the CSR algorithms of cusparseSpMM, the one
+#: cuSPARSE's documentation names bit-wise reproducible from run to run
+SPMM_ALG_GATHER = cusparse.SpMMAlg.CSR_ALG3
+
+
+def indicator_product(
+    device: int, stream: int, m: int, n: int, features: int, indptr: int, indices: int, values: int, x: int,
+    sums: int, dtype: str, workspace: Any,
+) -> bool:  # fmt: skip
+    """``sums = S @ x`` for one CSR matrix ``S`` given whole, enqueued on ``stream`` (a raw handle
+    on ``device``, which is current): segments named by a gather, as unsorted segment ids name them.
+
+    ``S`` is ``(m, n)`` with ``n`` stored ones (``values``, of ``dtype``): ``indptr`` (``m + 1``)
+    and ``indices`` (``n``) int64, so that row ``i`` gathers ``x``'s rows ``indices[indptr[i]:
+    indptr[i + 1]]``.  ``x`` is ``(n, features)`` row-major and contiguous (a vector for one
+    feature), ``sums`` ``(m, features)`` likewise, of :func:`sums_dtype` (float32 for 16-bit
+    data: cuSPARSE's mixed precision).  Arguments are device addresses.  ``workspace(nbytes)``
+    allocates the product's workspace on ``stream`` (an array the caller's library frees in that
+    stream's order).  False (nothing enqueued) where cuSPARSE refuses the product's algorithm,
+    :data:`SPMM_ALG_GATHER`, for these types or shapes.
+    """
+    handle = _handle(device)
+    cusparse.set_stream(handle, stream)
+    index = INDEX_TYPE["int64"]
+    descriptors: dict[str, int] = {}
+    try:
+        descriptors["a"] = cusparse.create_csr(m, n, n, indptr, indices, values, index, index,
+                                               cusparse.IndexBase.ZERO, DATA_TYPE[dtype])  # fmt: skip
+        data, sums_type = DATA_TYPE[dtype], DATA_TYPE[sums_dtype(dtype)]
+        if features == 1:  # (a vector: one column-major column, as the executor's vectors)
+            descriptors["b"] = cusparse.create_dn_mat(n, 1, n, x, data, cusparse.Order.COL)
+            descriptors["c"] = cusparse.create_dn_mat(m, 1, m, sums, sums_type, cusparse.Order.COL)
+        else:
+            descriptors["b"] = cusparse.create_dn_mat(n, features, features, x, data, cusparse.Order.ROW)
+            descriptors["c"] = cusparse.create_dn_mat(m, features, features, sums, sums_type, cusparse.Order.ROW)
+        wide = sums_dtype(dtype) == "float64"
+        scalar = np.float64 if wide else np.float32
+        alpha, beta = np.ones(1, dtype=scalar), np.zeros(1, dtype=scalar)  # (read when the product is enqueued)
+        op = cusparse.Operation.NON_TRANSPOSE
+        arguments = (handle, op, op, alpha.ctypes.data, descriptors["a"], descriptors["b"], beta.ctypes.data,
+                     descriptors["c"], DATA_TYPE["float64" if wide else "float32"], SPMM_ALG_GATHER)  # fmt: skip
+        try:
+            size = cusparse.sp_mm_buffer_size(*arguments)
+        except cusparse.cuSPARSEError as e:
+            if e.status != cusparse.Status.NOT_SUPPORTED:
+                raise
+            return False
+        buffer = workspace(size) if size else None
+        cusparse.sp_mm(*arguments, 0 if buffer is None else _address(buffer))
+        return True
+    finally:
+        _destroy(cusparse, descriptors)
+
+
+def _address(a: Any) -> int:
+    """The device address of a CuPy array or a torch tensor."""
+    return a.data_ptr() if hasattr(a, "data_ptr") else a.data.ptr
