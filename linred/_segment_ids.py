@@ -377,13 +377,9 @@ def _by_ids(
     if check and known and not inside:
         raise outside_error(ids, ns)
 
-    if not is_sorted and device is not None and not positions:
-        result = _by_product(function, adapter, ops, x, ids, ns, ax, out, known and inside, kwargs, device)
-        if result is not None:
-            return result
     order = None
     if not is_sorted:
-        order = ops.argsort(ids)
+        order = ops.argsort(_sort_keys(ops, ids, ns, device, known and inside))
         ids = ops.take(ids, order, 0)
         x = ops.take(x, order, ax)
     trim = not inside and n > 0
@@ -413,99 +409,25 @@ def _by_ids(
     return _into(out, result, adapter, ops, device)
 
 
-#: whether device ids the call sorts are reduced as the product of their indicator matrix and the
-#: data (cuSPARSE, :func:`_by_product`) where it serves the call, rather than by a gather of the
-#: data into the ids' order and a reduction of the gathered copy
-UNSORTED_PRODUCT = True
-#: fewest ids from which the sort reads them as int32 keys (clamped to [-1, num_segments] first
-#: where they are not known to lie in [0, num_segments)): half the radix passes of int64 keys,
-#: for one or two elementwise operations more (H200, stable torch.argsort with a synchronize:
-#: 2,000 ids 62 us int64 against 52 int32; 50,000 110 against 73; 10^6 179 against 108; 10^7
-#: 1,020 against 502; the clamp and conversion 23 us at 10^6, 85 at 10^7)
+#: fewest device ids from which their sort reads them as int32 keys (clamped to [-1,
+#: num_segments] first where they are not known to lie in [0, num_segments): every id below 0
+#: then sorts first and every id of num_segments or more last, as before, and the ids in
+#: range in their order): half the radix passes of int64 keys, for one or two elementwise
+#: operations more (H200, stable torch.argsort with a synchronize: 2,000 ids 62 us int64 against
+#: 52 int32; 50,000 110 against 73; 10^6 179 against 108; 10^7 1,020 against 502; the clamp and
+#: the conversion 23 us at 10^6, 85 at 10^7)
 NARROW_KEYS_MIN = 1 << 15
-#: fewest elements along the axis from which the product serves a call: below, the gather of the
-#: data costs less than the product's own steps (H200, torch float32 sums, check=False, µs a call
-#: with a synchronize: 2,000 x 64 rows in 32 segments 214 against 160 by the gather, 50,000 x 128
-#: in 256 247 against 219; 10^6 x 64 in 4,096 327 against 922, 4 x 10^6 x 16 in 10^5 612 against
-#: 3,110, 10^7 x 1 in 1,000 781 against 1,439)
-PRODUCT_MIN_ROWS = 1 << 17
-_PRODUCT_DTYPES = frozenset(("float16", "bfloat16", "float32", "float64"))
 
 
-def _by_product(function: Any, adapter: Any, ops: _Ops, x: Any, ids: Any, ns: int, ax: int, out: Any,
-                inside: bool, kwargs: dict[str, Any], device: int) -> Any:  # fmt: skip
-    """A sum or mean over device ids that are not sorted, as linear algebra: ``S @ x`` with ``S``
-    the ``(num_segments, n)`` indicator matrix of the ids (row ``i`` holds a one at each element
-    with id ``i``), in CSR form and multiplied by cuSPARSE, which reads the data where it lies;
-    or None where this does not serve the call (fewer than :data:`PRODUCT_MIN_ROWS` elements,
-    another reduction, a ``dtype=`` or a backend named, data that is not floating, not
-    C-contiguous or not along axis 0, a tensor autograd records, no nvmath-python, an algorithm
-    cuSPARSE refuses), which then takes the sort and gather of :func:`_by_ids`.
-
-    ``S``'s columns are the stable order of the ids (one sort of the ids, not of the data) and
-    its row pointers their offsets in that order, with sentinel rows for the ids outside
-    ``[0, num_segments)`` (``inside``: none there), written by ids.cuh's kernel.  Each segment's
-    elements are added in the order they come in ``x``; the result is the same bit for bit from
-    run to run (no atomics).  A mean divides by the counts; an empty segment's mean is NaN."""
-    if (
-        not UNSORTED_PRODUCT
-        or x.shape[ax] < PRODUCT_MIN_ROWS
-        or function.__name__ not in ("segmented_sum", "segmented_mean")
-        or ax != 0
-        or kwargs.get("dtype") is not None
-        or kwargs.get("backend", "auto") != "auto"
-    ):
-        return None
-    info = adapter.info(x)
-    if info.dtype not in _PRODUCT_DTYPES or not adapter.is_c_contiguous(x) or 0 in x.shape[1:]:
-        return None
-    torch = ops.kind == "torch"
-    if torch and (
-        (x.requires_grad and ops.xp.is_grad_enabled())
-        or x.is_conj()
-        or x.is_neg()
-        or ops.xp._C._functorch.maybe_current_level() is not None
-    ):
-        return None
-    try:
-        from linred.backends.nvmath import sparse
-    except ImportError:  # (nvmath-python, which this product needs, not installed)
-        return None
-    xp, n = ops.xp, x.shape[0]
-    features = 1
-    for d in x.shape[1:]:
-        features *= d
-    keys = ids
-    if n >= NARROW_KEYS_MIN and ns < (1 << 31) - 1:
-        if not inside:  # (the ids outside [0, ns) as -1 or ns: their order among themselves kept)
-            keys = xp.clamp(keys, -1, ns) if torch else xp.clip(keys, -1, ns)
-        keys = keys.to(xp.int32) if torch else keys.astype(xp.int32)
-    if torch:
-        sorted_keys, order = xp.sort(keys, stable=True)
-    else:
-        order = xp.argsort(keys)  # (CuPy's argsort is a stable radix sort)
-        sorted_keys = keys[order]
-    padded = _kernel_offsets(adapter, ops, sorted_keys, ns, device)
-    if padded is None:
-        return None
-    sums_dtype = sparse.sums_dtype(info.dtype)
-    sums = adapter.empty((ns + 2, features) if features > 1 else (ns + 2,), sums_dtype, device)
-    values = xp.ones(n, dtype=x.dtype, device=x.device) if torch else xp.ones(n, dtype=x.dtype)
-    stream = adapter.resolve_stream(None, device)
-    pointer = adapter.pointer
-    if not sparse.indicator_product(device, stream, ns + 2, n, features, pointer(padded), pointer(order),
-                                    pointer(values), pointer(x), pointer(sums), info.dtype,
-                                    lambda size: adapter.empty((size,), "uint8", device)):  # fmt: skip
-        return None
-    result = sums[1 : ns + 1]
-    if function.__name__ == "segmented_mean":
-        counts = padded[2 : ns + 2] - padded[1 : ns + 1]
-        counts = counts.to(result.dtype) if torch else counts.astype(result.dtype)
-        result = result / (counts if features == 1 else counts.reshape(ns, 1))
-    result = result.reshape((ns, *x.shape[1:]))
-    if sums_dtype != info.dtype:
-        result = result.to(x.dtype) if torch else result.astype(x.dtype)
-    return _into(out, result, adapter, ops, device)
+def _sort_keys(ops: _Ops, ids: Any, ns: int, device: int | None, inside: bool) -> Any:
+    """What the stable sort of ``ids`` (int64) reads: int32 keys for many device ids where
+    ``num_segments`` fits (:data:`NARROW_KEYS_MIN`), else the ids."""
+    if device is None or ids.shape[0] < NARROW_KEYS_MIN or ns >= (1 << 31) - 1:
+        return ids
+    xp = ops.xp
+    if ops.kind == "torch":
+        return (ids if inside else xp.clamp(ids, -1, ns)).to(xp.int32)
+    return (ids if inside else xp.clip(ids, -1, ns)).astype(xp.int32)
 
 
 def _kernel_offsets(adapter: Any, ops: _Ops, ids: Any, ns: int, device: int) -> Any:

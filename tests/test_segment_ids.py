@@ -684,25 +684,7 @@ def test_device_ids_kernel_with_autograd_and_in_a_graph(ids_launches):
     np.testing.assert_allclose(captured.cpu().numpy(), _reference("sum", xs.cpu().numpy(), other, 40, 0), rtol=1e-10)
 
 
-# --- unsorted device ids as the product of their indicator matrix and the data (cuSPARSE) ---
-
-
-@pytest.fixture
-def products(monkeypatch):
-    """Counts the indicator products (linred.backends.nvmath.sparse.indicator_product)."""
-    sparse = pytest.importorskip("linred.backends.nvmath.sparse")
-    counts = {"products": 0}
-    product = sparse.indicator_product
-
-    def counting(*args):
-        counts["products"] += 1
-        return product(*args)
-
-    monkeypatch.setattr(sparse, "indicator_product", counting)
-    from linred import _segment_ids
-
-    monkeypatch.setattr(_segment_ids, "PRODUCT_MIN_ROWS", 0)  # (every size: the small ones too)
-    return counts
+# --- unsorted device ids: a stable sort (int32 keys from NARROW_KEYS_MIN), a gather, a reduction ---
 
 
 def _float64_reference(reduction: str, x: np.ndarray, ids: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -725,11 +707,12 @@ def _float64_reference(reduction: str, x: np.ndarray, ids: np.ndarray, m: int) -
 @pytest.mark.parametrize("kind", _gpu_kinds() or [pytest.param("cupy", marks=pytest.mark.skip(reason="needs a GPU"))])
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
-def test_unsorted_device_ids_as_a_sparse_product(products, kind, reduction, dtype):
-    """Unsorted device ids (checked, and unchecked with ids outside [0, m) dropped) reduced as the
-    indicator matrix times the data, for 1-D data and feature rows of 1 to 64 features (2-D and
-    3-D), n on both sides of the keys' narrowing (2^15) and small, empty segments, non-finite
-    values (also in dropped rows), out=; the same bits from call to call; against float64."""
+def test_unsorted_device_ids(kind, reduction, dtype):
+    """Unsorted device ids (checked, and unchecked with ids outside [0, m) dropped, among them
+    ids past the int32 range), for 1-D data and feature rows of 1 to 64 features (2-D and 3-D),
+    n on both sides of the sort's narrowing of its keys (2^15) and small, empty segments,
+    non-finite values (also in dropped rows), out=; the same bits from call to call; against
+    float64."""
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes")
     from linred._segment_ids import NARROW_KEYS_MIN
@@ -744,7 +727,7 @@ def test_unsorted_device_ids_as_a_sparse_product(products, kind, reduction, dtyp
                 continue
             x = rng.standard_normal((n, *features)).astype(np_dtype)
             ids = rng.integers(0, m, n)
-            ids[rng.random(n) < 0.01] = 0  # (some repeated, and segment m - 1 sometimes empty)
+            ids[rng.random(n) < 0.01] = 0  # (a longer segment 0, and segment m - 1 sometimes empty)
             if m > 2:
                 ids[ids == m - 2] = m - 1  # (segment m - 2 empty)
             ids[0], ids[-1] = m - 1, 0  # (out of order, but where m = 1)
@@ -754,23 +737,20 @@ def test_unsorted_device_ids_as_a_sparse_product(products, kind, reduction, dtyp
             for check in (True, False):
                 call_ids = ids.copy()
                 if not check and n > 10:
-                    call_ids[[0, 4, 9]] = [-5, m, m + 10]  # dropped: x[4] is inf, which must not show
+                    call_ids[[0, 4, 9, 10]] = [-5, m, m + 10, 2**40]  # dropped: x[4] is inf, which must not show
                     x[4] = np.inf
                 want, scale = _float64_reference(reduction, x, call_ids, m)
-                before = products["products"]
-                got = fn(to_kind(x, kind), segment_ids=to_kind(call_ids, kind), num_segments=m, check=check)
-                unsorted = bool((np.diff(call_ids) < 0).any())  # (sorted ids have offsets of their own)
-                assert products["products"] == before + unsorted, (n, features, check)
-                again = fn(to_kind(x, kind), segment_ids=to_kind(call_ids, kind), num_segments=m, check=check)
+                xk, idk = to_kind(x, kind), to_kind(call_ids, kind)
+                got = fn(xk, segment_ids=idk, num_segments=m, check=check)
+                again = fn(xk, segment_ids=idk, num_segments=m, check=check)
                 np.testing.assert_array_equal(to_numpy(got).view(np.uint8), to_numpy(again).view(np.uint8))
                 got64 = to_numpy(got).astype(np.float64)
                 assert got64.shape == want.shape
-                finite = np.isfinite(want)
-                np.testing.assert_array_equal(np.isnan(got64), np.isnan(want))
-                np.testing.assert_array_equal(got64[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)])
-                np.testing.assert_array_less(
-                    np.abs(got64 - want)[finite], tol * (scale[finite] + np.abs(want[finite])) + 1e-300
-                )
+                finite, nan = np.isfinite(want), np.isnan(want)
+                np.testing.assert_array_equal(np.isnan(got64), nan)
+                np.testing.assert_array_equal(got64[~finite & ~nan], want[~finite & ~nan])
+                bound = tol * (scale[finite] + np.abs(want[finite])) + 1e-300
+                np.testing.assert_array_less(np.abs(got64 - want)[finite], bound)
             out = to_kind(np.full(want.shape, np.nan, dtype=np_dtype), kind)
             got = fn(to_kind(x, kind), segment_ids=to_kind(ids, kind), num_segments=m, out=out)
             assert got is out
@@ -778,63 +758,18 @@ def test_unsorted_device_ids_as_a_sparse_product(products, kind, reduction, dtyp
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", _gpu_kinds() or [pytest.param("cupy", marks=pytest.mark.skip(reason="needs a GPU"))])
-def test_unsorted_device_ids_the_product_does_not_serve(products, monkeypatch, kind):
-    """What the product leaves to the sort and gather (the data along axis 1, a strided view, a
-    dtype=, a maximum, integers) is still right, and the product's results match the gather's."""
-    from linred import _segment_ids
-
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((3_000, 6))
-    ids = rng.integers(0, 40, 3_000)
-    for call in (
-        lambda xp, i: linred.segmented_sum(xp.T, segment_ids=i, num_segments=40, axis=1),
-        lambda xp, i: linred.segmented_sum(xp[:, ::2], segment_ids=i, num_segments=40),
-        lambda xp, i: linred.segmented_sum(xp, segment_ids=i, num_segments=40, dtype="float64"),
-        lambda xp, i: linred.segmented_max(xp, segment_ids=i, num_segments=40),
-        lambda xp, i: linred.segmented_sum(
-            xp.astype(np.int64) if not hasattr(xp, "long") else xp.long(), segment_ids=i, num_segments=40
-        ),
-    ):
-        got = to_numpy(call(to_kind(x, kind), to_kind(ids, kind)))
-        want = to_numpy(call(x, ids))
-        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
-    assert products["products"] == 0
-    for reduction in ("sum", "mean"):
-        fn = getattr(linred, f"segmented_{reduction}")
-        product = to_numpy(fn(to_kind(x, kind), segment_ids=to_kind(ids, kind), num_segments=40))
-        monkeypatch.setattr(_segment_ids, "UNSORTED_PRODUCT", False)
-        gathered = to_numpy(fn(to_kind(x, kind), segment_ids=to_kind(ids, kind), num_segments=40))
-        monkeypatch.setattr(_segment_ids, "UNSORTED_PRODUCT", True)
-        np.testing.assert_allclose(product, gathered, rtol=1e-12, atol=1e-12)
-    assert products["products"] == 2
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kind", _gpu_kinds() or [pytest.param("cupy", marks=pytest.mark.skip(reason="needs a GPU"))])
-def test_unsorted_device_ids_the_product_from_its_size(kind, monkeypatch):
-    """The product serves calls of PRODUCT_MIN_ROWS elements or more (the gather the smaller
-    ones); checked ids that are both out of order and outside [0, m), in a call of many blocks
-    of the ids' kernel, raise (each rule's bit kept whatever the threads that found them)."""
-    sparse = pytest.importorskip("linred.backends.nvmath.sparse")
-    from linred._segment_ids import PRODUCT_MIN_ROWS
-
-    counts = {"products": 0}
-    product = sparse.indicator_product
-
-    def counting(*args):
-        counts["products"] += 1
-        return product(*args)
-
-    monkeypatch.setattr(sparse, "indicator_product", counting)
+def test_checked_device_ids_out_of_order_and_outside_raise(kind):
+    """Checked ids both out of order and outside [0, m), in calls of many blocks of the ids'
+    kernel, raise with the first such id (each rule's bit kept whatever the threads that found
+    them); out of order alone, they are sorted and reduced without being read again."""
     rng = np.random.default_rng(11)
-    for n, products in ((PRODUCT_MIN_ROWS - 1, 0), (PRODUCT_MIN_ROWS, 1)):
+    for n in (70_001, 300_000):
         x = rng.standard_normal((n, 2)).astype(np.float32)
         ids = rng.integers(0, 1000, n)
         want, scale = _float64_reference("sum", x, ids, 1000)
         got = linred.segmented_sum(to_kind(x, kind), segment_ids=to_kind(ids, kind), num_segments=1000)
         np.testing.assert_array_less(np.abs(to_numpy(got) - want), 1e-5 * scale + 1e-30)
-        assert counts["products"] == products
-        for bad in (n - 1, n // 2, 0):  # (an id of 1000 late, in the middle, first)
+        for bad in (n - 1, n // 2, 0):  # (an id of 1000 last, in the middle, first)
             wrong = ids.copy()
             wrong[bad] = 1000
             with pytest.raises(ValueError, match=r"segment_ids\[" + str(bad) + r"\] = 1000"):
