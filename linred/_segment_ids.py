@@ -37,7 +37,7 @@ import numpy as np
 
 from linred._frontend import described, normalize_axis, validate_out
 from linred._jax import call_jax, is_jax
-from linred.arrays import _device_checks, _device_ids, as_array, namespace
+from linred.arrays import _device_checks, _device_gather, _device_ids, as_array, namespace
 from linred.arrays._base import adapters
 from linred.segments import _refuse_capture
 
@@ -113,11 +113,48 @@ class _Ops:
         return self.xp.argsort(ids)  # CuPy's argsort is a stable radix sort (CUB)
 
     def take(self, a: Any, index: Any, axis: int) -> Any:
+        gathered = self._gather(a, index) if axis == 0 and self.kind != "numpy" and GATHER_KERNEL else None
+        if gathered is not None:
+            return gathered
         if self.kind == "torch":
             from linred.arrays._torch import index_select
 
             return index_select(a, axis, index)
         return self.xp.take(a, index, axis=axis)
+
+    def _gather(self, a: Any, index: Any) -> Any:
+        """``a``'s rows ``index`` (int64 positions, contiguous) by gather.cuh's kernel, or None
+        where it does not serve: host data, a view that is not C-contiguous, a tensor autograd
+        records (its gather is the library's, which autograd knows), torch.compile, torch.func."""
+        adapter = self.adapter
+        device = adapter.device_of(a)
+        if device is None or not a.ndim or not adapter.is_c_contiguous(a) or index.dtype.itemsize != 8:
+            return None
+        xp = self.xp
+        if self.kind == "torch":
+            if (
+                (a.requires_grad and xp.is_grad_enabled())
+                or a.is_conj()
+                or a.is_neg()
+                or xp.compiler.is_compiling()
+                or xp._C._functorch.maybe_current_level() is not None
+                or not index.is_contiguous()
+            ):
+                return None
+            out = xp.empty((index.shape[0], *a.shape[1:]), dtype=a.dtype, device=a.device)
+        else:
+            if not index.flags.c_contiguous:
+                return None
+            out = xp.empty((index.shape[0], *a.shape[1:]), dtype=a.dtype)
+        row_bytes = out.itemsize if self.kind != "torch" else out.element_size()
+        for d in a.shape[1:]:
+            row_bytes *= d
+        pointer = adapter.pointer
+        stream = adapter.resolve_stream(None, device)
+        if not _device_gather.gather_rows(pointer(a), pointer(index), pointer(out), index.shape[0], row_bytes, device,
+                                          stream):  # fmt: skip
+            return None
+        return out
 
     def pad(self, offsets: Any, n: int) -> Any:
         """``[0, offsets..., n]``: sentinel segments before and after the named ones."""
@@ -409,6 +446,9 @@ def _by_ids(
     return _into(out, result, adapter, ops, device)
 
 
+#: whether device rows gathered into the ids' order are copied by gather.cuh's kernel
+#: (:mod:`linred.arrays._device_gather`) rather than the array library's gather
+GATHER_KERNEL = True
 #: fewest device ids from which their sort reads them as int32 keys (clamped to [-1,
 #: num_segments] first where they are not known to lie in [0, num_segments): every id below 0
 #: then sorts first and every id of num_segments or more last, as before, and the ids in

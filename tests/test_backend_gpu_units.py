@@ -1157,6 +1157,7 @@ def _programs() -> list[tuple[str, str, tuple[str, ...]]]:
         ("lengths scan", '#include "scan.cuh"\n', ("linred_lengths_to_offsets32", "linred_lengths_to_offsets64"))
     )
     out.append(("ids to offsets", '#include "ids.cuh"\n', ("linred_ids_to_offsets32", "linred_ids_to_offsets64")))
+    out.append(("rows' gather", '#include "gather.cuh"\n', tuple(f"linred_gather_rows{w}" for w in (16, 8, 4, 2, 1))))
     return out
 
 

@@ -774,3 +774,44 @@ def test_checked_device_ids_out_of_order_and_outside_raise(kind):
             wrong[bad] = 1000
             with pytest.raises(ValueError, match=r"segment_ids\[" + str(bad) + r"\] = 1000"):
                 linred.segmented_sum(to_kind(x, kind), segment_ids=to_kind(wrong, kind), num_segments=1000)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", _gpu_kinds() or [pytest.param("cupy", marks=pytest.mark.skip(reason="needs a GPU"))])
+@pytest.mark.parametrize(
+    "dtype", ["float16", "bfloat16", "float32", "float64", "complex64", "complex128", "int8", "int64", "bool"]
+)
+def test_device_rows_gathered_by_the_kernel(monkeypatch, kind, dtype):
+    """The rows' gather into the ids' order (gather.cuh, words of 16 down to 1 bytes as the rows'
+    bytes and addresses allow): rows of 0 to 64 elements, 1-D and 3-D, a view one element past an
+    allocation's start, n across the kernel's blocks and none, against NumPy's take."""
+    from linred import _segment_ids
+    from linred.arrays import _device_gather, as_array
+
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    launches = {"n": 0}
+    gather = _device_gather.gather_rows
+
+    def counting(*args):
+        assert gather(*args), "the gather could not run on this device"
+        launches["n"] += 1
+        return True
+
+    monkeypatch.setattr(_device_gather, "gather_rows", counting)
+    rng = np.random.default_rng(len(dtype))
+    np_dtype = np.dtype("bfloat16") if dtype == "bfloat16" else np.dtype(dtype)
+    for n in (1, 255, 256, 257, 70_001):
+        for shape in ((n,), (n, 0), (n, 1), (n, 3), (n, 5), (n, 64), (n, 2, 3)):
+            data = (rng.standard_normal((n + 1, *shape[1:])) * 100).astype(np_dtype)
+            for start in (0, 1):  # (one row in: addresses that are not 16-byte aligned)
+                host = data[start : start + n]
+                a = to_kind(data, kind)[start : start + n]
+                x, adapter = as_array(a)
+                ops = _segment_ids._Ops(adapter, x)
+                for index in (rng.permutation(n), rng.integers(0, n, n // 2), np.zeros(0, np.int64)):
+                    before = launches["n"]
+                    got = ops.take(x, to_kind(index.astype(np.int64), kind), 0)
+                    assert launches["n"] == before + 1
+                    want = np.take(host, index, axis=0)
+                    np.testing.assert_array_equal(to_numpy(got).view(np.uint8), want.view(np.uint8))
