@@ -799,6 +799,7 @@ def test_device_rows_gathered_by_the_kernel(monkeypatch, kind, dtype):
         return True
 
     monkeypatch.setattr(_device_gather, "gather_rows", counting)
+    monkeypatch.setattr(_segment_ids, "GATHER_MIN_ROWS", 0)  # (every size: the small ones too)
     rng = np.random.default_rng(len(dtype))
     np_dtype = np.dtype("bfloat16") if dtype == "bfloat16" else np.dtype(dtype)
     for n in (1, 255, 256, 257, 70_001):
@@ -815,3 +816,30 @@ def test_device_rows_gathered_by_the_kernel(monkeypatch, kind, dtype):
                     assert launches["n"] == before + 1
                     want = np.take(host, index, axis=0)
                     np.testing.assert_array_equal(to_numpy(got).view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", _gpu_kinds() or [pytest.param("cupy", marks=pytest.mark.skip(reason="needs a GPU"))])
+def test_device_rows_gathered_by_the_kernel_from_its_size(monkeypatch, kind):
+    """The kernel gathers GATHER_MIN_ROWS rows or more, the library fewer; an unsorted call of
+    that size is right (float32 rows against float64)."""
+    from linred import _segment_ids
+    from linred.arrays import _device_gather
+
+    launches = {"n": 0}
+    gather = _device_gather.gather_rows
+
+    def counting(*args):
+        launches["n"] += 1
+        return gather(*args)
+
+    monkeypatch.setattr(_device_gather, "gather_rows", counting)
+    rng = np.random.default_rng(3)
+    for n, kernel in ((_segment_ids.GATHER_MIN_ROWS - 1, 0), (_segment_ids.GATHER_MIN_ROWS, 2)):  # (the ids and x)
+        x = rng.standard_normal((n, 4)).astype(np.float32)
+        ids = rng.integers(0, 700, n)
+        want, scale = _float64_reference("sum", x, ids, 700)
+        got = linred.segmented_sum(to_kind(x, kind), segment_ids=to_kind(ids, kind), num_segments=700, check=False)
+        np.testing.assert_array_less(np.abs(to_numpy(got) - want), 1e-5 * scale + 1e-30)
+        assert launches["n"] == kernel
+        launches["n"] = 0
