@@ -30,6 +30,7 @@
 // checks.cuh holds the check of offsets that check=True runs on the device (any backend).
 // scan.cuh turns device lengths into offsets in one launch (any backend).
 // ids.cuh turns device segment ids into offsets in one launch, testing their rules (any backend).
+// gather.cuh copies rows of a device array in a given order (unsorted segment ids' data).
 // Each family header also defines the macros that instantiate its kernels as
 // extern "C" entry points (plain names, so that a compiled binary can be cached);
 // linred/backends/nvrtc/kernels.py writes one such line per kernel it compiles, and

@@ -1,12 +1,12 @@
 // gather: the rows of a C-contiguous array copied in a given order, as the data of unsorted segment
 // ids is gathered into the ids' sorted order before its reduction (any backend).
 //
-// linred_gather_rows{16,8,4,2,1}: out's row i = x's row order[i], for n rows of `words` words of
-// 16, 8, 4, 2 or 1 bytes (the widest word that divides the rows' bytes and both arrays' addresses):
-// thread w copies word w of out (coalesced stores; each row's words read together).  Every
-// order[i] must lie in [0, rows of x) (a stable sort's positions).  Grid-stride over n * words
-// words; indices are 64-bit.  (torch's index_select of 4M rows of 16 float32 took 2.4 ms on an
-// H200, about a tenth of the bandwidth a copy has.)
+// gather_rows, behind linred_gather_rows{16,8,4,2,1}: out's row i = x's row order[i], for n rows
+// of `words` words of 16, 8, 4, 2 or 1 bytes (the widest word that divides the rows' bytes and
+// both arrays' addresses): thread w copies word w of out (coalesced stores; each row's words read
+// together).  Every order[i] must lie in [0, rows of x) (a stable sort's positions).  Grid-stride
+// over n * words words; indices are 64-bit.  (torch's index_select of 4M rows of 16 float32 took
+// 2.4 ms on an H200, about a tenth of the bandwidth a copy has.)
 
 #pragma once
 
