@@ -777,15 +777,15 @@ def ids_offsets(x: Any, segment_ids: Any, num_segments: int | None,
     n = x.shape[ax]
     if math.isnan(n):
         raise ValueError(f"x has unknown chunk sizes along axis {ax}; call x.compute_chunk_sizes() first")
-    ids = np.asarray(_host_index(segment_ids, "segment_ids"))
-    if ids.dtype.kind not in "iu":
-        raise TypeError(f"segment_ids must be an array of integers; got dtype {ids.dtype}")
+    from linred.arrays import NUMPY
+
+    # (converted and refused as NumPy data's ids are: an empty list as int64, a list of Python
+    # integers or an object array of them as int64, uint64 past int64 by value, floats refused)
+    ids = NUMPY.index_array(_host_index(segment_ids, "segment_ids"), None, "segment_ids")
     if ids.ndim != 1:
         raise ValueError(f"segment_ids must be 1-D (one id per element along axis); got shape {ids.shape}")
     if ids.shape[0] != n:
         raise ValueError(f"segment_ids must have one id per element along axis {axis} ({n}); got {ids.shape[0]}")
-    if ids.dtype == np.uint64 and n and int(ids.max()) > np.iinfo(np.int64).max:  # (as the functions say it)
-        raise ValueError(f"segment_ids must fit in int64; got {int(ids.max())}")
     given = ids = ids.astype(np.int64, copy=False)
     order = None
     if n and bool((ids[1:] < ids[:-1]).any()):

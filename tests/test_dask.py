@@ -1052,6 +1052,21 @@ def test_segment_ids_dask_refuses():
         linred.segmented_sum(x, segment_ids=np.zeros(10))
 
 
+@pytest.mark.parametrize("name", ["sum", "max", "softmax"])
+def test_segment_ids_read_as_numpy_datas_are(name):
+    """Ids that NumPy data takes, Dask data takes alike: an empty list (for no elements), an
+    object array of Python integers, uint64 and int8 ids; against the NumPy call."""
+    fn = getattr(linred, f"segmented_{name}")
+    empty = fn(da.zeros(0, chunks=1), segment_ids=[], num_segments=2).compute()
+    np.testing.assert_array_equal(empty, fn(np.zeros(0), segment_ids=[], num_segments=2))
+    assert empty.shape == ((0,) if name == "softmax" else (2,))
+    values = np.array([3.0, -1.0, 2.5, 7.0, 0.5, -2.0])
+    x = da.from_array(values, chunks=4)
+    for ids in (np.array([0, 1, 1, 0, 2, 2], dtype=object), np.array([2, 0, 1, 0, 2, 1], np.uint64),
+                np.array([0, 0, 1, 1, 2, 2], np.int8)):  # fmt: skip
+        np.testing.assert_allclose(fn(x, segment_ids=ids).compute(), fn(values, segment_ids=ids), rtol=1e-15)
+
+
 def test_composed_functions_refuse_what_dask_does_not_serve():
     x = da.from_array(np.ones(10), chunks=4)
     with pytest.raises(TypeError, match="stream cannot be given"):
