@@ -113,7 +113,11 @@ class _Ops:
         return self.xp.argsort(ids)  # CuPy's argsort is a stable radix sort (CUB)
 
     def take(self, a: Any, index: Any, axis: int) -> Any:
-        gathered = self._gather(a, index) if axis == 0 and self.kind != "numpy" and GATHER_KERNEL else None
+        # (inside torch.compile no size is tested: a test of the size would add a guard on it)
+        kernel = GATHER_KERNEL and axis == 0 and self.kind != "numpy"
+        if kernel and self.kind == "torch" and self.xp.compiler.is_compiling():
+            kernel = False
+        gathered = self._gather(a, index) if kernel else None
         if gathered is not None:
             return gathered
         if self.kind == "torch":
@@ -125,8 +129,9 @@ class _Ops:
     def _gather(self, a: Any, index: Any) -> Any:
         """``a``'s rows ``index`` (int64 positions, contiguous) by gather.cuh's kernel, or None
         where it does not serve: fewer rows than :data:`GATHER_MIN_ROWS`, host data, a view that
-        is not C-contiguous, a tensor autograd records (its gather is the library's, which
-        autograd knows), torch.compile, torch.func."""
+        is not C-contiguous, a tensor autograd records or a dual tensor of forward-mode AD (their
+        gather is the library's, which autograd knows), torch.func (torch.compile: see
+        :meth:`take`)."""
         adapter = self.adapter
         device = adapter.device_of(a)
         if (
@@ -139,12 +144,13 @@ class _Ops:
             return None
         xp = self.xp
         if self.kind == "torch":
+            forward_ad = xp.autograd.forward_ad
             if (
                 (a.requires_grad and xp.is_grad_enabled())
                 or a.is_conj()
                 or a.is_neg()
-                or xp.compiler.is_compiling()
                 or xp._C._functorch.maybe_current_level() is not None
+                or (forward_ad._current_level >= 0 and forward_ad.unpack_dual(a).tangent is not None)
                 or not index.is_contiguous()
             ):
                 return None
@@ -312,6 +318,7 @@ def reduce_by_ids(
                        kwargs, unsorted_inside)  # fmt: skip
 
 
+_INT32_MAX = (1 << 31) - 1
 #: what :func:`_device_batch` returns for a call it leaves to the general route, and what
 #: :func:`_by_ids_kernel` returns for checked ids its kernel found out of order, every one within
 #: ``[0, num_segments)`` (the general route sorts them, neither converting them by the kernel
@@ -346,14 +353,18 @@ def _device_batch(function: Any, x: Any, ids: Any, ns: int, ids_sorted: Any, axi
         if (
             torch.compiler.is_compiling()
             or torch._C._functorch.maybe_current_level() is not None
-            or ids.dtype not in (torch.int64, torch.int32)
+            or not (ids.dtype == torch.int64 or (ids.dtype == torch.int32 and ns <= _INT32_MAX))
             or not ids.is_contiguous()
             or x.layout != torch.strided
             or (out is not None and x.requires_grad)
         ):
             return _GENERAL
-    elif ids.dtype.kind != "i" or ids.dtype.itemsize not in (4, 8) or not ids.flags.c_contiguous:
-        return _GENERAL
+    elif (
+        ids.dtype.kind != "i"
+        or not (ids.dtype.itemsize == 8 or (ids.dtype.itemsize == 4 and ns <= _INT32_MAX))
+        or not ids.flags.c_contiguous
+    ):
+        return _GENERAL  # (int32 ids against a count past int32 compare as the general route's int64 ones)
     device = adapter.device_of(x)
     if device is None or adapter.device_of(ids) != device or ids.ndim != 1 or not x.ndim:
         return _GENERAL
