@@ -228,3 +228,45 @@ def test_means_whose_block_sums_pass_the_float32_range_keep_the_mean(kind, featu
         warnings.simplefilter("error")
         got = to_numpy(linred.segmented_mean(to_kind(x, kind), **arguments))
     np.testing.assert_allclose(got.astype(np.float64), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize(
+    "layout", ["fixed 1-D L=129", "fixed 1-D L=256", "fixed rows L=4", "offsets rows", "complex64 fixed"]
+)
+def test_float32_runs_past_the_range_are_summed_again(reduction, layout):
+    """A float32 run of values whose sum passes the float32 range (3e38 + 3e38) inside a segment
+    whose sum does not (3e38, 3e38, -3e38, -2e38: 1e38) gives the segment's sum or mean, not
+    NaN or an infinity of either sign, and warns of nothing; a segment whose sum passes the
+    range is inf, with an overflow warning (host routes other than one 1-D product or one
+    reduceat: see api.md); against float64."""
+    import warnings
+
+    L = {"fixed 1-D L=129": 129, "fixed 1-D L=256": 256, "fixed rows L=4": 4, "offsets rows": 300}.get(layout, 256)
+    x = np.zeros(L, np.float32)
+    x[0] = x[1] = 3e38
+    x[L // 2] = -3e38
+    x[L // 2 + 1] = -2e38
+    data: np.ndarray = x
+    if "rows" in layout:
+        data = np.stack([x, x / 2], axis=1)
+    if layout == "complex64 fixed":
+        data = (x + 0j).astype(np.complex64)
+    fn = getattr(linred, f"segmented_{reduction}")
+    want = data.astype(np.complex128 if data.dtype.kind == "c" else np.float64).sum(axis=0)
+    if reduction == "mean":
+        want = want / L
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = fn(data, offsets=[0, L]) if "offsets" in layout else fn(data, L)
+    np.testing.assert_allclose(np.asarray(got)[0], want, rtol=1e-6)
+    huge = np.full((L, 2) if "rows" in layout else L, 3e38, np.float32)
+    if reduction == "sum":  # (past the range: inf, and the cast into float32 warns of it)
+        with pytest.warns(RuntimeWarning, match="overflow"):
+            over = fn(huge, offsets=[0, L]) if "offsets" in layout else fn(huge, L)
+        assert np.all(np.isinf(over))
+    else:  # (the mean of values in range is in range: kept, without a warning)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            over = fn(huge, offsets=[0, L]) if "offsets" in layout else fn(huge, L)
+        np.testing.assert_allclose(over, 3e38, rtol=1e-6)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from linred._dtypes import identity, itemsize, numpy_dtype
-from linred._fpwarnings import at_caller, once_per_kind, pool_context, reissue
+from linred._fpwarnings import at_caller, noting, once_per_kind, pool_context, reissue
 from linred.arrays.views import host_view
 from linred.backends.base import Backend, FunctionExecutor
 from linred.problem import Problem
@@ -1285,41 +1285,67 @@ class NumpyBackend(Backend):
             safe = problem.fixed and problem.segment_length > CHAIN_LONGEST
             return FunctionExecutor(_at_caller(problem, direct), views=False, overlap_safe=safe)
         if problem.fixed:
-            return FunctionExecutor(_at_caller(problem, _kept_means(problem, _fixed(problem))))
+            return FunctionExecutor(_at_caller(problem, _kept_sums(problem, _fixed(problem))))
         run = _variable_rows(problem) or _rows_steps(problem) or _loop_extreme(problem) or _variable(problem)
-        return FunctionExecutor(_at_caller(problem, _kept_means(problem, run)))
+        return FunctionExecutor(_at_caller(problem, _kept_sums(problem, run)))
 
 
-def _kept_means(problem: Problem, run: Any) -> Any:
-    """``run``, for a float32 mean of data the float32 accumulator holds (every value within its
-    range, so every mean is), with the segments whose float32 sums passed the range (a run of up
-    to 128 values from about 2.7e36: ``inf`` where the data is finite) summed again in float64:
-    the mean is kept, and that overflow warns of nothing.  Other calls: ``run`` itself."""
+def _kept_sums(problem: Problem, run: Any) -> Any:
+    """``run``, for a float32 (or complex64) sum or mean of data that accumulator holds, with the
+    segments whose result is not finite summed again in float64: a run of up to 128 values can
+    pass the float32 range (two of 3e38) where the segment's sum does not (3e38, 3e38, -3e38,
+    -2e38), or give ``inf - inf`` where the data is finite; the sum or mean is then kept, and that
+    overflow warns of nothing.  A segment whose own sum passes the range comes back ``inf`` with
+    the cast's overflow warning; data holding ``inf`` or NaN gives what float64 gives, with its
+    warnings.  The result is tested only where NumPy flagged an overflow or an invalid value
+    (:func:`linred._fpwarnings.noting`).  Other calls: ``run`` itself."""
     acc, data = numpy_dtype(problem.acc_dtype), numpy_dtype(problem.dtype)
-    if not (
-        problem.reduction == "mean"
-        and acc.kind == "f"
-        and acc.itemsize < 8
-        and (data.kind in "iub" or np.can_cast(data, acc, "safe"))
-    ):
+    narrow = (acc.kind == "f" and acc.itemsize < 8) or (acc.kind == "c" and acc.itemsize < 16)
+    if not (problem.reduction in ("sum", "mean") and narrow and (data.kind in "iub" or np.can_cast(data, acc, "safe"))):
         return run
     B, n, D = problem.in_shape
     L = problem.segment_length
+    mean = problem.reduction == "mean"
+    wide = np.complex128 if acc.kind == "c" else np.float64
+
+    noted_run = noting(run)
 
     def kept(x: Any, out: Any, segments: Any, stream: Any) -> None:
-        with np.errstate(over="ignore"):
-            run(x, out, segments, stream)
+        if not noted_run(x, out, segments, stream):
+            return  # (no overflow, no inf - inf: the results are what float32 gives them)
         out3 = host_view(out)
-        if not np.isinf(out3).any():
+        finite = np.isfinite(out3)
+        if finite.all():
             return
-        x3 = host_view(x).reshape(B, n, D)
         out3 = out3.reshape(B, -1, D)
-        off = None if L else np.asarray(segments.offsets, dtype=np.int64)
-        for s in np.unique(np.nonzero(np.isinf(out3))[1]):
-            a, b = (int(s) * L, int(s + 1) * L) if L else (int(off[s]), int(off[s + 1]))
-            with np.errstate(over="ignore", invalid="ignore"):  # (an inf in the data stays inf)
-                mean = x3[:, a:b, :].sum(axis=1, dtype=np.float64) / (b - a)
-            np.copyto(out3[:, s, :], mean, casting="unsafe")
+        x3 = host_view(x).reshape(B, n, D)
+        bad = np.flatnonzero(~finite.reshape(B, -1, D).all(axis=(0, 2)))
+        if L:
+            total = x3.reshape(B, -1, L, D)[:, bad].sum(axis=2, dtype=wide)
+            counts: Any = L
+        else:
+            off = np.asarray(segments.offsets, dtype=np.int64)
+            lo, hi = off[bad], off[bad + 1]
+            nonempty = hi > lo  # (an empty segment's mean is NaN: left as it is)
+            bad, lo, hi = bad[nonempty], lo[nonempty], hi[nonempty]
+            if not bad.size:
+                return
+            # Segment k's sum is reduceat's result 2k over [lo_0, hi_0, lo_1, hi_1, ...]: the
+            # results between are the gaps (dropped), and a last hi of n is left out (reduceat's
+            # last result runs to the end).
+            bounds = np.stack([lo, hi], axis=1).reshape(-1)
+            if bounds[-1] == n:
+                bounds = bounds[:-1]
+            total = np.add.reduceat(x3, bounds, axis=1, dtype=wide)[:, ::2]
+            counts = (hi - lo)[None, :, None]
+        if mean:
+            if total.dtype.kind == "c":  # (each part divided by the count: a complex division
+                # by count + 0j would make inf + 0j's imaginary part NaN)
+                parts = total.view(np.float64).reshape(*total.shape, 2) / np.asarray(counts)[..., None]
+                total = parts.reshape(*total.shape[:-1], -1).view(np.complex128)
+            else:
+                total = total / counts
+        out3[:, bad, :] = total  # (a cast into the result's dtype: a sum past its range warns)
 
     return kept
 
