@@ -6,6 +6,9 @@ axis with feature dims, for every reduction and the arg-reductions."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 from support import to_kind, to_numpy
@@ -905,3 +908,47 @@ def test_export_of_unsorted_ids_keeps_a_dynamic_length():
     want, scale = _float64_reference("sum", x2, ids2, 4)
     got = exported.module()(torch.from_numpy(x2), torch.from_numpy(ids2)).numpy()
     np.testing.assert_array_less(np.abs(got - want), 1e-6 * scale)  # (float32 sums: within 1e-6 of their scale)
+
+
+def test_unsorted_ids_of_an_unaligned_cpu_tensor(tmp_path):
+    """A complex128 CPU tensor over unaligned memory (torch.from_numpy of an unaligned NumPy view)
+    with unsorted ids: reduced as NumPy reduces it, with autograd's gradient too (PyTorch's CPU
+    index_select of such data ends the process, so the call runs in a subprocess)."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "unaligned.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import numpy as np, torch, linred
+            n = 2824
+            buf = np.zeros(n * 16 + 1, np.uint8)
+            a = buf[1:].view(np.complex128)
+            a[:] = np.arange(n) + 1j
+            ids = np.random.default_rng(0).integers(0, 9, n).astype(np.int32)
+            want = np.array([a[ids == i].sum() for i in range(9)])
+            t = torch.from_numpy(a)
+            assert t.data_ptr() % 16 != 0
+            got = linred.segmented_sum(t, segment_ids=torch.from_numpy(ids)).numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-12)
+            r = torch.from_numpy(buf[1:].view(np.float64)[:n].copy())  # (aligned: a gradient through the gather)
+            f = torch.from_numpy(buf[1 : 1 + 8 * n].view(np.float64))
+            f.copy_(r)
+            f.requires_grad_()
+            linred.segmented_sum(f, segment_ids=torch.from_numpy(ids), num_segments=9).sum().backward()
+            np.testing.assert_array_equal(f.grad.numpy(), np.ones(n))
+            print("ok")
+            """
+        )
+    )
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (
+        done.returncode,
+        done.stdout[-2000:],
+        done.stderr[-3000:],
+    )

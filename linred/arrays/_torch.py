@@ -56,11 +56,28 @@ _SIGNED_OF_UNSIGNED = {
 
 def index_select(a: torch.Tensor, axis: int, index: torch.Tensor) -> torch.Tensor:
     """``torch.index_select(a, axis, index)``, also for uint16, uint32 and uint64 data (through the
-    signed view of the same bits, where PyTorch lacks the kernel)."""
+    signed view of the same bits, where PyTorch lacks the kernel), and for a CPU tensor whose
+    memory is not aligned to its elements (``torch.from_numpy`` of an unaligned NumPy view: an
+    aligned copy first, through which autograd passes too; PyTorch 2.13's CPU index_select of
+    such complex128 data ends the process with a segmentation fault)."""
+    if _misaligned(a):
+        a = a.clone()
     signed = _SIGNED_OF_UNSIGNED.get(a.dtype)
     if signed is None:
         return torch.index_select(a, axis, index)
     return torch.index_select(a.view(signed), axis, index).view(a.dtype)
+
+
+def _misaligned(a: torch.Tensor) -> bool:
+    """Whether CPU tensor ``a``'s memory is not aligned to its elements (outside torch.compile,
+    which reads no address; a torch.func transform's tensor, which has no memory of its own, is
+    taken as aligned)."""
+    if not a.is_cpu or not a.numel() or torch.compiler.is_compiling():
+        return False
+    try:
+        return a.data_ptr() % a.element_size() != 0
+    except RuntimeError:
+        return False
 
 
 #: ``(handle, device index)`` of every raw handle linred wrapped as a PyTorch stream (a stream the
