@@ -114,14 +114,27 @@ class once_per_kind:
             reissue(self._pending)
 
 
-def _build(caller: Any) -> Any:
-    """The error object for ``caller``'s modes with every ``"warn"`` made ``"call"``."""
+def _modes(extobj: Any) -> tuple[dict[str, Any], Any]:
+    """The modes and the callback of NumPy's error object ``extobj``."""
 
-    def modes() -> dict[str, Any]:
-        _VAR.set(caller)
+    def read() -> tuple[dict[str, Any], Any]:
+        _VAR.set(extobj)
         return np.geterr(), np.geterrcall()
 
-    current, callback = contextvars.copy_context().run(modes)
+    return contextvars.copy_context().run(read)
+
+
+def _cached(cache: dict[Any, Any], extobj: Any, build: Callable[[Any], Any]) -> Any:
+    """``build(extobj)``, kept in ``cache`` (emptied when it holds :data:`_CACHE_SIZE`)."""
+    if len(cache) >= _CACHE_SIZE:
+        cache.clear()
+    built = cache[extobj] = build(extobj)
+    return built
+
+
+def _build(caller: Any) -> Any:
+    """The error object for ``caller``'s modes with every ``"warn"`` made ``"call"``."""
+    current, callback = _modes(caller)
     if callback is not None or "warn" not in current.values():
         return caller  # the caller's own callback, or nothing that warns: leave it alone
     return _make_extobj(call=_warn, **{k: "call" if v == "warn" else v for k, v in current.items()})
@@ -139,12 +152,7 @@ _NOTED_FLAGS = 2 | 8
 def _build_noting(current: Any) -> Any:
     """``current``'s error object with overflow and invalid values noted (not warned of), the
     others kept: a callback of the caller's still gets theirs."""
-
-    def modes() -> tuple[dict[str, Any], Any]:
-        _VAR.set(current)
-        return np.geterr(), np.geterrcall()
-
-    found, callback = contextvars.copy_context().run(modes)
+    found, callback = _modes(current)
 
     def note(err: str, flag: int) -> None:
         if flag & _NOTED_FLAGS:
@@ -181,9 +189,7 @@ def noting(run: Callable[..., None]) -> Callable[..., bool]:
         current = get()
         extobj = cache.get(current)
         if extobj is None:
-            if len(cache) >= _CACHE_SIZE:
-                cache.clear()
-            extobj = cache[current] = _build_noting(current)
+            extobj = _cached(cache, current, _build_noting)
         notes: list[int] = []
         token, notes_token = set_(extobj), notes_var.set(notes)
         try:
@@ -222,10 +228,7 @@ def at_caller(run: Callable[..., None]) -> Callable[..., None]:
 
 def _remember(caller: Any) -> Any:
     """The error object linred runs under for ``caller``'s, built and kept (the cache bounded)."""
-    if len(_redirected) >= _CACHE_SIZE:
-        _redirected.clear()
-    extobj = _redirected[caller] = _build(caller)
-    return extobj
+    return _cached(_redirected, caller, _build)
 
 
 def call_at_caller(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

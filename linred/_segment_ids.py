@@ -112,12 +112,16 @@ class _Ops:
             return np.argsort(ids, kind="stable")
         return self.xp.argsort(ids)  # CuPy's argsort is a stable radix sort (CUB)
 
+    def transformed(self) -> bool:
+        """Whether a torch.func transform is in effect (its tensors have no memory of their own)."""
+        return self.kind == "torch" and self.xp._C._functorch.maybe_current_level() is not None
+
     def take(self, a: Any, index: Any, axis: int) -> Any:
         # (inside torch.compile no size is tested: a test of the size would add a guard on it)
-        kernel = GATHER_KERNEL and axis == 0 and self.kind != "numpy"
-        if kernel and self.kind == "torch" and self.xp.compiler.is_compiling():
-            kernel = False
-        gathered = self._gather(a, index) if kernel else None
+        traced = self.kind == "torch" and self.xp.compiler.is_compiling()
+        gathered = (
+            self._gather(a, index) if GATHER_KERNEL and axis == 0 and self.kind != "numpy" and not traced else None
+        )
         if gathered is not None:
             return gathered
         if self.kind == "torch":
@@ -149,7 +153,7 @@ class _Ops:
                 (a.requires_grad and xp.is_grad_enabled())
                 or a.is_conj()
                 or a.is_neg()
-                or xp._C._functorch.maybe_current_level() is not None
+                or self.transformed()
                 or (forward_ad._current_level >= 0 and forward_ad.unpack_dual(a).tangent is not None)
                 or not index.is_contiguous()
             ):
@@ -438,7 +442,9 @@ def _by_ids(
         ids = ops.take(ids, order, 0)
         x = ops.take(x, order, ax)
     trim = not inside and n > 0
-    padded = _kernel_offsets(adapter, ops, ids, ns, device) if device is not None and n > 0 else None
+    padded = None
+    if device is not None and n > 0 and IDS_KERNEL and not ops.transformed():  # (else five library operations)
+        padded = _kernel_offsets(adapter, ids, ns, device, adapter.resolve_stream(None, device))
     if padded is not None:  # (a device's ids are read only to be checked: inside, or trimmed by the sentinels)
         offsets = padded if trim else padded[1 : ns + 2]
     else:
@@ -485,7 +491,7 @@ NARROW_KEYS_MIN = 1 << 15
 def _sort_keys(ops: _Ops, ids: Any, ns: int, device: int | None, inside: bool) -> Any:
     """What the stable sort of ``ids`` (int64) reads: int32 keys for many device ids where
     ``num_segments`` fits (:data:`NARROW_KEYS_MIN`), else the ids."""
-    if device is None or ids.shape[0] < NARROW_KEYS_MIN or ns >= (1 << 31) - 1:
+    if device is None or ids.shape[0] < NARROW_KEYS_MIN or ns >= _INT32_MAX:
         return ids
     xp = ops.xp
     if ops.kind == "torch":
@@ -493,17 +499,14 @@ def _sort_keys(ops: _Ops, ids: Any, ns: int, device: int | None, inside: bool) -
     return (ids if inside else xp.clip(ids, -1, ns)).astype(xp.int32)
 
 
-def _kernel_offsets(adapter: Any, ops: _Ops, ids: Any, ns: int, device: int) -> Any:
-    """The offsets of sorted device ``ids`` (contiguous int64) framed by sentinel segments,
-    ``[0, offsets..., n]``, written by ids.cuh's kernel in one launch on the current stream, or
-    None where it cannot run (the caller then searches and pads with the array library's
-    operations, five of them)."""
-    if not IDS_KERNEL or (ops.kind == "torch" and ops.xp._C._functorch.maybe_current_level() is not None):
-        return None
+def _kernel_offsets(adapter: Any, ids: Any, ns: int, device: int, stream: int, word: int = 0) -> Any:
+    """The offsets of device ``ids`` (contiguous int32 or int64; for sorted ids, exact) framed by
+    sentinel segments, ``[0, offsets..., n]``, written by ids.cuh's kernel in one launch on
+    ``stream`` (testing the ids' rules into ``word`` where it is not 0), or None where the kernel
+    cannot run (the caller then takes the array library's operations)."""
     padded = adapter.empty((ns + 3,), "int64", device)
-    stream = adapter.resolve_stream(None, device)
     wide = ids.dtype.itemsize == 8
-    if not _device_ids.to_offsets(adapter.pointer(ids), wide, ids.shape[0], ns, adapter.pointer(padded), 0, device,
+    if not _device_ids.to_offsets(adapter.pointer(ids), wide, ids.shape[0], ns, adapter.pointer(padded), word, device,
                                   stream):  # fmt: skip
         return None
     return padded
@@ -539,16 +542,13 @@ def _by_ids_kernel(function: Any, adapter: Any, ops: _Ops, x: Any, ids: Any, ns:
     :func:`_by_ids` arranges them."""
     if ids_sorted is False or (not check and ids_sorted is not True):
         return None
-    if ops.kind == "torch" and ops.xp._C._functorch.maybe_current_level() is not None:
+    if ops.transformed():
         return None
     if check:
         _refuse_capture(adapter, ids, "segment_ids")  # (a read back: no capture allows it)
-    n = ids.shape[0]
-    padded = adapter.empty((ns + 3,), "int64", device)
     stream = adapter.resolve_stream(None, device)
-    word = adapter.check_word(ids) if check else 0
-    wide = ids.dtype.itemsize == 8
-    if not _device_ids.to_offsets(adapter.pointer(ids), wide, n, ns, adapter.pointer(padded), word, device, stream):
+    padded = _kernel_offsets(adapter, ids, ns, device, stream, adapter.check_word(ids) if check else 0)
+    if padded is None:
         return None
     if check:
         # (the verdict before the reduction: offsets of unsorted ids may decrease, and no

@@ -207,9 +207,8 @@ class DriverKernels:
     def launch(self, device: int, which: int, grid: int, block: int, shared: int, stream: int, *values: int) -> None:
         """:meth:`enqueue` with ``device``'s primary context current; raises RuntimeError
         (``failed``) if the launch fails."""
-        function, params = self._functions[device][which], self._params(values)
         with on_device(device):
-            (err,) = _driver.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, shared, stream, params, 0)
+            err = self.enqueue(device, which, grid, block, shared, stream, *values)
         self.check(device, err)
 
     def check(self, device: int, err: Any) -> None:
