@@ -16,6 +16,7 @@ import itertools
 import numpy as np
 import pytest
 from support import GPU_KINDS, to_kind, to_numpy
+from support.calls import count_calls
 
 import linred
 from linred.arrays import _device_scan
@@ -42,17 +43,7 @@ def scans(monkeypatch):
     """Counts the launches of the one-launch scan (which serves every size here): ``scan`` must
     launch (a False would leave the call to the library's cumulative sum, right but untested)."""
     monkeypatch.setattr(_device_scan, "MAX_LENGTHS", float("inf"))
-    counts = {"scans": 0}
-    scan = _device_scan.scan
-
-    def counting(*args):
-        launched = scan(*args)
-        assert launched, "the lengths scan could not run on this device"
-        counts["scans"] += 1
-        return launched
-
-    monkeypatch.setattr(_device_scan, "scan", counting)
-    return counts
+    return count_calls(monkeypatch, _device_scan, "scan", key="scans", launches="the lengths scan")
 
 
 def _adapter(kind: str):
@@ -166,16 +157,7 @@ def test_the_library_scans_past_the_bound(monkeypatch, kind):
     """Past MAX_LENGTHS lengths (here lowered) the array library's cumulative sum makes the
     offsets; at the bound the kernel does; both right."""
     monkeypatch.setattr(_device_scan, "MAX_LENGTHS", TILE + 1)
-    counts = {"scans": 0}
-    scan = _device_scan.scan
-
-    def counting(*args):
-        counts["scans"] += 1
-        launched = scan(*args)
-        assert launched, "the lengths scan could not run on this device"
-        return launched
-
-    monkeypatch.setattr(_device_scan, "scan", counting)
+    counts = count_calls(monkeypatch, _device_scan, "scan", key="scans", launches="the lengths scan")
     rng = np.random.default_rng(6)
     for m, scanned in ((TILE + 1, 1), (TILE + 2, 0)):
         counts["scans"] = 0

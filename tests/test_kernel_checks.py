@@ -21,6 +21,7 @@ import re
 import numpy as np
 import pytest
 from support import GPU_KINDS, to_kind, to_numpy
+from support.calls import count_calls
 
 import linred
 from linred.arrays import _device_checks
@@ -45,20 +46,8 @@ def warp_checks(request, monkeypatch):
 def _route_counts(monkeypatch) -> dict[str, int]:
     """Counts, from now on, the checks launched ahead of a reduction (``ahead``) and the waits for
     a whole stream after a checking reduction (``waits``)."""
-    counts = {"ahead": 0, "waits": 0}
-    check_ahead, passed = _device_checks.check_ahead, _device_checks.passed
-
-    def counting_ahead(*args):
-        counts["ahead"] += 1
-        return check_ahead(*args)
-
-    def counting_passed(*args):
-        counts["waits"] += 1
-        return passed(*args)
-
-    monkeypatch.setattr(_device_checks, "check_ahead", counting_ahead)
-    monkeypatch.setattr(_device_checks, "passed", counting_passed)
-    return counts
+    counts = count_calls(monkeypatch, _device_checks, "check_ahead", key="ahead")
+    return count_calls(monkeypatch, _device_checks, "passed", counts, key="waits")
 
 
 @pytest.fixture(params=["after the reduction", "ahead"])
@@ -82,20 +71,8 @@ def verdict_route(request, monkeypatch):
 def kernel_checked(monkeypatch):
     """Counts the calls checked by a kernel (:func:`_device_checks.arm`) and those checked by the
     separate pass (:func:`_device_checks.offsets_ok`)."""
-    counts = {"kernel": 0, "pass": 0}
-    arm, offsets_ok = _device_checks.arm, _device_checks.offsets_ok
-
-    def counting_arm(*args):
-        counts["kernel"] += 1
-        return arm(*args)
-
-    def counting_ok(*args):
-        counts["pass"] += 1
-        return offsets_ok(*args)
-
-    monkeypatch.setattr(_device_checks, "arm", counting_arm)
-    monkeypatch.setattr(_device_checks, "offsets_ok", counting_ok)
-    return counts
+    counts = count_calls(monkeypatch, _device_checks, "arm", key="kernel")
+    return count_calls(monkeypatch, _device_checks, "offsets_ok", counts, key="pass")
 
 
 def _host_message(fn, x: np.ndarray, **kwargs) -> str:

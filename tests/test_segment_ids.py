@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from support import to_kind, to_numpy
 from support.arrays import HOST_KINDS
+from support.calls import count_calls
 
 import linred
 
@@ -503,17 +504,7 @@ def ids_launches(monkeypatch):
     """Counts the launches of the ids' conversion, each of which must launch."""
     from linred.arrays import _device_ids
 
-    counts = {"launches": 0}
-    launch = _device_ids.to_offsets
-
-    def counting(*args):
-        launched = launch(*args)
-        assert launched, "the ids' conversion could not run on this device"
-        counts["launches"] += 1
-        return launched
-
-    monkeypatch.setattr(_device_ids, "to_offsets", counting)
-    return counts
+    return count_calls(monkeypatch, _device_ids, "to_offsets", key="launches", launches="the ids' conversion")
 
 
 def _gpu_kinds():
@@ -795,15 +786,7 @@ def test_device_rows_gathered_by_the_kernel(monkeypatch, kind, dtype):
 
     if dtype == "bfloat16":
         pytest.importorskip("ml_dtypes")
-    launches = {"n": 0}
-    gather = _device_gather.gather_rows
-
-    def counting(*args):
-        assert gather(*args), "the gather could not run on this device"
-        launches["n"] += 1
-        return True
-
-    monkeypatch.setattr(_device_gather, "gather_rows", counting)
+    launches = count_calls(monkeypatch, _device_gather, "gather_rows", key="n", launches="the gather")
     monkeypatch.setattr(_segment_ids, "GATHER_MIN_ROWS", 0)  # (every size: the small ones too)
     rng = np.random.default_rng(len(dtype))
     np_dtype = np.dtype("bfloat16") if dtype == "bfloat16" else np.dtype(dtype)
@@ -831,14 +814,7 @@ def test_device_rows_gathered_by_the_kernel_from_its_size(monkeypatch, kind):
     from linred import _segment_ids
     from linred.arrays import _device_gather
 
-    launches = {"n": 0}
-    gather = _device_gather.gather_rows
-
-    def counting(*args):
-        launches["n"] += 1
-        return gather(*args)
-
-    monkeypatch.setattr(_device_gather, "gather_rows", counting)
+    launches = count_calls(monkeypatch, _device_gather, "gather_rows", key="n")
     rng = np.random.default_rng(3)
     for n, kernel in ((_segment_ids.GATHER_MIN_ROWS - 1, 0), (_segment_ids.GATHER_MIN_ROWS, 2)):  # (the ids and x)
         x = rng.standard_normal((n, 4)).astype(np.float32)

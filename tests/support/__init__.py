@@ -7,7 +7,9 @@
 - :mod:`support.backends`: the backends under test and the ``(array_kind, backend)`` pairs;
 - :mod:`support.refusals`: the refusals each backend is documented to make; a test declares
   those it expects (:func:`expect_refusal`, :func:`run_or_refused`) and shows them as skips;
-- :mod:`support.differential`: the machinery of tests/test_differential.py (not re-exported).
+- :mod:`support.differential`: the machinery of tests/test_differential.py (not re-exported);
+- :mod:`support.calls`: :func:`count_calls`, the calls a test routes through a launcher or a
+  check, counted (not re-exported).
 
 Tests import from here: ``from support import assert_reduction, to_kind``.
 """
