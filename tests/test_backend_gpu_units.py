@@ -1283,6 +1283,28 @@ def test_on_device_pushes_the_primary_context_only_when_needed(monkeypatch, curr
         assert fake.calls == [("retain", 0), ("push", "ctx0"), ("pop",)]
 
 
+@pytest.mark.parametrize("current", [0, 1, None], ids=["current", "another", "none"])
+def test_is_current_asks_the_driver_outside_a_block(monkeypatch, current):
+    """is_current (the test the hottest launches make before entering a block): true inside an
+    on_device block for the device without asking, else what the driver says of the current
+    context (false where none is current)."""
+    from linred.arrays import _context
+
+    fake = _FakeDriver(current)
+    asked = []
+    query = fake.cuCtxGetDevice
+    fake.cuCtxGetDevice = lambda: asked.append(1) or query()
+    monkeypatch.setattr(_context, "_contexts", {})
+    monkeypatch.setattr(_context, "_driver", fake)
+    assert _context.is_current(0) is (current == 0)
+    assert _context.is_current(1) is (current == 1)
+    assert len(asked) == 2
+    with _context.on_device(1):
+        asked.clear()
+        assert _context.is_current(1) is True and asked == []  # (the block's device: no query)
+    assert _context._current.device == -1
+
+
 def test_offsets_check_falls_back_where_its_kernel_cannot_run(monkeypatch, caplog):
     """No NVRTC, driver or cuda.core: the adapters' array-library summary checks instead."""
     from linred.arrays import _device_checks
@@ -1532,15 +1554,21 @@ def test_packed_launch_hands_the_driver_its_values_in_order(monkeypatch):
             return (Results.CUDA_ERROR_LAUNCH_FAILED if self.fail else Results.CUDA_SUCCESS,)
 
     driver = FakeDriver()
+    entered, current = [], [False]
     monkeypatch.setattr(launch_module, "_driver", driver)
-    monkeypatch.setattr(launch_module, "on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(launch_module, "on_device", lambda device: entered.append(device) or contextlib.nullcontext())
+    monkeypatch.setattr(launch_module, "is_current", lambda device: current[0])
 
     class Kernel:
         handle = 42
 
-    packed = launch_module.PackedLaunch(Kernel(), 3, "linred_test", 0)
+    packed = launch_module.PackedLaunch(Kernel(), 3, "linred_test", 2)
+    entered.clear()
     packed(7, 100, 256, 1024, 1 << 40, -5, 3)
+    assert entered == [2]  # the device's context made current for the launch ...
+    current[0] = True
     packed(0, 1, 32, 0, 9, 8, 7)  # the slots are rewritten by the next call
+    assert entered == [2]  # ... and not where it is current already
     assert seen == [
         ("function of 42", 100, 1, 1, 256, 1, 1, 1024, 7, [1 << 40, -5, 3], 0),
         ("function of 42", 1, 1, 1, 32, 1, 1, 0, 0, [9, 8, 7], 0),
@@ -1602,7 +1630,9 @@ def test_driver_kernels_load_once_a_device_and_pack_per_thread(monkeypatch, capl
     driver = FakeDriver()
     monkeypatch.setattr(launch_module, "cuda_driver", lambda: driver)
     monkeypatch.setattr(launch_module, "_driver", None)
-    monkeypatch.setattr(launch_module, "on_device", lambda device: contextlib.nullcontext())
+    entered, current = [], [False]
+    monkeypatch.setattr(launch_module, "on_device", lambda device: entered.append(device) or contextlib.nullcontext())
+    monkeypatch.setattr(launch_module, "is_current", lambda device: current[0])
     monkeypatch.setattr(compiler, "get_kernels", get_kernels)
     kernels = launch_module.DriverKernels(
         '#include "x.cuh"\n', ("a", "b"), 2, "x", "device %d falls back: %s", "on {device} failed: {err}"
@@ -1611,10 +1641,14 @@ def test_driver_kernels_load_once_a_device_and_pack_per_thread(monkeypatch, capl
         assert kernels.functions(9) == kernels.functions(9) == "ValueError: no NVRTC on 9"
     assert [r.getMessage() for r in caplog.records] == ["device 9 falls back: ValueError: no NVRTC on 9"]
     assert kernels.functions(0) == ("function of a", "function of b")
+    entered.clear()
     kernels.launch(0, True, 3, 256, 0, 7, 5, 6)
+    assert entered == [0]  # the device's context made current for the launch ...
+    current[0] = True
     other = threading.Thread(target=kernels.launch, args=(0, 0, 2, 64, 0, 1, 10, 11))
     other.start()
     other.join()
+    assert entered == [0]  # ... and not where it is current already
     assert kernels.enqueue(0, 0, 1, 32, 8, 0, 1) == 0
     assert seen == [
         ("function of b", 3, 256, 0, 7, [5, 6]),

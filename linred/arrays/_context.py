@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-__all__ = ["current_device", "driver", "keep_current", "on_device", "set_up"]
+__all__ = ["driver", "is_current", "keep_current", "on_device", "set_up"]
 
 #: per device: its primary context (retained once, for the process)
 _contexts: dict[int, Any] = {}
@@ -30,10 +30,15 @@ class _Current(threading.local):
 _current = _Current()
 
 
-def current_device() -> int:
-    """The device an enclosing :class:`on_device` block of this thread made current, or -1 (a
-    test cheaper than entering a nested block, for the hottest calls)."""
-    return _current.device
+def is_current(device: int) -> bool:
+    """Whether ``device``'s context is current in this thread: inside an :class:`on_device` block
+    for it, or as the driver says (one query).  The hottest calls test this and enter a block
+    only when it is not: a block costs about 0.8 µs on an H200 host, the query 0.2."""
+    if _current.device == device:
+        return True
+    cuda = _driver or driver()
+    err, current = cuda.cuCtxGetDevice()
+    return not err and int(current) == device
 
 
 def driver() -> Any:

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from linred.arrays._context import driver as cuda_driver
-from linred.arrays._context import on_device
+from linred.arrays._context import is_current, on_device
 from linred.kernels.launch import DriverKernels
 
 __all__ = [
@@ -272,8 +272,11 @@ def passed(stream: int, device: int) -> bool:
     global _driver
     if _driver is None:
         _driver = cuda_driver()
-    with on_device(device):
+    if is_current(device):
         (err,) = _driver.cuStreamSynchronize(stream)
+    else:
+        with on_device(device):
+            (err,) = _driver.cuStreamSynchronize(stream)
     if err != _driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"waiting for a reduction on CUDA device {device} failed: {err}")
     return _state.word.value == 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Any
 
 import numpy as np
@@ -124,6 +123,39 @@ def _pinned_words() -> tuple[torch.Tensor, int]:
     return words, words.data_ptr()
 
 
+#: contiguous strides per shape (for torch.empty_strided; a plan asks for one shape on every call)
+_strides: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape`` (torch's rule: a size of 0 steps as 1)."""
+    strides = _strides.get(shape)
+    if strides is None:
+        out, step = [], 1
+        for d in reversed(shape):
+            out.append(step)
+            step *= max(d, 1)
+        strides = tuple(reversed(out))
+        if len(_strides) >= 256:
+            _strides.clear()
+        _strides[shape] = strides
+    return strides
+
+
+def _empty(dtype: torch.dtype, device: torch.device) -> Any:
+    """``empty(shape)``: a new contiguous tensor of ``dtype`` on ``device``, by ``torch.empty_strided``
+    with the strides looked up (H200 host, CUDA, 32 x 64 float32: 2.0 µs a tensor against 3.3 for
+    ``torch.empty``, which works out its memory format)."""
+    empty_strided = torch.empty_strided
+
+    def empty(shape: tuple[int, ...]) -> torch.Tensor:
+        if type(shape) is not tuple:
+            shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        return empty_strided(shape, _contiguous_strides(shape), dtype=dtype, device=device)
+
+    return empty
+
+
 def _device(device: int | None) -> torch.device:
     return torch.device("cpu") if device is None else torch.device("cuda", device)
 
@@ -192,14 +224,10 @@ class TorchAdapter(ArrayAdapter):
         return (x.shape, x.stride(), x.dtype, x.device, x.is_conj(), x.is_neg())
 
     def out_key(self, shape: tuple[int, ...], dtype: str, device: int | None) -> tuple:
-        strides, step = [], 1
-        for d in reversed(shape):
-            strides.append(step)
-            step *= max(d, 1)
-        return (torch.Size(shape), tuple(reversed(strides)), torch_dtype(dtype), _device(device), False, False)
+        return (torch.Size(shape), _contiguous_strides(tuple(shape)), torch_dtype(dtype), _device(device), False, False)
 
     def allocator(self, dtype: str, device: int | None) -> Any:
-        return functools.partial(torch.empty, dtype=torch_dtype(dtype), device=_device(device))
+        return _empty(torch_dtype(dtype), _device(device))
 
     def current_stream(self, device: int) -> Any:
         return _current_stream_handle(device)
@@ -239,7 +267,7 @@ class TorchAdapter(ArrayAdapter):
         return x.is_contiguous()
 
     def empty(self, shape: tuple[int, ...], dtype: str, device: int | None) -> torch.Tensor:
-        return torch.empty(shape, dtype=torch_dtype(dtype), device=_device(device))
+        return _empty(torch_dtype(dtype), _device(device))(shape)
 
     def _writing(self, x: torch.Tensor, stream: Any) -> Any:
         """A context with ``stream`` current, for work that writes ``x`` (none needed on the CPU

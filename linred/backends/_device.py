@@ -34,8 +34,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from linred.arrays._context import current_device, on_device
 from linred.arrays._context import driver as cuda_driver
+from linred.arrays._context import is_current, on_device
 
 try:
     import cupy
@@ -182,14 +182,14 @@ class _DriverOrdering:
         """Record ``event`` on ``stream`` unless the stream is being captured into a CUDA graph;
         whether it was recorded.  (What :meth:`StreamOrder.end` does on every call: two driver
         calls, without the nested blocks of :meth:`capturing` and the event's own methods.)"""
-        if current_device() == self.device:  # (handle 0 is the current context's null stream)
+        if is_current(self.device):  # (handle 0 is the current context's null stream)
             return _record_unless_capturing(event.handle, stream)
         with on_device(self.device):
             return _record_unless_capturing(event.handle, stream)
 
     def record(self, event: Any, stream: int) -> None:
         """Record ``event`` on ``stream``, which the caller knows is not being captured."""
-        if current_device() == self.device:
+        if is_current(self.device):
             _record(event.handle, stream)
             return
         with on_device(self.device):

@@ -34,8 +34,8 @@ import logging
 import threading
 from typing import Any
 
-from linred.arrays._context import current_device, on_device
 from linred.arrays._context import driver as cuda_driver
+from linred.arrays._context import is_current, on_device
 
 __all__ = ["DriverKernels", "PackedLaunch", "multiprocessors", "thread_launch"]
 
@@ -104,7 +104,7 @@ class PackedLaunch:
 
     def launch(self, stream: int, grid: int, block: int, shared: int) -> None:
         """Launch with the slots as they are (see :meth:`__call__`)."""
-        if current_device() == self.device:  # (a block of the caller's made it current)
+        if is_current(self.device):  # (the common case: no block to enter)
             (err,) = _driver.cuLaunchKernel(self._function, grid, 1, 1, block, 1, 1, shared, stream, self._params, 0)
         else:
             with on_device(self.device):
@@ -207,8 +207,11 @@ class DriverKernels:
     def launch(self, device: int, which: int, grid: int, block: int, shared: int, stream: int, *values: int) -> None:
         """:meth:`enqueue` with ``device``'s primary context current; raises RuntimeError
         (``failed``) if the launch fails."""
-        with on_device(device):
+        if is_current(device):
             err = self.enqueue(device, which, grid, block, shared, stream, *values)
+        else:
+            with on_device(device):
+                err = self.enqueue(device, which, grid, block, shared, stream, *values)
         self.check(device, err)
 
     def check(self, device: int, err: Any) -> None:
