@@ -112,6 +112,13 @@ class _Ops:
             return np.argsort(ids, kind="stable")
         return self.xp.argsort(ids)  # CuPy's argsort is a stable radix sort (CUB)
 
+    def part(self, a: Any, axis: int, start: int, stop: int) -> Any:
+        """``a[start:stop]`` along ``axis`` (a view; PyTorch's ``narrow``, a third of indexing's
+        host time: 1.2 against 3.5-4.4 µs on an H200 host)."""
+        if self.kind == "torch":
+            return a.narrow(axis, start, stop - start)
+        return a[(slice(None),) * axis + (slice(start, stop),)]
+
     def transformed(self) -> bool:
         """Whether a torch.func transform is in effect (its tensors have no memory of their own)."""
         return self.kind == "torch" and self.xp._C._functorch.maybe_current_level() is not None
@@ -446,7 +453,7 @@ def _by_ids(
     if device is not None and n > 0 and IDS_KERNEL and not ops.transformed():  # (else five library operations)
         padded = _kernel_offsets(adapter, ids, ns, device, adapter.resolve_stream(None, device))
     if padded is not None:  # (a device's ids are read only to be checked: inside, or trimmed by the sentinels)
-        offsets = padded if trim else padded[1 : ns + 2]
+        offsets = padded if trim else ops.part(padded, 0, 1, ns + 2)
     else:
         offsets = ops.searchsorted(ids, ops.arange(ns + 1))
     if trim and padded is None and known and not positions:
@@ -464,7 +471,7 @@ def _by_ids(
         kwargs["out"] = None if trim else out
     result = function(x, offsets=offsets, axis=ax, check=False, **kwargs)
     if trim:
-        result = result[(slice(None),) * ax + (slice(1, ns + 1),)]
+        result = ops.part(result, ax, 1, ns + 1)
     if positions and order is not None:
         result = _unsort_positions(ops, result, order, n)
     return _into(out, result, adapter, ops, device)
@@ -560,11 +567,11 @@ def _by_ids_kernel(function: Any, adapter: Any, ops: _Ops, x: Any, ids: Any, ns:
         if flags & _device_ids.UNSORTED:
             return _UNSORTED  # (in [0, ns): sorted by the caller's route, which need not read them)
         kwargs["out"] = out  # (ids in [0, ns), in order: the offsets between the sentinels are exact)
-        return function(x, offsets=padded[1 : ns + 2], axis=ax, check=False, **kwargs)
+        return function(x, offsets=ops.part(padded, 0, 1, ns + 2), axis=ax, check=False, **kwargs)
     x = _dropped_as_ones(function, ops, x, ids, ns, ax)
     kwargs["out"] = None
     result = function(x, offsets=padded, axis=ax, check=False, **kwargs)
-    return _into(out, result[(slice(None),) * ax + (slice(1, ns + 1),)], adapter, ops, device)
+    return _into(out, ops.part(result, ax, 1, ns + 1), adapter, ops, device)
 
 
 def _by_ids_traced(function: Any, ops: _Ops, x: Any, ids: Any, ns: int | None, ids_sorted: Any, ax: int, out: Any,

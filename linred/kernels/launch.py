@@ -206,13 +206,16 @@ class DriverKernels:
 
     def launch(self, device: int, which: int, grid: int, block: int, shared: int, stream: int, *values: int) -> None:
         """:meth:`enqueue` with ``device``'s primary context current; raises RuntimeError
-        (``failed``) if the launch fails."""
+        (``failed``) if the launch fails.  (:meth:`enqueue`'s steps written out: this launch is on
+        the path of every call by segment ids, where each Python call costs a few tenths of a µs.)"""
+        function, params = self._functions[device][which], self._params(values)
         if is_current(device):
-            err = self.enqueue(device, which, grid, block, shared, stream, *values)
+            (err,) = _driver.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, shared, stream, params, 0)
         else:
             with on_device(device):
-                err = self.enqueue(device, which, grid, block, shared, stream, *values)
-        self.check(device, err)
+                (err,) = _driver.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, shared, stream, params, 0)
+        if err:  # (CUDA_SUCCESS is 0)
+            raise RuntimeError(self.failed.format(device=device, err=err))
 
     def check(self, device: int, err: Any) -> None:
         """Raise RuntimeError (``failed``) unless ``err``, a driver call's result for work on
