@@ -180,9 +180,27 @@ def _piece_offsets(params: np.ndarray, segment_length: int | None) -> np.ndarray
 
 
 def _pieces_task(block: Any, params: np.ndarray, *, reduction: str, axis: int, as_dtype: Any, backend: str,
-                 segment_length: int | None) -> Any:  # fmt: skip
+                 segment_length: int | None, parts_dtype: Any = None) -> Any:  # fmt: skip
     """The chunk's piece of every segment that lies in it, in ``as_dtype`` (the accumulation dtype of
-    sums: float32 for float16 data; None for max and min, which keep the data's dtype)."""
+    sums: float32 for float16 data; None for max and min, which keep the data's dtype), returned in
+    ``parts_dtype`` where one is given: float64 (complex128) for float32 (complex64) sums, so that
+    the pieces of one segment never overflow where they are added.  A host chunk whose pieces come
+    out not finite is summed again in ``parts_dtype``: a run of float32 values can pass the range
+    where the piece does not (3e38, 3e38, -3e38), as linred's host reductions do it for a call."""
+    if parts_dtype is None or parts_dtype == as_dtype:
+        return _pieces(block, params, reduction, axis, as_dtype, backend, segment_length)
+    if not isinstance(block, np.ndarray):  # (device data: the pieces as the device sums them)
+        return _pieces(block, params, reduction, axis, as_dtype, backend, segment_length).astype(parts_dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # (a run that passes the range: summed again below)
+        parts = _pieces(block, params, reduction, axis, as_dtype, backend, segment_length)
+    if not np.isfinite(parts).all():
+        return _pieces(block, params, reduction, axis, parts_dtype, backend, segment_length)
+    return parts.astype(parts_dtype)
+
+
+def _pieces(block: Any, params: np.ndarray, reduction: str, axis: int, as_dtype: Any, backend: str,
+            segment_length: int | None) -> Any:  # fmt: skip
+    """:func:`_pieces_task`'s pieces in ``as_dtype``."""
     with _one_thread():
         if segment_length is None:
             return _call(reduction, block, axis, backend, offsets=params[2:], dtype=as_dtype, cached=False)
@@ -579,11 +597,14 @@ def _build_carry(reduction: str, x: Any, axis: int, segs: _Segments, dtype: Any,
     requested = None if dtype is None else dtype_name(dtype)
     # Sums keep their pieces in linred's accumulation dtype (float32 for float16 and bfloat16 data,
     # float64 for a mean of integers); max and min are exact in the data's own dtype.
+    # A float32 or complex64 sum's pieces are added in float64 or complex128 (two pieces of a
+    # segment whose sum fits may not: 3e38 and -2e38 after 3e38), rounded once at the end.
     acc = None if partial in ("max", "min") else numpy_dtype(resolve(reduction, dtype_name(x.dtype), requested)[0])
-    partial_meta = _meta_like(meta, x.ndim, dtype=x.dtype if acc is None else acc)
+    wide = acc if acc is None or acc.str[1:] not in ("f4", "c8") else _WIDER[acc.str[1:]]
+    partial_meta = _meta_like(meta, x.ndim, dtype=x.dtype if acc is None else wide)
     partials = _blockwise(_pieces_task, f"{token}-pieces", axis, x.ndim, [(x, True), (pieces_params, False)],
                           piece_counts, partial_meta, reduction=partial, as_dtype=acc, segment_length=L,
-                          **common)  # fmt: skip
+                          parts_dtype=wide, **common)  # fmt: skip
     final = {"reduction": reduction, "axis": axis, "out_dtype": out_dtype, "segment_length": L}
     if not has_cut:
         return _blockwise(_finalize_task, token, axis, x.ndim, [(partials, True), (final_params, False)],

@@ -896,6 +896,42 @@ def test_map_reduce_parts_wider_than_the_result(dtype):
     assert np.isnan(got[2].real) and got[2].imag == 0
 
 
+@pytest.mark.parametrize("dtype", ["float32", "complex64"])
+@pytest.mark.parametrize("name", ["sum", "mean"])
+@pytest.mark.parametrize(
+    "spec", ["fixed 256 in chunks of 128", "offsets in chunks of 2", "lengths in chunks of 3", "ids in chunks of 2"]
+)
+def test_cut_segments_pieces_wider_than_the_result(dtype, name, spec):
+    """A segment cut across chunks (the carry strategy) whose sum fits the float32 range, where its
+    pieces, or the runs inside one piece, do not (3e38, 3e38, -3e38, -2e38): the sum or mean, as
+    the in-memory call gives it, without a warning (the pieces are float64 or complex128, and a
+    host chunk's run past the range is summed again); a segment whose own sum passes the range
+    is inf with the cast's overflow warning.  Against float64 references."""
+    head = np.array([3e38, 3e38, -3e38, -2e38])
+    if spec.startswith("fixed"):
+        values, chunks, kwargs = np.concatenate([head, np.zeros(252)]), 128, {"segment_length": 256}
+    else:
+        values, chunks = np.concatenate([head, np.ones(4)]), int(spec[-1])
+        kwargs = {"offsets": [0, 8]} if spec.startswith("offsets") else {"lengths": [8]}
+        if spec.startswith("ids"):
+            kwargs = {"segment_ids": np.zeros(8, np.int64), "num_segments": 1}
+    x = np.stack([values, values / 2], axis=1).astype(dtype)
+    want = values.sum() if name == "sum" else values.mean()
+    fn = getattr(linred, f"segmented_{name}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = fn(da.from_array(x, chunks=(chunks, 2)), **kwargs).compute()
+        alone = fn(x, **kwargs)
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_allclose(got.astype(np.complex128), [[want, want / 2]], rtol=1e-6)
+    np.testing.assert_allclose(alone.astype(np.complex128), [[want, want / 2]], rtol=1e-6)
+    if name == "sum":
+        huge = np.full_like(x, 3e38)
+        with pytest.warns(RuntimeWarning, match="overflow"):
+            over = fn(da.from_array(huge, chunks=(chunks, 2)), **kwargs).compute()
+        assert np.all(np.isinf(over.real))
+
+
 @pytest.mark.parametrize("name", ARG_REDUCTIONS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "bool", "float64"])
 def test_unsorted_segment_ids_of_few_segments_map_reduce_positions(name, dtype):

@@ -1279,6 +1279,10 @@ class NumpyBackend(Backend):
     def plan(self, problem: Problem) -> FunctionExecutor:
         thread_cap()  # a bad LINRED_NUM_THREADS is reported when planning, not by the first large call
         direct = _fixed_direct(problem) if problem.fixed else _variable_direct(problem)
+        if direct is not None and problem.in_shape[0] > 1:
+            # (a batch of rows, not one column: its overflowing runs are summed again, as every
+            # host call's are but the one-column calls the accuracy notes name)
+            direct = _kept_sums(problem, direct)
         if direct is not None:  # reads the caller's arrays as they come: no views needed
             # (a fixed length's one GEMV or ufunc.reduce is safe from an out that overlaps x: NumPy
             # computes such calls as if they did not overlap; not the chained columns' calls)
