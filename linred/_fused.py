@@ -319,8 +319,10 @@ def _run(
     xp = namespace(adapter.kind)
     if adapter.kind == "torch":
         from linred._torch_ops import refuse_forward_ad
+        from linred.arrays._torch import aligned
 
         refuse_forward_ad(x)
+        x = aligned(x)  # (the composition's PyTorch operations read it)
     # (the composition, without in-place operations, also inside torch.func transforms, whose
     # batched tensors take no out= and no kernel of linred's own)
     grad = adapter.kind == "torch" and ((x.requires_grad and xp.is_grad_enabled()) or _torch_transformed())

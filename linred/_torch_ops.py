@@ -586,6 +586,9 @@ def _through_op(
     dtype = _as_dtype_name(dtype)
     if dtype is not None and reduction in ("sum", "prod") and x.requires_grad and torch.is_grad_enabled():
         _refuse_integer_result(reduction, x, dtype)
+    from linred.arrays._torch import aligned  # (not at import: that module registers this one)
+
+    x = aligned(x)  # (the backward's PyTorch operations read it)
     args = (x, offsets, lengths, segment_length, axis, reduction, dtype, backend, check)
     if torch.compiler.is_compiling():
         return segmented_reduce(*args)

@@ -1195,3 +1195,62 @@ def test_one_element_negative_stride_segment_arguments():
     np.testing.assert_array_equal(linred.segmented_sum(x, segment_ids=np.array([0])[::-1]).numpy(), [3.0])
     xg = torch.tensor([3.0], requires_grad=True)
     np.testing.assert_array_equal(linred.segmented_sum(xg, lengths=np.array([1])[::-1]).detach().numpy(), [3.0])
+
+
+def test_unaligned_complex_tensors_through_autograd_and_the_compositions(tmp_path):
+    """Complex128 CPU tensors over unaligned memory (torch.from_numpy of an unaligned NumPy view),
+    requiring grad, through the functions whose forward or backward runs PyTorch's operations
+    (var and std compose a broadcast subtraction; the product's backward divides), with a
+    conjugate bit too: the values and gradients of the same data aligned (PyTorch's CPU kernels of
+    such data, its copy included, end the process: the calls run in a subprocess)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    script = tmp_path / "unaligned_grad.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import numpy as np, torch, linred
+
+            def unaligned(values):
+                values = np.asarray(values, np.complex128)
+                buf = np.zeros(values.size * 16 + 1, np.uint8)
+                a = buf[1:].view(np.complex128).reshape(values.shape)
+                a[...] = values
+                t = torch.from_numpy(a)
+                assert t.data_ptr() % 16 != 0
+                return t
+
+            rng = np.random.default_rng(0)
+            values = rng.standard_normal((6, 3)) + 1j * rng.standard_normal((6, 3))
+            calls = [
+                lambda x: linred.segmented_var(x, 2).abs(),
+                lambda x: linred.segmented_std(x, offsets=[0, 1, 6]),
+                lambda x: linred.segmented_prod(x, offsets=[0, 2, 6]).abs(),
+                lambda x: linred.segmented_prod(x, 3).abs(),
+                lambda x: linred.segmented_sum(x, lengths=[4, 2]).abs(),
+                lambda x: linred.segmented_mean(x.conj(), 3).abs(),
+            ]
+            for k, call in enumerate(calls):
+                x = unaligned(values).requires_grad_(True)
+                ref = torch.from_numpy(values.copy()).requires_grad_(True)
+                got, want = call(x), call(ref)
+                torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+                g, = torch.autograd.grad(got.sum(), x)
+                w, = torch.autograd.grad(want.sum(), ref)
+                torch.testing.assert_close(g, w, rtol=1e-12, atol=0, msg=str(k))
+            print("ok")
+            """
+        )
+    )
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (
+        done.returncode,
+        done.stdout[-2000:],
+        done.stderr[-3000:],
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import operator
 from typing import Any
 
 import numpy as np
@@ -59,12 +60,49 @@ def index_select(a: torch.Tensor, axis: int, index: torch.Tensor) -> torch.Tenso
     memory is not aligned to its elements (``torch.from_numpy`` of an unaligned NumPy view: an
     aligned copy first, through which autograd passes too; PyTorch 2.13's CPU index_select of
     such complex128 data ends the process with a segmentation fault)."""
-    if _misaligned(a):
-        a = a.clone()
+    a = aligned(a)
     signed = _SIGNED_OF_UNSIGNED.get(a.dtype)
     if signed is None:
         return torch.index_select(a, axis, index)
     return torch.index_select(a.view(signed), axis, index).view(a.dtype)
+
+
+def aligned(a: torch.Tensor) -> torch.Tensor:
+    """``a``, or an aligned copy of a CPU tensor whose memory is not aligned to its elements
+    (``torch.from_numpy`` of an unaligned NumPy view), for PyTorch's operations: its CPU kernels of
+    such complex128 data (``index_select``, a broadcast subtraction, the product's backward, even
+    ``clone``) end the process with a segmentation fault (PyTorch 2.13).  The copy is NumPy's,
+    which reads unaligned memory; autograd passes through it."""
+    if not _misaligned(a):
+        return a
+    if a.requires_grad and torch.is_grad_enabled():
+        return _AlignedCopy.apply(a)
+    return _aligned_copy(a)
+
+
+def _aligned_copy(a: torch.Tensor) -> torch.Tensor:
+    """A copy of ``a`` (unaligned, on the CPU) in new, aligned memory, made by NumPy."""
+    base = a.detach()
+    conj = base.is_conj()
+    if conj:
+        base = base.conj()  # (the same memory without the bit: NumPy conjugates it as it copies)
+    try:
+        values = base.numpy()
+    except (RuntimeError, TypeError):  # (a negative bit, or a dtype NumPy lacks: PyTorch's copy)
+        return a.detach().clone()
+    return torch.from_numpy(np.conj(values) if conj else np.array(values, copy=True))
+
+
+class _AlignedCopy(torch.autograd.Function):
+    """:func:`_aligned_copy`, through which the gradient passes unchanged."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor) -> torch.Tensor:
+        return _aligned_copy(a)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
 
 
 def _misaligned(a: torch.Tensor) -> bool:
@@ -129,6 +167,8 @@ _strides: dict[tuple[int, ...], tuple[int, ...]] = {}
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """The strides of a contiguous tensor of ``shape`` (torch's rule: a size of 0 steps as 1)."""
+    if len(shape) < 2:  # (the common 1-D result: nothing to look up)
+        return (1,) if shape else ()
     strides = _strides.get(shape)
     if strides is None:
         out, step = [], 1
@@ -154,8 +194,8 @@ def _empty(dtype: torch.dtype, device: torch.device) -> Any:
     empty_strided = torch.empty_strided
 
     def empty(shape: tuple[int, ...]) -> torch.Tensor:
-        if type(shape) is not tuple:
-            shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        if type(shape) is not tuple:  # (a torch.Size, a list, an int or a NumPy integer)
+            shape = (operator.index(shape),) if hasattr(shape, "__index__") else tuple(map(operator.index, shape))
         return empty_strided(shape, _contiguous_strides(shape), dtype=dtype, device=device)
 
     return empty
