@@ -6,9 +6,6 @@ axis with feature dims, for every reduction and the arg-reductions."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 from support import to_kind, to_numpy
@@ -886,19 +883,15 @@ def test_export_of_unsorted_ids_keeps_a_dynamic_length():
     np.testing.assert_array_less(np.abs(got - want), 1e-6 * scale)  # (float32 sums: within 1e-6 of their scale)
 
 
-def test_unsorted_ids_of_an_unaligned_cpu_tensor(tmp_path):
+def test_unsorted_ids_of_an_unaligned_cpu_tensor():
     """A complex128 CPU tensor over unaligned memory (torch.from_numpy of an unaligned NumPy view)
     with unsorted ids: reduced as NumPy reduces it, with autograd's gradient too (PyTorch's CPU
     index_select of such data ends the process, so the call runs in a subprocess)."""
     pytest.importorskip("torch")
-    import subprocess
-    import sys
-    import textwrap
+    from support.scripts import run_script
 
-    script = tmp_path / "unaligned.py"
-    script.write_text(
-        textwrap.dedent(
-            """
+    run_script(
+        """
             import numpy as np, torch, linred
             n = 2824
             buf = np.zeros(n * 16 + 1, np.uint8)
@@ -917,14 +910,5 @@ def test_unsorted_ids_of_an_unaligned_cpu_tensor(tmp_path):
             linred.segmented_sum(f, segment_ids=torch.from_numpy(ids), num_segments=9).sum().backward()
             np.testing.assert_array_equal(f.grad.numpy(), np.ones(n))
             print("ok")
-            """
-        )
-    )
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", (
-        done.returncode,
-        done.stdout[-2000:],
-        done.stderr[-3000:],
+        """
     )

@@ -1197,22 +1197,16 @@ def test_one_element_negative_stride_segment_arguments():
     np.testing.assert_array_equal(linred.segmented_sum(xg, lengths=np.array([1])[::-1]).detach().numpy(), [3.0])
 
 
-def test_unaligned_complex_tensors_through_autograd_and_the_compositions(tmp_path):
+def test_unaligned_complex_tensors_through_autograd_and_the_compositions():
     """Complex128 CPU tensors over unaligned memory (torch.from_numpy of an unaligned NumPy view),
     requiring grad, through the functions whose forward or backward runs PyTorch's operations
     (var and std compose a broadcast subtraction; the product's backward divides), with a
     conjugate bit too: the values and gradients of the same data aligned (PyTorch's CPU kernels of
     such data, its copy included, end the process: the calls run in a subprocess)."""
-    import os
-    import subprocess
-    import sys
-    import textwrap
-    from pathlib import Path
+    from support.scripts import run_script
 
-    script = tmp_path / "unaligned_grad.py"
-    script.write_text(
-        textwrap.dedent(
-            """
+    run_script(
+        """
             import numpy as np, torch, linred
 
             def unaligned(values):
@@ -1243,14 +1237,5 @@ def test_unaligned_complex_tensors_through_autograd_and_the_compositions(tmp_pat
                 w, = torch.autograd.grad(want.sum(), ref)
                 torch.testing.assert_close(g, w, rtol=1e-12, atol=0, msg=str(k))
             print("ok")
-            """
-        )
-    )
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", (
-        done.returncode,
-        done.stdout[-2000:],
-        done.stderr[-3000:],
+        """
     )

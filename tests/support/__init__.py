@@ -9,7 +9,9 @@
   those it expects (:func:`expect_refusal`, :func:`run_or_refused`) and shows them as skips;
 - :mod:`support.differential`: the machinery of tests/test_differential.py (not re-exported);
 - :mod:`support.calls`: :func:`count_calls`, the calls a test routes through a launcher or a
-  check, counted (not re-exported).
+  check, counted (not re-exported);
+- :mod:`support.scripts`: :func:`run_script`, a test's source run in a fresh interpreter, for
+  calls that may end the process (not re-exported).
 
 Tests import from here: ``from support import assert_reduction, to_kind``.
 """
