@@ -1239,3 +1239,27 @@ def test_unaligned_complex_tensors_through_autograd_and_the_compositions():
             print("ok")
         """
     )
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (2, 0, 3), (1, 5), (3, 1, 7, 2), [4, 6], 7, np.int64(3)], ids=repr)
+def test_torch_allocations_are_torch_empty_layouts(shape):
+    """The torch adapter's allocations (torch.empty_strided with the contiguous strides looked up)
+    give the shape, strides, dtype and device torch.empty gives, for tuples, torch.Size, lists,
+    ints and NumPy integers, through the plans' allocator and the adapter's empty alike."""
+    torch = pytest.importorskip("torch")
+    from linred.arrays import _torch as torch_arrays
+
+    adapter = torch_arrays.TorchAdapter()
+    want = torch.empty(shape if not isinstance(shape, np.integer) else int(shape), dtype=torch.float32)
+    for got in (
+        adapter.empty(shape, "float32", None),
+        adapter.allocator("float32", None)(shape),
+        adapter.allocator("float32", None)(torch.Size(want.shape)),
+    ):
+        assert (got.shape, got.stride(), got.dtype, got.device) == (want.shape, want.stride(), want.dtype, want.device)
+        assert got.is_contiguous()
+    many = adapter.allocator("int64", None)
+    for k in range(300):  # (the strides' table is emptied when full: the layouts stay right)
+        got = many((2, k, 3))
+        assert got.stride() == torch.empty((2, k, 3)).stride()
+    assert len(torch_arrays._strides) <= 256
