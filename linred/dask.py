@@ -1158,6 +1158,11 @@ def positions_back(result: Any, order: np.ndarray, n: int) -> Any:
     import dask.array as da
 
     xp = _xp(result._meta)
+    if any(0 in sizes for sizes in result.chunks):
+        # Empty chunks dropped first: Dask's blockwise with an index of the order's own (below)
+        # gives an empty chunk of another axis a whole block's values (dask 2026.8: a (1, 2)
+        # result chunked ((1, 0), (1, 1)) came back (2, 2), its row twice).
+        result = result.rechunk(tuple(tuple(size for size in sizes if size) or (0,) for sizes in result.chunks))
     # The order as one chunk of the graph that every task reads (an index of its own, "z", which
     # the result lacks: each task gets the whole of it); also in the array-expression mode,
     # which has no place for a delayed argument ("Missing dependency").

@@ -896,6 +896,23 @@ def test_map_reduce_parts_wider_than_the_result(dtype):
     assert np.isnan(got[2].real) and got[2].imag == 0
 
 
+@pytest.mark.parametrize("name", ["argmax", "argmin"])
+@pytest.mark.parametrize("chunks", [((1, 0), (1, 2)), ((0, 1, 0), (1, 1, 1)), ((1, 0, 1), (2, 1))], ids=str)
+def test_arg_reductions_by_unsorted_ids_with_empty_chunks(name, chunks):
+    """Positions by unsorted ids (the data moved into the ids' order, the positions mapped back)
+    where another axis has empty chunks: the single call's positions, shape and all (Dask's
+    blockwise gave an empty chunk a whole block's values, a row too many)."""
+    rows = sum(chunks[0])
+    x = np.arange(rows * 3, dtype=np.float64).reshape(rows, 3)[:, [2, 0, 1]]
+    ids = [1, 0, 1]
+    fn = getattr(linred, f"segmented_{name}")
+    lazy = fn(da.from_array(x, chunks=chunks), segment_ids=ids, axis=1)
+    got = lazy.compute()
+    assert lazy.shape == got.shape == (rows, 2)
+    np.testing.assert_array_equal(got, fn(x, segment_ids=ids, axis=1))
+    assert int(lazy.sum().compute()) == int(fn(x, segment_ids=ids, axis=1).sum())
+
+
 @pytest.mark.parametrize("dtype", ["float32", "complex64"])
 @pytest.mark.parametrize("name", ["sum", "mean"])
 @pytest.mark.parametrize(
