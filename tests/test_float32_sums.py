@@ -296,3 +296,27 @@ def test_float32_runs_past_the_range_in_a_batch_of_rows(kind, reduction, length)
             again = fn(to_kind(x, kind), length, axis=1)
     np.testing.assert_allclose(to_numpy(got).astype(np.float64), want, rtol=1e-6)
     np.testing.assert_array_equal(to_numpy(again), to_numpy(got))
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("length", [5, 32, 128])
+def test_runs_summed_again_with_an_out_over_the_data(reduction, length):
+    """The batch of rows above with ``out`` over the data's own first values (the run that passes
+    the range): the sums are those of the data before the call, as with an ``out`` apart (the
+    run is summed again from data the result has not overwritten)."""
+    import warnings
+
+    row = np.zeros(2 * length, np.float32)
+    row[:4] = [3e38, 3e38, -3e38, -2e38]
+    x = np.stack([row, row / 2])
+    want = x.astype(np.float64).reshape(2, 2, length).sum(axis=2)
+    if reduction == "mean":
+        want = want / length
+    fn = getattr(linred, f"segmented_{reduction}")
+    data = x.copy()
+    out = data.reshape(-1)[:4].reshape(2, 2)  # (the result's layout, over x's first four values)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = fn(data, length, axis=1, out=out)
+    assert got is out
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-6)

@@ -1279,15 +1279,17 @@ class NumpyBackend(Backend):
     def plan(self, problem: Problem) -> FunctionExecutor:
         thread_cap()  # a bad LINRED_NUM_THREADS is reported when planning, not by the first large call
         direct = _fixed_direct(problem) if problem.fixed else _variable_direct(problem)
+        kept = direct
         if direct is not None and problem.in_shape[0] > 1:
             # (a batch of rows, not one column: its overflowing runs are summed again, as every
             # host call's are but the one-column calls the accuracy notes name)
-            direct = _kept_sums(problem, direct)
+            kept = _kept_sums(problem, direct)
         if direct is not None:  # reads the caller's arrays as they come: no views needed
             # (a fixed length's one GEMV or ufunc.reduce is safe from an out that overlaps x: NumPy
-            # computes such calls as if they did not overlap; not the chained columns' calls)
-            safe = problem.fixed and problem.segment_length > CHAIN_LONGEST
-            return FunctionExecutor(_at_caller(problem, direct), views=False, overlap_safe=safe)
+            # computes such calls as if they did not overlap; not the chained columns' calls, nor
+            # a sum summed again, which reads x after out is written)
+            safe = problem.fixed and problem.segment_length > CHAIN_LONGEST and kept is direct
+            return FunctionExecutor(_at_caller(problem, kept), views=False, overlap_safe=safe)
         if problem.fixed:
             return FunctionExecutor(_at_caller(problem, _kept_sums(problem, _fixed(problem))))
         run = _variable_rows(problem) or _rows_steps(problem) or _loop_extreme(problem) or _variable(problem)
