@@ -45,6 +45,9 @@ _count_nonzero = getattr(np.count_nonzero, "_implementation", np.count_nonzero)
 BLOCK_ELEMENTS = 1 << 18
 #: fewest elements per thread of a ``reduceat`` cut across threads (below, one thread)
 THREAD_ELEMENTS = 1 << 20
+#: elements converted at a time where a ``reduceat`` reads data of another dtype than it computes in
+#: (below, NumPy's ``reduceat`` converts them all at once)
+CONVERT_ELEMENTS = 1 << 20
 
 _pool: ThreadPoolExecutor | None = None
 _pool_workers = 0
@@ -120,10 +123,29 @@ def _reduceat(ufunc: Any, x3: np.ndarray, starts: np.ndarray, out: np.ndarray, d
     reduced in order by one thread).  A run's data is the view ``x[:end]`` that
     stops where the next run starts, so its starts need no shifting.  Only 1-D
     ``reduceat`` without ``out=`` or a casting ``dtype=`` releases the GIL in NumPy
-    (measured: 1.9x on 2 cores; no gain at all otherwise), hence those forms.
+    (measured: 1.9x on 2 cores; no gain at all otherwise), hence those forms.  Data to
+    be converted (``dtype`` is not the data's) goes through :func:`_reduceat_converting`:
+    NumPy's ``reduceat`` converts its whole input first.
     """
     B, n, D = x3.shape
     k = starts.shape[0]
+    same = dtype is None or np.dtype(dtype) == x3.dtype
+    if not same and B * n * D > CONVERT_ELEMENTS:
+        if B == 1 and D == 1 and k > 1 and n // THREAD_ELEMENTS > 1 and num_threads() > 1:
+            x1, out1 = x3[0, :, 0], out[0, :, 0]
+            chunks = min(n // THREAD_ELEMENTS, k, num_threads())
+            cuts = np.searchsorted(starts, np.linspace(0, n, chunks + 1)[1:-1]).tolist()
+
+            def converting(a: int, b: int) -> None:
+                if a < b:
+                    first, end = int(starts[a]), int(starts[b]) if b < k else n
+                    _reduceat_converting(ufunc, x1[first:end].reshape(1, -1, 1), starts[a:b] - first,
+                                         out1[a:b].reshape(1, -1, 1), dtype)  # fmt: skip
+
+            _in_threads(converting, list(zip([0, *cuts], [*cuts, k], strict=True)))
+        else:
+            _reduceat_converting(ufunc, x3, starts, out, dtype)
+        return
     chunks = min(B * n * D // THREAD_ELEMENTS, k) if B == 1 and D == 1 else 1
     if chunks > 1:
         chunks = min(chunks, num_threads())
@@ -135,7 +157,6 @@ def _reduceat(ufunc: Any, x3: np.ndarray, starts: np.ndarray, out: np.ndarray, d
             ufunc.reduceat(x3, starts, axis=1, dtype=dtype, out=out)
         return
     x1, out1 = x3[0, :, 0], out[0, :, 0]
-    same = dtype is None or np.dtype(dtype) == x1.dtype
     cuts = np.searchsorted(starts, np.linspace(0, n, chunks + 1)[1:-1]).tolist()
     bounds = list(zip([0, *cuts], [*cuts, k], strict=True))
 
@@ -146,6 +167,37 @@ def _reduceat(ufunc: Any, x3: np.ndarray, starts: np.ndarray, out: np.ndarray, d
             out1[a:b] = part
 
     _in_threads(run, bounds)
+
+
+def _reduceat_converting(ufunc: Any, x3: np.ndarray, starts: np.ndarray, out: np.ndarray, dtype: Any) -> None:
+    """:func:`_reduceat` of data converted to ``dtype`` at most :data:`CONVERT_ELEMENTS` elements at
+    a time (int8 data summed in int64 took eight times its bytes more, float16 data in float32
+    twice, where NumPy's ``reduceat`` converted all of it): the whole segments of a block of rows
+    by one ``reduceat``, a segment longer than a block by blocks whose reductions are combined
+    (the same bits for integers, maxima and minima; a float sum of such a segment adds its
+    blocks' sums)."""
+    B, n, D = x3.shape
+    k = starts.shape[0]
+    rows = max(1, CONVERT_ELEMENTS // max(B * D, 1))
+    ends = np.empty(k, dtype=np.int64)
+    ends[:-1] = starts[1:]
+    ends[-1] = n
+    i = 0
+    while i < k:
+        first = int(starts[i])
+        j = int(np.searchsorted(ends, first + rows, side="right"))
+        if j > i:  # segments i .. j - 1 end within the block
+            end = int(ends[j - 1])
+            block = x3[:, first:end, :].astype(dtype)
+            out[:, i:j, :] = ufunc.reduceat(block, starts[i:j] - first, axis=1)
+            i = j
+            continue
+        end = int(ends[i])  # one segment longer than a block
+        total = ufunc.reduce(x3[:, first : first + rows, :].astype(dtype), axis=1)
+        for start in range(first + rows, end, rows):
+            ufunc(total, ufunc.reduce(x3[:, start : min(start + rows, end), :].astype(dtype), axis=1), out=total)
+        out[:, i, :] = total
+        i += 1
 
 
 def _in_threads(work: Any, bounds: list[tuple[int, int]]) -> None:
