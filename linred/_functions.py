@@ -172,7 +172,10 @@ def _remainder(x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: An
     from linred.arrays import as_array
 
     x, adapter = as_array(x)
-    L = operator.index(segment_length)
+    try:
+        L = operator.index(segment_length)
+    except TypeError:  # (a NumPy array of one integer, say: refused by the call, naming segment_length)
+        return x, segment_length, lengths
     if not x.shape or L < 1:
         return x, segment_length, lengths
     ax = normalize_axis(axis, len(x.shape))
@@ -181,7 +184,9 @@ def _remainder(x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: An
     if rest == 0:
         return x, segment_length, lengths
     if remainder == "drop":
-        return x[(slice(None),) * ax + (slice(0, n - rest),)], segment_length, None
+        # (nothing left where L passes n: no segment, whatever the length; 1 keeps a length past
+        # the index range out of the call)
+        return x[(slice(None),) * ax + (slice(0, n - rest),)], segment_length if n >= L else 1, None
     from linred._fused import _compiling
 
     if adapter.kind == "torch" and _compiling():
@@ -189,11 +194,11 @@ def _remainder(x: Any, segment_length: Any, offsets: Any, lengths: Any, axis: An
         # lengths reads as a device array there; eagerly, host lengths go to x's device as before)
         import torch
 
-        kept = torch.full((n // L + 1,), L, dtype=torch.int64, device=x.device)
+        kept = torch.full((n // L + 1,), min(L, n), dtype=torch.int64, device=x.device)
     else:
         import numpy as np
 
-        kept = np.full(n // L + 1, L, dtype=np.int64)
+        kept = np.full(n // L + 1, min(L, n), dtype=np.int64)  # (L past n: one segment, of n)
     kept[-1] = rest
     return x, None, kept
 

@@ -127,7 +127,10 @@ def call(
                 _get_ident(),
             )
             plan = _plans.get(key)
-        except TypeError:  # an unhashable argument: described and refused (or served) below
+        except (TypeError, RuntimeError):
+            # An unhashable argument, or an array that cannot describe itself (a torch tensor of a
+            # sparse compressed or nested layout has no strides): described and refused (or
+            # served) below, as the first call of its description is.
             plan = key = None
         if plan is not None:
             global _hits

@@ -67,7 +67,10 @@ def _index_dtype_name(dtype: Any) -> str:
 def _segment_length(value: Any, n: int, axis: int) -> FixedSegments:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"segment_length must be an integer; got {type(value).__name__} {value!r}")
-    length = operator.index(value)
+    try:
+        length = operator.index(value)
+    except TypeError:  # (an array of one integer has __index__, which refuses it)
+        raise TypeError(f"segment_length must be an integer; got {type(value).__name__} {value!r}") from None
     if length < 1:
         raise ValueError(f"segment_length must be >= 1; got {length}")
     if n % length:

@@ -396,3 +396,60 @@ def test_a_list_of_integers_past_int64_names_the_range(name):
     value = {"offsets": [0, big, 6], "lengths": [big, 6], "segment_ids": [0, 0, 1, big, 1, 0]}[name]
     with pytest.raises(ValueError, match=rf"{name} must fit in int64; got {big}"):
         linred.segmented_sum(np.arange(6.0), **{name: value})
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
+@pytest.mark.parametrize("layout", ["csr", "csc", "bsr", "bsc", "coo", "nested"])
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max", "min", "prod", "argmax", "softmax"])
+def test_sparse_and_nested_tensors_are_refused_by_name(layout, reduction):
+    """A torch tensor of a sparse layout, or a nested tensor, as x: the TypeError naming x (sum,
+    mean, max, min and prod raised PyTorch's own RuntimeError: their plan's key read strides such
+    a tensor lacks)."""
+    import warnings
+
+    dense = torch.arange(6.0).reshape(3, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (PyTorch's beta and prototype notices)
+        if layout == "nested":
+            x = torch.nested.nested_tensor([torch.arange(3.0), torch.arange(2.0)])
+        elif layout == "coo":
+            x = dense.to_sparse()
+        elif layout in ("bsr", "bsc"):
+            x = getattr(dense, f"to_sparse_{layout}")((1, 1))
+        else:
+            x = getattr(dense, f"to_sparse_{layout}")()
+    with pytest.raises(TypeError, match=r"^x is a (nested )?torch tensor"):
+        getattr(linred, f"segmented_{reduction}")(x, 1)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
+@pytest.mark.parametrize("name", ["offsets", "lengths", "segment_ids"])
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_sparse_segment_tensors_are_refused_by_name(name, kind):
+    """A sparse torch tensor as offsets, lengths or segment ids: a TypeError naming the argument
+    (PyTorch's RuntimeError, or its TypeError of a conversion to NumPy, before)."""
+    dense = {"offsets": [0, 3, 6], "lengths": [3, 3], "segment_ids": [0, 0, 0, 1, 1, 1]}[name]
+    x = np.arange(6.0) if kind == "numpy" else torch.arange(6.0)
+    with pytest.raises(TypeError, match=rf"^{name} is a torch tensor of layout torch.sparse_coo"):
+        linred.segmented_sum(x, **{name: torch.tensor(dense).to_sparse()})
+
+
+@pytest.mark.parametrize("reduction", ["sum", "argmax", "softmax", "logsumexp", "var"])
+@pytest.mark.parametrize("remainder", ["keep", "drop"])
+@pytest.mark.parametrize("length", [7, 2**40, 2**62, 2**63, 2**70])
+def test_a_segment_length_past_the_data(reduction, remainder, length):
+    """A segment length longer than the axis with remainder=: one segment of all of it ("keep")
+    or none ("drop"), however long (lengths past 2^62 or 2^63 raised OverflowError or NumPy's
+    'array is too big')."""
+    x = np.arange(6.0)
+    fn = getattr(linred, f"segmented_{reduction}")
+    got = fn(x, length, remainder=remainder)
+    want = fn(x, 6) if remainder == "keep" else fn(x[:0], 1)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_segment_length_of_an_array_is_refused_by_name():
+    with pytest.raises(TypeError, match=r"^segment_length must be an integer; got ndarray"):
+        linred.segmented_sum(np.arange(6.0), np.array([2]))
+    with pytest.raises(TypeError, match=r"^segment_length must be an integer; got ndarray"):
+        linred.segmented_sum(np.arange(6.0), np.array([2]), remainder="keep")

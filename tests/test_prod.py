@@ -62,6 +62,18 @@ def test_linear_algebra_backends_refuse_it(backend):
         linred.segmented_prod(x, 3, backend=backend)
 
 
+@pytest.mark.parametrize("backend", ["nvmath", "cublas", "cub"])
+def test_the_refusal_names_the_backends_that_compute_it(monkeypatch, backend):
+    """(Taken as available here, so that the reduction is what refuses.) The message names the
+    backends that compute products, not the refusing backend's reductions, which listed max and
+    min for the products with ones that refuse them."""
+    from linred.backends import select
+
+    monkeypatch.setattr(select, "unavailable", lambda name: None)
+    with pytest.raises(linred.BackendError, match=r"does not compute segmented_prod \(numpy and nvrtc do\)$"):
+        linred.segmented_prod(np.arange(1.0, 7.0), 3, backend=backend)
+
+
 def test_complex_products_on_the_host():
     x = np.array([1 + 1j, 2 - 1j, 0.5j, 3.0])
     np.testing.assert_allclose(linred.segmented_prod(x, 2), [(1 + 1j) * (2 - 1j), 1.5j])

@@ -50,8 +50,11 @@ def refusal(x: Any, name: str) -> str | None:
             )
         return None
     layout = getattr(x, "layout", None)
-    if layout is not None and type(x).__module__.split(".")[0] == "torch" and str(layout) != "torch.strided":
-        return f"{name} is a torch tensor of layout {layout}: linred reads dense (strided) tensors only"
+    if layout is not None and type(x).__module__.split(".")[0] == "torch":
+        if str(layout) != "torch.strided":
+            return f"{name} is a torch tensor of layout {layout}: linred reads dense (strided) tensors only"
+        if getattr(x, "is_nested", False):  # (a nested tensor of strided layout: no shape of its own)
+            return f"{name} is a nested torch tensor: linred reads dense (strided) tensors only"
     return None
 
 

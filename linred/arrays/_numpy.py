@@ -171,6 +171,11 @@ class NumpyAdapter(ArrayAdapter):
             raise TypeError(f"{name} is a device array but x is a host (NumPy) array; pass {name} as a host array")
         module = type(obj).__module__.split(".")[0]
         if module == "torch":  # a CPU tensor: zero-copy; a CUDA tensor: refuse a hidden transfer
+            from linred.arrays import refusal  # (not at import: that package imports this module)
+
+            why = refusal(obj, name)
+            if why is not None:  # (a sparse or nested tensor)
+                raise TypeError(why)
             if obj.device.type != "cpu":
                 raise TypeError(f"{name} is a CUDA tensor but x is a host (NumPy) array; pass {name} as a host array")
             obj = obj.numpy()

@@ -12,7 +12,7 @@ from torch._C import _functorch
 
 from linred._dtypes import dtype_name
 from linred._dynamo import register_torch
-from linred.arrays import _device_checks, _device_scan
+from linred.arrays import _device_checks, _device_scan, refusal
 from linred.arrays._base import ArrayAdapter, ArrayInfo, adapters, byte_range, ranges_overlap
 from linred.arrays._numpy import refuse_dask
 from linred.arrays._streams import stream_handle
@@ -339,6 +339,9 @@ class TorchAdapter(ArrayAdapter):
 
     def index_array(self, obj: Any, device: int | None, name: str) -> torch.Tensor:
         if isinstance(obj, torch.Tensor):
+            why = refusal(obj, name)
+            if why is not None:  # (a sparse or nested tensor: refused by name, as x is)
+                raise TypeError(why)
             t = obj
             here = self.device_of(t)
             if here != device:

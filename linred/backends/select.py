@@ -158,6 +158,14 @@ def preference(problem: Problem) -> tuple[str, ...]:
     return default
 
 
+def _reductions(name: str) -> tuple[str, ...]:
+    """The reductions backend ``name`` computes (none where its module does not import here)."""
+    try:
+        return get_backend(name).reductions
+    except Exception:  # (a backend's module that cannot be imported on this machine)
+        return ()
+
+
 def _serve(name: str, problem: Problem) -> tuple[Backend | None, str | None]:
     """``(backend, None)`` if backend ``name`` can serve ``problem``, else ``(None, why not)``."""
     reason = unavailable(name)
@@ -165,7 +173,10 @@ def _serve(name: str, problem: Problem) -> tuple[Backend | None, str | None]:
         return None, reason
     backend = get_backend(name)
     if problem.reduction not in backend.reductions:
-        return None, f"it does not compute segmented_{problem.reduction} (it computes {', '.join(backend.reductions)})"
+        # (the backends that do compute it: a backend's list would name reductions it refuses
+        # for every call, max and min for the products with ones)
+        others = [other for other in BACKENDS if problem.reduction in _reductions(other)]
+        return None, f"it does not compute segmented_{problem.reduction} ({' and '.join(others) or 'no backend'} do)"
     if not problem.plain and backend.reads_pointers:
         return None, (
             "it reads the data through raw pointers, and this array is byte-swapped, unaligned or has strides "
