@@ -25,6 +25,7 @@ Gradients (see docs/torch.md):
 
 import functools
 import math
+import operator
 import re
 from typing import Any, Optional
 
@@ -36,7 +37,7 @@ from torch import Tensor
 from linred import _plan_cache
 from linred._arg import first_positions
 from linred._dtypes import FLOATING, dtype_name, resolve
-from linred._frontend import normalize_axis
+from linred._frontend import described, normalize_axis
 from linred.arrays.views import numpy_views
 
 __all__ = ["run", "segmented_reduce"]
@@ -556,6 +557,24 @@ def owned(obj: Any, t: Tensor) -> Tensor:
     return t
 
 
+def _check_arguments(x: Tensor, segment_length: Any, axis: Any, check: Any) -> None:
+    """The eager call's errors of ``segment_length``, ``axis``, ``check`` and a 0-d ``x``, raised
+    before the operator: inside torch.compile its fake would otherwise take ``True`` for 1 (or
+    divide by a length of 0) where the eager call refuses them."""
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension; got a 0-d array")
+    if segment_length is not None:
+        if isinstance(segment_length, bool) or not hasattr(segment_length, "__index__"):
+            raise TypeError(
+                f"segment_length must be an integer; got {type(segment_length).__name__} {segment_length!r}"
+            )
+        if operator.index(segment_length) < 1:
+            raise ValueError(f"segment_length must be >= 1; got {operator.index(segment_length)}")
+    normalize_axis(axis, x.dim())
+    if not isinstance(check, bool):
+        raise TypeError(f"check must be True or False; got {described(check)}")
+
+
 def _through_op(
     reduction: str,
     x: Tensor,
@@ -581,7 +600,8 @@ def _through_op(
         offsets = _index_tensor(offsets, x.device, "offsets")
     if lengths is not None and not isinstance(lengths, Tensor):
         lengths = _index_tensor(lengths, x.device, "lengths")
-    if segment_length is not None and not isinstance(segment_length, bool) and hasattr(segment_length, "__index__"):
+    _check_arguments(x, segment_length, axis, check)
+    if segment_length is not None:
         segment_length = int(segment_length)
     dtype = _as_dtype_name(dtype)
     if dtype is not None and reduction in ("sum", "prod") and x.requires_grad and torch.is_grad_enabled():

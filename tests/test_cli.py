@@ -239,3 +239,40 @@ def test_real_plugin_help(command, capsys):
         cli.main([command, "--help"])
     assert exc.value.code == 0
     assert f"usage: linred {command}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["demo", "--n", "-5"], "argument --n: must be >= 1; got -5"),
+        (["tune", "--device", "cpu", "--n", "-5"], "argument --n: must be >= 1; got -5"),
+        (["tune", "--device", "cpu", "--n", "0"], "argument --n: must be >= 1; got 0"),
+        (["tune", "--device", "cpu", "--repeats", "0"], "argument --repeats: must be >= 1; got 0"),
+    ],
+)
+def test_sizes_and_counts_below_one_exit_2_naming_the_rule(argv, message, tmp_path, monkeypatch, capsys):
+    """A size or a count below 1 is refused by the command line, with the rule it breaks (tune
+    took --n -5 and wrote an empty table over the cached one; --repeats 0 ended in a traceback)."""
+    monkeypatch.setenv("LINRED_TUNE_CACHE", str(tmp_path / "cache.json"))
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # (no table written)
+
+
+def test_tune_refuses_a_table_it_cannot_write_before_measuring(tmp_path, capsys, monkeypatch):
+    """An --out under a file: exit 2 with the reason, before any measurement."""
+    from linred.cli import tune
+
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    monkeypatch.setattr(tune, "measure_host", lambda *a, **k: pytest.fail("measured"))
+    assert cli.main(["tune", "--device", "cpu", "--quick", "--out", str(blocker / "x.json")]) == 2
+    assert "cannot write the table to" in capsys.readouterr().err
+
+
+def test_demo_that_runs_no_case_says_so(capsys):
+    assert cli.main(["demo", "--n", "100", "-L", "3", "--mean-length", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "No case ran" in out and "Every result matched" not in out

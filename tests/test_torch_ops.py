@@ -253,6 +253,33 @@ def test_compile_fullgraph(device):
     assert explained.graph_break_count == 0, explained.break_reasons
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"segment_length": True}, TypeError, "segment_length must be an integer; got bool True"),
+        ({"segment_length": 2.0}, TypeError, "segment_length must be an integer; got float 2.0"),
+        ({"segment_length": 0}, ValueError, "segment_length must be >= 1; got 0"),
+        ({"segment_length": -2}, ValueError, "segment_length must be >= 1; got -2"),
+        ({"segment_length": 2, "axis": True}, TypeError, "axis must be an integer"),
+        ({"segment_length": 2, "check": 1}, TypeError, "check must be True or False"),
+    ],
+)
+@pytest.mark.parametrize("name", ["sum", "softmax"])
+def test_compiled_calls_refuse_what_eager_calls_refuse(kwargs, error, message, name):
+    """Inside torch.compile (without fullgraph: the graph breaks and the call raises) the eager
+    call's error, where the operator's fake took True for a length of 1, divided by a length of 0
+    or made a negative dimension."""
+    fn = getattr(linred, f"segmented_{name}")
+    x = torch.randn(4, 2)
+    with pytest.raises(error, match=re.escape(message)):
+        fn(x, **kwargs)
+    torch._dynamo.reset()
+    with pytest.raises(error, match=re.escape(message)):
+        torch.compile(lambda t: fn(t, **kwargs), backend="eager")(x)
+    with pytest.raises(ValueError, match="x must have at least one dimension"):
+        torch.compile(lambda t: fn(t, 1), backend="eager")(torch.tensor(3.0))
+
+
 def test_compile_numpy_input_still_runs_eagerly():
     def f(a):
         return linred.segmented_sum(a, 2)

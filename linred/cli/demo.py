@@ -247,7 +247,7 @@ def run(
     if len(targets) == 1:
         print("(no CUDA device visible to CuPy: host arrays only)")
 
-    all_right = True
+    all_right, ran = True, False
     for target in targets:
         print(f"\n{target.label}")
         print(f"  {'segments':<34} {'method':<32} {'time':>10} {'[min, max]':>21} {'GB/s':>9} {'max rel err':>11}")
@@ -262,8 +262,12 @@ def run(
                 else:
                     row, right = _measure(target, case, f, repeat, tolerance)
                 all_right &= right
+                ran = True
                 print(f"  {label:<34} {method:<32} {row}")
                 label = ""
+    if all_right and not ran:
+        print("\nNo case ran (no segment lengths or shapes selected).")
+        return 0
     if all_right:
         print("\nEvery result matched the float64 reference.")
         return 0

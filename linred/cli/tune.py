@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from linred.cli import _positive_int
+
 CANDIDATES = ("nvrtc", "cublas", "nvmath", "cub")
 
 #: (layout, op, dtype, log2 sizes): what a full run measures
@@ -63,12 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer shapes and a smaller buffer")
     parser.add_argument(
         "--n",
-        type=int,
+        type=_positive_int,
         default=None,
         help="elements per buffer (GPU: default 2^26, 2^24 with --quick; CPU: 2^22, 2^20 with --quick)",
     )
-    parser.add_argument("--out", default=None, help="where to write the table (default: the tune cache)")
-    parser.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (median)")
+    parser.add_argument(
+        "--out", default=None, help="where to write the table (default: the tune cache; its folders are made)"
+    )
+    parser.add_argument("--repeats", type=_positive_int, default=7, help="timed runs per measurement (median)")
 
 
 def _time(fn: Any, repeats: int) -> float:
@@ -229,11 +233,28 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+def _writable(path: Path) -> bool:
+    """Whether the table can go to ``path`` (its folders made now, before minutes of measuring);
+    if not, says why on stderr."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"linred tune: cannot write the table to {path}: {e}", file=sys.stderr)
+        return False
+    if path.is_dir():
+        print(f"linred tune: cannot write the table to {path}: it is a folder", file=sys.stderr)
+        return False
+    return True
+
+
 def run_host(args: argparse.Namespace) -> int:
     """``linred tune --device cpu``: the host table."""
     import linred
     from linred.backends import select as dispatch
 
+    path = dispatch.host_cache_path() if args.out is None else Path(args.out)
+    if not _writable(path):
+        return 2
     n = args.n or (1 << 20 if args.quick else 1 << 22)
     grid = HOST_QUICK_GRID if args.quick else HOST_GRID
     rng = np.random.default_rng(0)
@@ -248,7 +269,6 @@ def run_host(args: argparse.Namespace) -> int:
     import platform
 
     device = f"cpu: {platform.processor() or platform.machine()}, {_cores()} cores"
-    path = dispatch.host_cache_path() if args.out is None else Path(args.out)
     rules = write_table(path, device, n, results)
     print(f"wrote {rules} host rules to {path}")
     return 0
@@ -268,6 +288,9 @@ def run(args: argparse.Namespace) -> int:
     import linred
     from linred.backends import select as dispatch
 
+    path = dispatch.tune_cache_path() if args.out is None else Path(args.out)
+    if not _writable(path):
+        return 2
     n = args.n or (1 << 24 if args.quick else 1 << 26)
     grid = QUICK_GRID if args.quick else GRID
     rng = np.random.default_rng(0)
@@ -283,7 +306,6 @@ def run(args: argparse.Namespace) -> int:
             results.setdefault((layout, op, dtype, lengths), []).append((size, order))
         linred.clear_plan_cache()
         cupy.get_default_memory_pool().free_all_blocks()
-    path = dispatch.tune_cache_path() if args.out is None else Path(args.out)
     rules = write_table(path, name, n, results)
     print(f"wrote {rules} rules for {name} to {path}")
     return 0
