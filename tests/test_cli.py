@@ -68,6 +68,7 @@ def test_info(capsys):
     assert "numpy   available" in out
     for name in registry.BACKENDS:
         assert f"  {name} " in out
+    assert {"jax", "dask", "torch", "cupy", "nvmath-python"} <= set(cli.OPTIONAL_PACKAGES)  # (the arrays it takes)
     for package in cli.OPTIONAL_PACKAGES:
         assert f"  {package} " in out
     devices = out.split("CUDA devices:")[1]

@@ -38,6 +38,8 @@ OPTIONAL_PACKAGES: dict[str, tuple[str, ...]] = {
     "cuda-cccl": ("cuda-cccl",),
     "cuda-core": ("cuda-core",),
     "ml_dtypes": ("ml_dtypes",),
+    "jax": ("jax",),
+    "dask": ("dask",),
 }
 
 
