@@ -37,6 +37,12 @@ def check_reduction(reduction: Any) -> str:
     return reduction
 
 
+def check_flag(check: Any) -> None:
+    """The TypeError of a ``check`` that is not a bool (``1`` is not taken for ``True``)."""
+    if not isinstance(check, bool):
+        raise TypeError(f"check must be True or False; got {described(check)}")
+
+
 def normalize_axis(axis: Any, ndim: int) -> int:
     """``axis`` as an index in ``[0, ndim)``; :class:`numpy.exceptions.AxisError` if out of range."""
     if isinstance(axis, bool) or not hasattr(axis, "__index__"):
@@ -115,8 +121,7 @@ def request(
         raise ValueError("x must have at least one dimension; got a 0-d array")
     axis = normalize_axis(axis, ndim)
     backend = check_backend_name(backend)
-    if not isinstance(check, bool):
-        raise TypeError(f"check must be True or False; got {described(check)}")
+    check_flag(check)
     n = info.shape[axis]
     handle = adapter.resolve_stream(stream, info.device)
     # Offsets are moved, checked and derived on the call's stream, ordered with the

@@ -35,10 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from linred._frontend import described, normalize_axis, validate_out
+from linred._frontend import check_flag, described, normalize_axis, validate_out
 from linred._jax import call_jax, is_jax
 from linred.arrays import _device_checks, _device_gather, _device_ids, as_array, namespace
 from linred.arrays._base import adapters
+from linred.backends.base import INT32_MAX
 from linred.segments import _refuse_capture
 
 __all__ = ["reduce_by_ids"]
@@ -285,8 +286,7 @@ def reduce_by_ids(
             return result
     ns = ids_arguments(segment_ids, num_segments, ids_sorted, segments_given)
     ids_sorted = None if ids_sorted is None else bool(ids_sorted)
-    if not isinstance(check, bool):
-        raise TypeError(f"check must be True or False; got {described(check)}")
+    check_flag(check)
     if is_jax(x):  # reduced where it lies, ids and all (linred._jax)
         ids_kwargs = {"segment_ids": segment_ids, "num_segments": num_segments, "ids_sorted": ids_sorted}
         return call_jax(function, x, None, offsets=None, lengths=None, out=out, axis=axis, check=check,
@@ -329,7 +329,6 @@ def reduce_by_ids(
                        kwargs, unsorted_inside)  # fmt: skip
 
 
-_INT32_MAX = (1 << 31) - 1
 #: what :func:`_device_batch` returns for a call it leaves to the general route, and what
 #: :func:`_by_ids_kernel` returns for checked ids its kernel found out of order, every one within
 #: ``[0, num_segments)`` (the general route sorts them, neither converting them by the kernel
@@ -364,7 +363,7 @@ def _device_batch(function: Any, x: Any, ids: Any, ns: int, ids_sorted: Any, axi
         if (
             torch.compiler.is_compiling()
             or torch._C._functorch.maybe_current_level() is not None
-            or not (ids.dtype == torch.int64 or (ids.dtype == torch.int32 and ns <= _INT32_MAX))
+            or not (ids.dtype == torch.int64 or (ids.dtype == torch.int32 and ns <= INT32_MAX))
             or not ids.is_contiguous()
             or x.layout != torch.strided
             or (out is not None and x.requires_grad)
@@ -372,7 +371,7 @@ def _device_batch(function: Any, x: Any, ids: Any, ns: int, ids_sorted: Any, axi
             return _GENERAL
     elif (
         ids.dtype.kind != "i"
-        or not (ids.dtype.itemsize == 8 or (ids.dtype.itemsize == 4 and ns <= _INT32_MAX))
+        or not (ids.dtype.itemsize == 8 or (ids.dtype.itemsize == 4 and ns <= INT32_MAX))
         or not ids.flags.c_contiguous
     ):
         return _GENERAL  # (int32 ids against a count past int32 compare as the general route's int64 ones)
@@ -498,7 +497,7 @@ NARROW_KEYS_MIN = 1 << 15
 def _sort_keys(ops: _Ops, ids: Any, ns: int, device: int | None, inside: bool) -> Any:
     """What the stable sort of ``ids`` (int64) reads: int32 keys for many device ids where
     ``num_segments`` fits (:data:`NARROW_KEYS_MIN`), else the ids."""
-    if device is None or ids.shape[0] < NARROW_KEYS_MIN or ns >= _INT32_MAX:
+    if device is None or ids.shape[0] < NARROW_KEYS_MIN or ns >= INT32_MAX:
         return ids
     xp = ops.xp
     if ops.kind == "torch":

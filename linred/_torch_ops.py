@@ -25,7 +25,6 @@ Gradients (see docs/torch.md):
 
 import functools
 import math
-import operator
 import re
 from typing import Any, Optional
 
@@ -37,8 +36,9 @@ from torch import Tensor
 from linred import _plan_cache
 from linred._arg import first_positions
 from linred._dtypes import FLOATING, dtype_name, resolve
-from linred._frontend import described, normalize_axis
+from linred._frontend import check_flag, normalize_axis
 from linred.arrays.views import numpy_views
+from linred.segments import segment_length_value
 
 __all__ = ["run", "segmented_reduce"]
 
@@ -564,15 +564,9 @@ def _check_arguments(x: Tensor, segment_length: Any, axis: Any, check: Any) -> N
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension; got a 0-d array")
     if segment_length is not None:
-        if isinstance(segment_length, bool) or not hasattr(segment_length, "__index__"):
-            raise TypeError(
-                f"segment_length must be an integer; got {type(segment_length).__name__} {segment_length!r}"
-            )
-        if operator.index(segment_length) < 1:
-            raise ValueError(f"segment_length must be >= 1; got {operator.index(segment_length)}")
+        segment_length_value(segment_length)
     normalize_axis(axis, x.dim())
-    if not isinstance(check, bool):
-        raise TypeError(f"check must be True or False; got {described(check)}")
+    check_flag(check)
 
 
 def _through_op(

@@ -53,7 +53,7 @@ import numpy as np
 import linred
 from linred._dtypes import identity, numpy_dtype
 from linred._fpwarnings import call_at_caller
-from linred._frontend import described, normalize_axis
+from linred._frontend import check_flag, normalize_axis
 from linred._jax import is_jax
 from linred.plan import SegmentedReduction
 
@@ -649,8 +649,7 @@ def _checked_input(x: Any, axis: Any, backend: Any, check: Any) -> tuple[int, An
 
     axis = normalize_axis(axis, x.ndim)
     check_backend_name(backend)
-    if not isinstance(check, bool):
-        raise TypeError(f"check must be True or False; got {described(check)}")
+    check_flag(check)
     chunk_meta = getattr(x, "_meta", None)
     if chunk_meta is None:
         chunk_meta = meta_from_array(x)

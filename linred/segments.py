@@ -64,7 +64,8 @@ def _index_dtype_name(dtype: Any) -> str:
     return name
 
 
-def _segment_length(value: Any, n: int, axis: int) -> FixedSegments:
+def segment_length_value(value: Any) -> int:
+    """``segment_length`` as an int ``>= 1``, or the TypeError or ValueError that names it."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"segment_length must be an integer; got {type(value).__name__} {value!r}")
     try:
@@ -73,6 +74,11 @@ def _segment_length(value: Any, n: int, axis: int) -> FixedSegments:
         raise TypeError(f"segment_length must be an integer; got {type(value).__name__} {value!r}") from None
     if length < 1:
         raise ValueError(f"segment_length must be >= 1; got {length}")
+    return length
+
+
+def _segment_length(value: Any, n: int, axis: int) -> FixedSegments:
+    length = segment_length_value(value)
     if n % length:
         raise ValueError(
             f"segment_length={length} does not divide the length of axis {axis} (n={n}); "

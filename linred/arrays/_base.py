@@ -40,6 +40,10 @@ class ArrayInfo:
     plain: bool = True
 
 
+#: (adapter type, linred dtype name, device) -> that adapter's allocator (:meth:`ArrayAdapter.empty`)
+_allocators: dict[tuple[type, str, int | None], Any] = {}
+
+
 class ArrayAdapter:
     """Operations on one array library's arrays.  Subclasses fill every method."""
 
@@ -123,7 +127,14 @@ class ArrayAdapter:
         return True
 
     def empty(self, shape: tuple[int, ...], dtype: str, device: int | None) -> Any:
-        raise NotImplementedError
+        """A new C-contiguous array of ``shape``: :meth:`allocator`'s function, made once per dtype
+        and device (the scratch arrays of a call: made per call, a torch.device cost as much as the
+        allocation, and a CuPy device switch more)."""
+        key = (type(self), dtype, device)
+        allocate = _allocators.get(key)
+        if allocate is None:
+            allocate = _allocators[key] = self.allocator(dtype, device)
+        return allocate(shape)
 
     def fill(self, x: Any, value: Any, stream: Any = None) -> None:
         """Set every element of ``x`` to ``value``, on ``stream`` for device arrays."""

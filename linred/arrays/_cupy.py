@@ -60,11 +60,6 @@ def _pointer(a: cupy.ndarray) -> int:
     return a.data.ptr
 
 
-#: (linred dtype name, device) -> :meth:`CupyAdapter.allocator`'s function, for
-#: :meth:`CupyAdapter.empty`
-_allocators: dict[tuple[str, int | None], Any] = {}
-
-
 class CupyAdapter(ArrayAdapter):
     kind = "cupy"
     type_name = "cupy.ndarray"
@@ -86,12 +81,6 @@ class CupyAdapter(ArrayAdapter):
 
     def is_c_contiguous(self, x: cupy.ndarray) -> bool:
         return x.flags.c_contiguous
-
-    def empty(self, shape: tuple[int, ...], dtype: str, device: int | None) -> cupy.ndarray:
-        allocate = _allocators.get((dtype, device))
-        if allocate is None:  # (the scratch arrays of a call: no device switch where it is current)
-            allocate = _allocators[(dtype, device)] = self.allocator(dtype, device)
-        return allocate(shape)
 
     @contextlib.contextmanager
     def _writing(self, x: cupy.ndarray, stream: Any) -> Any:

@@ -182,11 +182,6 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return strides
 
 
-#: (linred dtype name, device) -> :func:`_empty`'s allocator, for :meth:`TorchAdapter.empty` (the
-#: scratch arrays of a call: a torch.device made per call costs as much as the allocation)
-_allocators: dict[tuple[str, int | None], Any] = {}
-
-
 def _empty(dtype: torch.dtype, device: torch.device) -> Any:
     """``empty(shape)``: a new contiguous tensor of ``dtype`` on ``device``, by ``torch.empty_strided``
     with the strides looked up (H200 host, CUDA, 32 x 64 float32: 2.0 µs a tensor against 3.3 for
@@ -310,12 +305,6 @@ class TorchAdapter(ArrayAdapter):
 
     def is_c_contiguous(self, x: torch.Tensor) -> bool:
         return x.is_contiguous()
-
-    def empty(self, shape: tuple[int, ...], dtype: str, device: int | None) -> torch.Tensor:
-        allocate = _allocators.get((dtype, device))
-        if allocate is None:
-            allocate = _allocators[(dtype, device)] = _empty(torch_dtype(dtype), _device(device))
-        return allocate(shape)
 
     def _writing(self, x: torch.Tensor, stream: Any) -> Any:
         """A context with ``stream`` current, for work that writes ``x`` (none needed on the CPU

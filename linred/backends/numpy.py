@@ -130,26 +130,14 @@ def _reduceat(ufunc: Any, x3: np.ndarray, starts: np.ndarray, out: np.ndarray, d
     B, n, D = x3.shape
     k = starts.shape[0]
     same = dtype is None or np.dtype(dtype) == x3.dtype
-    if not same and B * n * D > CONVERT_ELEMENTS:
-        if B == 1 and D == 1 and k > 1 and n // THREAD_ELEMENTS > 1 and num_threads() > 1:
-            x1, out1 = x3[0, :, 0], out[0, :, 0]
-            chunks = min(n // THREAD_ELEMENTS, k, num_threads())
-            cuts = np.searchsorted(starts, np.linspace(0, n, chunks + 1)[1:-1]).tolist()
-
-            def converting(a: int, b: int) -> None:
-                if a < b:
-                    first, end = int(starts[a]), int(starts[b]) if b < k else n
-                    _reduceat_converting(ufunc, x1[first:end].reshape(1, -1, 1), starts[a:b] - first,
-                                         out1[a:b].reshape(1, -1, 1), dtype)  # fmt: skip
-
-            _in_threads(converting, list(zip([0, *cuts], [*cuts, k], strict=True)))
-        else:
-            _reduceat_converting(ufunc, x3, starts, out, dtype)
-        return
+    converting = not same and B * n * D > CONVERT_ELEMENTS
     chunks = min(B * n * D // THREAD_ELEMENTS, k) if B == 1 and D == 1 else 1
     if chunks > 1:
         chunks = min(chunks, num_threads())
     if chunks <= 1:
+        if converting:
+            _reduceat_converting(ufunc, x3, starts, out, dtype)
+            return
         flat = _reshaped(out, (k,)) if B == 1 and D == 1 else None  # (None: not a view of out)
         if flat is not None:  # 1-D: NumPy's reduceat is quickest on a 1-D array
             ufunc.reduceat(x3.reshape(n), starts, dtype=dtype, out=flat)
@@ -163,6 +151,11 @@ def _reduceat(ufunc: Any, x3: np.ndarray, starts: np.ndarray, out: np.ndarray, d
     def run(a: int, b: int) -> None:
         if a < b:
             end = int(starts[b]) if b < k else n
+            if converting:  # (the run's own elements, a block at a time)
+                first = int(starts[a])
+                _reduceat_converting(ufunc, x1[first:end].reshape(1, -1, 1), starts[a:b] - first,
+                                     out1[a:b].reshape(1, -1, 1), dtype)  # fmt: skip
+                return
             part = ufunc.reduceat(x1[:end], starts[a:b]) if same else ufunc.reduceat(x1[:end], starts[a:b], dtype=dtype)
             out1[a:b] = part
 
